@@ -1,0 +1,3 @@
+//! The engine: model families, backends, sessions and the sampler.
+
+pub mod sampler;
