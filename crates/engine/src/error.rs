@@ -1,0 +1,33 @@
+//! Engine errors: one clear message naming the file, tensor or field at fault.
+
+use ds4_gguf::GgmlType;
+
+/// Errors from loading a model or running it.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Gguf(#[from] ds4_gguf::GgufError),
+    #[error(transparent)]
+    Tokenizer(#[from] ds4_tokenizer::TokenizerError),
+    #[error("unknown model architecture '{0}' (supported: {supported})", supported = crate::loader::SUPPORTED_ARCHITECTURES.join(", "))]
+    UnknownArchitecture(String),
+    #[error("metadata key '{key}' is missing or has the wrong type{detail}")]
+    Metadata { key: String, detail: String },
+    #[error("tensor '{0}' is missing")]
+    MissingTensor(String),
+    #[error("tensor '{name}' has shape {got:?}, expected {expected:?}")]
+    TensorShape { name: String, got: Vec<u64>, expected: Vec<u64> },
+    #[error("tensor '{name}' has type {ty}, which this backend does not support")]
+    UnsupportedTensorType { name: String, ty: GgmlType },
+    #[error("the prompt needs {needed} tokens but the context holds {n_ctx} (raise --ctx or shorten the prompt)")]
+    ContextFull { needed: usize, n_ctx: usize },
+    #[error("token id {id} is outside the vocabulary (n_vocab = {n_vocab})")]
+    BadToken { id: u32, n_vocab: usize },
+    #[error("cannot rewind to {target} tokens: {reason}")]
+    Rewind { target: usize, reason: String },
+    #[error("invalid model configuration: {0}")]
+    Config(String),
+}
+
+/// Result alias for the engine.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

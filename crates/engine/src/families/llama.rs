@@ -1,0 +1,332 @@
+//! The dense `llama` and `qwen2` families.
+//!
+//! Follows llama.cpp's graphs for these architectures (`src/models/llama.cpp`,
+//! `src/models/qwen2.cpp`) over GGUF tensor names, which match Hugging Face's
+//! `LlamaForCausalLM` / `Qwen2ForCausalLM` with Q/K rows permuted for interleaved RoPE
+//! in llama files:
+//!
+//! ```text
+//! x = token_embd[tokens]
+//! per layer:  h = rms_norm(x) * attn_norm
+//!             q, k, v = attn_q·h (+bq), attn_k·h (+bk), attn_v·h (+bv)   # biases: qwen2
+//!             rope(q), rope(k)                 # interleaved (llama) / NEOX (qwen2)
+//!             x += attn_output · attention(q, k, v)   # causal, grouped-query
+//!             h = rms_norm(x) * ffn_norm
+//!             x += ffn_down · (silu(ffn_gate·h) * ffn_up·h)
+//! logits = output · (rms_norm(x) * output_norm)      # output = token_embd if tied
+//! ```
+//!
+//! Shapes: `x` is `tokens × n_embd`; q is `tokens × n_head·head_dim`; k, v are
+//! `tokens × n_head_kv·head_dim`.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use ds4_gguf::GgufFile;
+
+use crate::backend::{AttnShape, Backend, Rope};
+use crate::loader::{Hparams, TensorLoader};
+use crate::model::{Cache, Logits, Model, ModelInfo};
+use crate::{EngineError, Result};
+
+/// Tokens evaluated per forward chunk (llama.cpp's default ubatch).
+const CHUNK: usize = 512;
+/// Rows of logits computed at once (bounds the logits buffer to `LOGIT_ROWS × n_vocab`).
+const LOGIT_ROWS: usize = 16;
+
+/// Which of the two dense architectures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Llama,
+    Qwen2,
+}
+
+struct Layer<B: Backend> {
+    attn_norm: B::Weight,
+    wq: B::Weight,
+    wk: B::Weight,
+    wv: B::Weight,
+    bq: Option<B::Weight>,
+    bk: Option<B::Weight>,
+    bv: Option<B::Weight>,
+    wo: B::Weight,
+    ffn_norm: B::Weight,
+    ffn_gate: B::Weight,
+    ffn_up: B::Weight,
+    ffn_down: B::Weight,
+}
+
+/// Hyperparameters of a dense model.
+#[derive(Debug, Clone)]
+struct Config {
+    n_embd: usize,
+    n_ff: usize,
+    n_layer: usize,
+    attn: AttnShape,
+    rope: Rope,
+    eps: f32,
+    n_vocab: usize,
+}
+
+/// A loaded dense model on backend `B`.
+pub struct Llama<B: Backend> {
+    backend: Arc<B>,
+    cfg: Config,
+    info: ModelInfo,
+    tok_embd: B::Weight,
+    output_norm: B::Weight,
+    /// `None` when the output projection is tied to `tok_embd`.
+    output: Option<B::Weight>,
+    layers: Vec<Layer<B>>,
+}
+
+/// Scratch buffers for one chunk, sized for `CHUNK` tokens.
+struct Scratch<B: Backend> {
+    x: B::Buf,
+    h: B::Buf,
+    q: B::Buf,
+    k: B::Buf,
+    v: B::Buf,
+    attn: B::Buf,
+    o: B::Buf,
+    gate: B::Buf,
+    up: B::Buf,
+    act: B::Buf,
+    /// `LOGIT_ROWS × n_vocab`.
+    logits: B::Buf,
+}
+
+/// One sequence's state: the KV cache and the scratch buffers.
+pub struct LlamaCache<B: Backend> {
+    backend: Arc<B>,
+    kv: B::Kv,
+    len: usize,
+    n_ctx: usize,
+    scratch: Option<Scratch<B>>,
+}
+
+impl<B: Backend> Llama<B> {
+    /// Loads the model from `file` onto `backend`.
+    pub fn load(backend: Arc<B>, file: &Arc<GgufFile>, variant: Variant, name: String) -> Result<Self> {
+        let hp = Hparams::new(file)?;
+        let n_embd = hp.usize("embedding_length")?;
+        let n_head = hp.usize("attention.head_count")?;
+        let n_head_kv = hp.usize_or("attention.head_count_kv", n_head)?;
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || n_embd % n_head != 0 {
+            return Err(EngineError::Config(format!(
+                "head counts {n_head}/{n_head_kv} do not divide embedding length {n_embd}"
+            )));
+        }
+        let head_dim = hp.usize_or("attention.key_length", n_embd / n_head)?;
+        let cfg = Config {
+            n_embd,
+            n_ff: hp.usize("feed_forward_length")?,
+            n_layer: hp.usize("block_count")?,
+            attn: AttnShape { n_head, n_head_kv, head_dim },
+            rope: Rope {
+                n_dims: hp.usize_or("rope.dimension_count", head_dim)?,
+                freq_base: hp.f32_or("rope.freq_base", 10000.0)?,
+                neox: variant == Variant::Qwen2,
+            },
+            eps: hp.f32("attention.layer_norm_rms_epsilon")?,
+            n_vocab: 0,
+        };
+        let mut t = TensorLoader::new(backend.clone(), file);
+        let q_dim = n_head * head_dim;
+        let kv_dim = n_head_kv * head_dim;
+        let tok_embd = t.embedding("token_embd.weight", n_embd)?;
+        let n_vocab = t.rows_of("token_embd.weight")?;
+        let output_norm = t.vector("output_norm.weight", n_embd)?;
+        let output = t.optional_matrix("output.weight", n_embd, Some(n_vocab))?;
+        if output.is_none() {
+            t.count_reuse("token_embd.weight");
+        }
+        let bias = variant == Variant::Qwen2;
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let opt_bias = |t: &mut TensorLoader<B>, s: &str, len: usize| -> Result<Option<B::Weight>> {
+                if bias { t.optional_vector(&n(s), len) } else { Ok(None) }
+            };
+            layers.push(Layer {
+                attn_norm: t.vector(&n("attn_norm.weight"), n_embd)?,
+                wq: t.matrix(&n("attn_q.weight"), n_embd, Some(q_dim))?,
+                wk: t.matrix(&n("attn_k.weight"), n_embd, Some(kv_dim))?,
+                wv: t.matrix(&n("attn_v.weight"), n_embd, Some(kv_dim))?,
+                bq: opt_bias(&mut t, "attn_q.bias", q_dim)?,
+                bk: opt_bias(&mut t, "attn_k.bias", kv_dim)?,
+                bv: opt_bias(&mut t, "attn_v.bias", kv_dim)?,
+                wo: t.matrix(&n("attn_output.weight"), q_dim, Some(n_embd))?,
+                ffn_norm: t.vector(&n("ffn_norm.weight"), n_embd)?,
+                ffn_gate: t.matrix(&n("ffn_gate.weight"), n_embd, Some(cfg.n_ff))?,
+                ffn_up: t.matrix(&n("ffn_up.weight"), n_embd, Some(cfg.n_ff))?,
+                ffn_down: t.matrix(&n("ffn_down.weight"), cfg.n_ff, Some(n_embd))?,
+            });
+        }
+        let cfg = Config { n_vocab, ..cfg };
+        let info = ModelInfo {
+            architecture: hp.arch().to_string(),
+            name,
+            n_vocab,
+            n_ctx_train: hp.usize_or("context_length", 4096)?,
+            n_layer: cfg.n_layer,
+            decode_weight_bytes: t.decode_bytes(),
+            n_params: t.n_params(),
+            backend: backend.name().to_string(),
+        };
+        Ok(Llama { backend, cfg, info, tok_embd, output_norm, output, layers })
+    }
+
+    fn scratch(&self) -> Scratch<B> {
+        let c = &self.cfg;
+        let b = &self.backend;
+        let q_dim = c.attn.n_head * c.attn.head_dim;
+        let kv_dim = c.attn.n_head_kv * c.attn.head_dim;
+        Scratch {
+            x: b.buf(CHUNK * c.n_embd),
+            h: b.buf(CHUNK * c.n_embd),
+            q: b.buf(CHUNK * q_dim),
+            k: b.buf(CHUNK * kv_dim),
+            v: b.buf(CHUNK * kv_dim),
+            attn: b.buf(CHUNK * q_dim),
+            o: b.buf(CHUNK * c.n_embd),
+            gate: b.buf(CHUNK * c.n_ff),
+            up: b.buf(CHUNK * c.n_ff),
+            act: b.buf(CHUNK * c.n_ff),
+            logits: b.buf(LOGIT_ROWS * c.n_vocab),
+        }
+    }
+
+    /// Evaluates one chunk of at most `CHUNK` tokens at position `pos0`.
+    fn forward_chunk(&self, cache: &mut LlamaCache<B>, tokens: &[u32], logits: Logits, out: &mut Vec<f32>) {
+        let b = &*self.backend;
+        let c = &self.cfg;
+        let n = tokens.len();
+        let s = cache.scratch.get_or_insert_with(|| self.scratch());
+        let step = b.step(tokens, cache.len);
+        b.embed(&step, &self.tok_embd, &mut s.x);
+        for (il, l) in self.layers.iter().enumerate() {
+            b.rms_norm(&s.x, &l.attn_norm, c.eps, n, &mut s.h);
+            b.matmul(&l.wq, l.bq.as_ref(), &s.h, n, &mut s.q);
+            b.matmul(&l.wk, l.bk.as_ref(), &s.h, n, &mut s.k);
+            b.matmul(&l.wv, l.bv.as_ref(), &s.h, n, &mut s.v);
+            b.rope(&step, &c.rope, c.attn.n_head, c.attn.head_dim, &mut s.q);
+            b.rope(&step, &c.rope, c.attn.n_head_kv, c.attn.head_dim, &mut s.k);
+            b.attention(&step, &mut cache.kv, il, &c.attn, &s.q, &s.k, &s.v, &mut s.attn);
+            b.matmul(&l.wo, None, &s.attn, n, &mut s.o);
+            b.add(&mut s.x, &s.o, n * c.n_embd);
+            b.rms_norm(&s.x, &l.ffn_norm, c.eps, n, &mut s.h);
+            b.matmul(&l.ffn_gate, None, &s.h, n, &mut s.gate);
+            b.matmul(&l.ffn_up, None, &s.h, n, &mut s.up);
+            b.swiglu(&s.gate, &s.up, n * c.n_ff, &mut s.act);
+            b.matmul(&l.ffn_down, None, &s.act, n, &mut s.o);
+            b.add(&mut s.x, &s.o, n * c.n_embd);
+        }
+        cache.len += n;
+        let first = match logits {
+            Logits::None => return,
+            Logits::Last => n - 1,
+            Logits::All => 0,
+        };
+        let w_out = self.output.as_ref().unwrap_or(&self.tok_embd);
+        let mut row = first;
+        while row < n {
+            let rows = (n - row).min(LOGIT_ROWS);
+            b.copy(&s.x, row * c.n_embd, &mut s.o, 0, rows * c.n_embd);
+            b.rms_norm(&s.o, &self.output_norm, c.eps, rows, &mut s.h);
+            b.matmul(w_out, None, &s.h, rows, &mut s.logits);
+            b.read(&s.logits, 0, rows * c.n_vocab, out);
+            row += rows;
+        }
+    }
+}
+
+impl<B: Backend> Model for Llama<B> {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> Result<Box<dyn Cache>> {
+        let c = &self.cfg;
+        Ok(Box::new(LlamaCache::<B> {
+            backend: self.backend.clone(),
+            kv: self.backend.kv(c.n_layer, n_ctx, c.attn.n_head_kv * c.attn.head_dim),
+            len: 0,
+            n_ctx,
+            scratch: None,
+        }))
+    }
+
+    fn forward(&self, cache: &mut dyn Cache, tokens: &[u32], logits: Logits, out: &mut Vec<f32>) -> Result<()> {
+        let cache = cache
+            .as_any_mut()
+            .downcast_mut::<LlamaCache<B>>()
+            .ok_or_else(|| EngineError::Config("cache belongs to another model".into()))?;
+        if cache.len + tokens.len() > cache.n_ctx {
+            return Err(EngineError::ContextFull { needed: cache.len + tokens.len(), n_ctx: cache.n_ctx });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
+            return Err(EngineError::BadToken { id, n_vocab: self.cfg.n_vocab });
+        }
+        out.clear();
+        let chunks = tokens.len().div_ceil(CHUNK);
+        for (i, chunk) in tokens.chunks(CHUNK).enumerate() {
+            let want = match logits {
+                Logits::Last if i + 1 < chunks => Logits::None,
+                other => other,
+            };
+            self.forward_chunk(cache, chunk, want, out);
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> Cache for LlamaCache<B> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn capacity(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn truncate(&mut self, n: usize) -> Result<()> {
+        if n > self.len {
+            return Err(EngineError::Rewind { target: n, reason: format!("the cache holds only {} tokens", self.len) });
+        }
+        // KV rows past `n` are simply overwritten by later steps.
+        self.len = n;
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Box<dyn Cache> {
+        Box::new(LlamaCache::<B> {
+            backend: self.backend.clone(),
+            kv: self.backend.kv_snapshot(&self.kv, self.len),
+            len: self.len,
+            n_ctx: self.n_ctx,
+            scratch: None,
+        })
+    }
+
+    fn restore(&mut self, from: &dyn Cache) -> Result<()> {
+        let from = from
+            .as_any()
+            .downcast_ref::<LlamaCache<B>>()
+            .ok_or_else(|| EngineError::Config("snapshot belongs to another model".into()))?;
+        if from.n_ctx != self.n_ctx {
+            return Err(EngineError::Config("snapshot has another context size".into()));
+        }
+        self.kv = self.backend.kv_snapshot(&from.kv, from.len);
+        self.len = from.len;
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}

@@ -1,0 +1,3 @@
+//! Model families, one file each, readable beside the reference they follow.
+
+pub mod llama;

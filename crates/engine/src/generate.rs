@@ -1,0 +1,127 @@
+//! The generation loop shared by the CLI and the server: bring the session to the
+//! prompt (reusing the common prefix), then sample and evaluate one token at a time
+//! until an end-of-generation token, the token limit, or the caller stops it.
+
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use crate::sampler::{Rng, SamplerParams, sample};
+use crate::session::{Session, SyncStats};
+use crate::Result;
+
+/// Settings of one generation.
+#[derive(Debug, Clone, Copy)]
+pub struct GenerateParams {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    pub sampler: SamplerParams,
+    /// Initial RNG state (ds4: the state starts equal to the seed).
+    pub seed: u64,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// An end-of-generation token was sampled (it is reported to the callback).
+    Eog,
+    /// `max_tokens` were generated.
+    Length,
+    /// The callback asked to stop.
+    Stopped,
+    /// The context is full.
+    ContextFull,
+}
+
+impl StopReason {
+    /// The short name used in stats and receipts (`eog`, `length`, `stop`, `context`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Eog => "eog",
+            StopReason::Length => "length",
+            StopReason::Stopped => "stop",
+            StopReason::ContextFull => "context",
+        }
+    }
+}
+
+/// Measurements of one generation.
+#[derive(Debug, Clone, Copy)]
+pub struct GenerateStats {
+    pub prompt_tokens: usize,
+    /// Prompt tokens reused from the session (not evaluated).
+    pub cached_tokens: usize,
+    /// Time evaluating the new prompt tokens; `None` when none were evaluated.
+    pub prefill_time: Option<Duration>,
+    /// Tokens sampled (including a final end-of-generation token).
+    pub generated_tokens: usize,
+    /// Time from the first sampled token to the last one (sampling and evaluation of
+    /// every token but the last); `None` with fewer than two generated tokens.
+    pub decode_time: Option<Duration>,
+    pub stop: StopReason,
+}
+
+impl GenerateStats {
+    /// Prefill tokens per second, when measured.
+    pub fn prefill_tps(&self) -> Option<f64> {
+        let t = self.prefill_time?.as_secs_f64();
+        (t > 0.0).then(|| (self.prompt_tokens - self.cached_tokens) as f64 / t)
+    }
+
+    /// Decode tokens per second (tokens after the first over the decode time).
+    pub fn decode_tps(&self) -> Option<f64> {
+        let t = self.decode_time?.as_secs_f64();
+        (t > 0.0).then(|| (self.generated_tokens - 1) as f64 / t)
+    }
+}
+
+/// Brings `session` to `prompt` and generates. `on_token(id)` sees every sampled token
+/// (including a final EOG token) and may break to stop; `is_eog` tells which tokens end
+/// generation. `progress(done, total)` reports prefill progress. The last sampled token
+/// is not evaluated, so the session holds the prompt plus all generated tokens but the
+/// last; the next request's [`Session::sync`] evaluates it if it is kept.
+pub fn generate(
+    session: &mut Session,
+    prompt: &[u32],
+    params: &GenerateParams,
+    is_eog: &dyn Fn(u32) -> bool,
+    progress: &mut dyn FnMut(usize, usize),
+    on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+) -> Result<GenerateStats> {
+    let SyncStats { reused, eval_time, .. } = session.sync(prompt, progress)?;
+    let mut rng = Rng(params.seed);
+    let mut stats = GenerateStats {
+        prompt_tokens: prompt.len(),
+        cached_tokens: reused,
+        prefill_time: eval_time,
+        generated_tokens: 0,
+        decode_time: None,
+        stop: StopReason::Length,
+    };
+    let mut t_first = None;
+    while stats.generated_tokens < params.max_tokens {
+        let logits = session.logits().expect("sync and decode leave logits");
+        let token = sample(logits, &params.sampler, &mut rng);
+        stats.generated_tokens += 1;
+        let t = *t_first.get_or_insert_with(Instant::now);
+        if stats.generated_tokens > 1 {
+            stats.decode_time = Some(t.elapsed());
+        }
+        if on_token(token).is_break() {
+            stats.stop = StopReason::Stopped;
+            break;
+        }
+        if is_eog(token) {
+            stats.stop = StopReason::Eog;
+            break;
+        }
+        if stats.generated_tokens == params.max_tokens {
+            break;
+        }
+        if session.tokens().len() + 1 > session.n_ctx() {
+            stats.stop = StopReason::ContextFull;
+            break;
+        }
+        session.decode(token)?;
+    }
+    Ok(stats)
+}

@@ -1,0 +1,85 @@
+//! The model interface every family implements (dense llama/qwen2 now; GLM-5.3,
+//! DeepSeek-V4 and Qwen-next MoE families later), and the per-sequence cache interface.
+//!
+//! A [`Model`] holds immutable weights on a backend. A [`Cache`] holds one sequence's
+//! state (KV rows, recurrent state). [`Model::forward`] appends tokens to a cache and
+//! returns logits; everything else (rewind, snapshots, prefix reuse, sampling) is built
+//! on top by [`crate::Session`].
+
+use std::any::Any;
+
+use crate::Result;
+
+/// What a loaded model is, as the session and the CLI/server need to know it.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// `general.architecture` (`llama`, `qwen2`, …).
+    pub architecture: String,
+    /// `general.name`, or the file stem when absent.
+    pub name: String,
+    /// Rows of the logits (the output projection's size).
+    pub n_vocab: usize,
+    /// The training context length (`{arch}.context_length`).
+    pub n_ctx_train: usize,
+    /// Number of layers, for display.
+    pub n_layer: usize,
+    /// Bytes of weights read per decode token (every weight tensor a step touches; of
+    /// the embedding table only one row) — the numerator of achieved bandwidth.
+    pub decode_weight_bytes: u64,
+    /// Total parameter count (elements of all weight tensors).
+    pub n_params: u64,
+    /// The backend's name (`cpu`, `cuda`).
+    pub backend: String,
+}
+
+/// Which logits a forward pass returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// None (pure prefill of a chunk whose logits nobody reads).
+    None,
+    /// The row of the last token only.
+    Last,
+    /// One row per input token, in order.
+    All,
+}
+
+/// One sequence's state for one model.
+pub trait Cache: Send {
+    /// Tokens held (the frontier length).
+    fn len(&self) -> usize;
+    /// Whether the cache is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Capacity in tokens.
+    fn capacity(&self) -> usize;
+    /// Drops every token at position `n` and later. Families with state that cannot be
+    /// truncated (recurrent layers) return [`crate::EngineError::Rewind`] when they hold no
+    /// checkpoint at `n`; the session then re-evaluates from an earlier snapshot.
+    fn truncate(&mut self, n: usize) -> Result<()>;
+    /// A deep copy of the state (only the first `len()` positions need be copied).
+    fn snapshot(&self) -> Box<dyn Cache>;
+    /// Replaces this state by `from` (a snapshot of a cache of the same model).
+    fn restore(&mut self, from: &dyn Cache) -> Result<()>;
+    /// For the owning family's downcast.
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A loaded model.
+pub trait Model: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+    /// A new, empty cache holding up to `n_ctx` tokens.
+    fn new_cache(&self, n_ctx: usize) -> Result<Box<dyn Cache>>;
+    /// Evaluates `tokens` at positions `cache.len()..cache.len() + tokens.len()`, appends
+    /// them to the cache and writes the requested logits into `out` (resized to
+    /// `rows × n_vocab`, row-major). `tokens` may be of any length up to the remaining
+    /// capacity; families split it into chunks themselves.
+    fn forward(
+        &self,
+        cache: &mut dyn Cache,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<()>;
+}

@@ -1,0 +1,200 @@
+//! A session: one sequence's tokens (the frontier), its cache and the logits after the
+//! last token. Prefill is chunked; decode appends one token; rewind cuts the frontier
+//! back; snapshots copy the whole state in memory; [`Session::sync`] reuses the longest
+//! common prefix with a new token sequence (what the server and chat do every turn).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::model::{Cache, Logits, Model};
+use crate::{EngineError, Result};
+
+/// Tokens per prefill call when a progress callback is given (the granularity of
+/// progress reports; the family chunks internally as it needs).
+pub const PREFILL_CHUNK: usize = 512;
+
+/// One sequence of one model.
+pub struct Session {
+    model: Arc<dyn Model>,
+    cache: Box<dyn Cache>,
+    tokens: Vec<u32>,
+    /// Logits after the last token; empty when unknown (after a rewind).
+    logits: Vec<f32>,
+}
+
+/// A copy of a session's state, restorable with [`Session::restore`].
+pub struct Snapshot {
+    tokens: Vec<u32>,
+    cache: Box<dyn Cache>,
+    logits: Vec<f32>,
+}
+
+impl Snapshot {
+    /// The frontier the snapshot holds.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+}
+
+/// What [`Session::sync`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncStats {
+    /// Tokens of the request already held by the session (reused without evaluation).
+    pub reused: usize,
+    /// Tokens evaluated.
+    pub evaluated: usize,
+    /// Time spent evaluating them; `None` when nothing was evaluated.
+    pub eval_time: Option<Duration>,
+}
+
+impl Session {
+    /// A new empty session holding up to `n_ctx` tokens.
+    pub fn new(model: Arc<dyn Model>, n_ctx: usize) -> Result<Self> {
+        let cache = model.new_cache(n_ctx)?;
+        Ok(Session { model, cache, tokens: Vec::new(), logits: Vec::new() })
+    }
+
+    pub fn model(&self) -> &Arc<dyn Model> {
+        &self.model
+    }
+
+    /// The tokens committed to the session.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The context size in tokens.
+    pub fn n_ctx(&self) -> usize {
+        self.cache.capacity()
+    }
+
+    /// The logits after the last token, if known (unknown after a rewind until the next
+    /// token is evaluated).
+    pub fn logits(&self) -> Option<&[f32]> {
+        (!self.logits.is_empty()).then_some(&self.logits[..])
+    }
+
+    fn check_room(&self, extra: usize) -> Result<()> {
+        let needed = self.tokens.len() + extra;
+        if needed > self.n_ctx() {
+            return Err(EngineError::ContextFull { needed, n_ctx: self.n_ctx() });
+        }
+        Ok(())
+    }
+
+    /// Appends `tokens`, calling `progress(done, total)` after each chunk, and returns
+    /// the logits after the last one. The whole prompt is checked against the context
+    /// size before anything is evaluated.
+    pub fn prefill(&mut self, tokens: &[u32], progress: &mut dyn FnMut(usize, usize)) -> Result<&[f32]> {
+        self.check_room(tokens.len())?;
+        if tokens.is_empty() {
+            return self.logits().ok_or(EngineError::Rewind { target: self.tokens.len(), reason: "no logits".into() });
+        }
+        let mut done = 0;
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            let last = done + chunk.len() == tokens.len();
+            let mode = if last { Logits::Last } else { Logits::None };
+            let r = self.model.forward(&mut *self.cache, chunk, mode, &mut self.logits);
+            if let Err(e) = r {
+                // Keep the session consistent with what was evaluated.
+                let _ = self.cache.truncate(self.tokens.len());
+                self.logits.clear();
+                return Err(e);
+            }
+            self.tokens.extend_from_slice(chunk);
+            done += chunk.len();
+            progress(done, tokens.len());
+        }
+        Ok(&self.logits)
+    }
+
+    /// Appends one token and returns the logits after it.
+    pub fn decode(&mut self, token: u32) -> Result<&[f32]> {
+        self.prefill(&[token], &mut |_, _| {})
+    }
+
+    /// Appends `tokens` and returns the logits after each of them (`tokens.len()` rows of
+    /// `n_vocab`), for teacher-forced replay and speculative verification.
+    pub fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.check_room(tokens.len())?;
+        let mut all = Vec::new();
+        self.model.forward(&mut *self.cache, tokens, Logits::All, &mut all)?;
+        self.tokens.extend_from_slice(tokens);
+        let n_vocab = self.model.info().n_vocab;
+        self.logits.clear();
+        self.logits.extend_from_slice(&all[all.len() - n_vocab..]);
+        Ok(all)
+    }
+
+    /// Cuts the frontier back to its first `n` tokens.
+    pub fn rewind(&mut self, n: usize) -> Result<()> {
+        if n > self.tokens.len() {
+            return Err(EngineError::Rewind {
+                target: n,
+                reason: format!("the session holds only {} tokens", self.tokens.len()),
+            });
+        }
+        if n == self.tokens.len() {
+            return Ok(());
+        }
+        self.cache.truncate(n)?;
+        self.tokens.truncate(n);
+        self.logits.clear();
+        Ok(())
+    }
+
+    /// Empties the session.
+    pub fn reset(&mut self) -> Result<()> {
+        self.rewind(0)
+    }
+
+    /// A copy of the state.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot { tokens: self.tokens.clone(), cache: self.cache.snapshot(), logits: self.logits.clone() }
+    }
+
+    /// Returns to a snapshot taken from this session (or another of the same model and
+    /// context size).
+    pub fn restore(&mut self, snap: &Snapshot) -> Result<()> {
+        self.cache.restore(&*snap.cache)?;
+        self.tokens.clone_from(&snap.tokens);
+        self.logits.clone_from(&snap.logits);
+        Ok(())
+    }
+
+    /// The number of leading tokens `tokens` shares with the frontier.
+    pub fn common_prefix(&self, tokens: &[u32]) -> usize {
+        self.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count()
+    }
+
+    /// Makes the session hold exactly `tokens` with known logits after the last one:
+    /// keeps the longest common prefix, rewinds past it and evaluates the rest. When
+    /// the whole request is already held but its logits are not, the last token is
+    /// evaluated again.
+    pub fn sync(&mut self, tokens: &[u32], progress: &mut dyn FnMut(usize, usize)) -> Result<SyncStats> {
+        if tokens.is_empty() {
+            self.reset()?;
+            return Ok(SyncStats { reused: 0, evaluated: 0, eval_time: None });
+        }
+        self.check_room_for(tokens.len())?;
+        let mut keep = self.common_prefix(tokens);
+        if keep == tokens.len() && (keep < self.tokens.len() || self.logits.is_empty()) {
+            keep -= 1;
+        }
+        self.rewind(keep)?;
+        let rest = &tokens[keep..];
+        if rest.is_empty() {
+            return Ok(SyncStats { reused: keep, evaluated: 0, eval_time: None });
+        }
+        let t0 = Instant::now();
+        self.prefill(rest, progress)?;
+        Ok(SyncStats { reused: keep, evaluated: rest.len(), eval_time: Some(t0.elapsed()) })
+    }
+
+    fn check_room_for(&self, total: usize) -> Result<()> {
+        if total > self.n_ctx() {
+            return Err(EngineError::ContextFull { needed: total, n_ctx: self.n_ctx() });
+        }
+        Ok(())
+    }
+}
