@@ -13,4 +13,5 @@
 pub mod hash;
 pub mod receipt;
 pub mod stats;
+pub mod supervise;
 pub mod time;
