@@ -140,7 +140,9 @@ pub enum GgufError {
         block: usize,
     },
     /// A tensor offset that is not a multiple of the alignment.
-    #[error("{file}: tensor '{tensor}': offset {offset} is not a multiple of the alignment {alignment}")]
+    #[error(
+        "{file}: tensor '{tensor}': offset {offset} is not a multiple of the alignment {alignment}"
+    )]
     MisalignedOffset {
         file: String,
         tensor: String,
@@ -167,7 +169,9 @@ pub enum GgufError {
         second: String,
     },
     /// The file has tensors but ends before its (aligned) data section starts.
-    #[error("{file}: the data section would start at byte {data_start}, past the end of the file ({len} bytes)")]
+    #[error(
+        "{file}: the data section would start at byte {data_start}, past the end of the file ({len} bytes)"
+    )]
     DataSectionMissing {
         file: String,
         data_start: u64,

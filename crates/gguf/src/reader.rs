@@ -57,7 +57,11 @@ pub(crate) struct Layout {
 
 /// Parses and validates `bytes`; `file` names the file in errors.
 pub(crate) fn parse(bytes: &[u8], file: &str) -> Result<Layout, GgufError> {
-    let mut cur = Cursor { buf: bytes, pos: 0, file };
+    let mut cur = Cursor {
+        buf: bytes,
+        pos: 0,
+        file,
+    };
 
     let magic = cur.take(4, &|| "the magic".to_owned())?;
     if magic != MAGIC {
@@ -131,7 +135,13 @@ pub(crate) fn parse(bytes: &[u8], file: &str) -> Result<Layout, GgufError> {
             len,
         });
     }
-    check_placement(&tensors, &sizes, alignment, len.saturating_sub(data_start), file)?;
+    check_placement(
+        &tensors,
+        &sizes,
+        alignment,
+        len.saturating_sub(data_start),
+        file,
+    )?;
 
     Ok(Layout {
         version,
@@ -405,8 +415,8 @@ impl<'a> Cursor<'a> {
             type_id,
         })?;
         let offset = self.u64(&|| format!("the offset of tensor '{name}'"))?;
-        let size = checked_n_bytes(&dims, dtype)
-            .map_err(|e| shape_error(e, file, name, &dims, dtype))?;
+        let size =
+            checked_n_bytes(&dims, dtype).map_err(|e| shape_error(e, file, name, &dims, dtype))?;
         let info = TensorInfo {
             name: name.to_owned(),
             dims,

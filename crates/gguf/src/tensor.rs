@@ -96,7 +96,8 @@ impl TensorInfo {
     pub fn row_bytes(&self) -> Option<u64> {
         let block = self.dtype.block_size() as u64;
         let row = self.row_len();
-        row.is_multiple_of(block).then(|| row / block * self.dtype.type_size() as u64)
+        row.is_multiple_of(block)
+            .then(|| row / block * self.dtype.type_size() as u64)
     }
 }
 

@@ -131,7 +131,8 @@ impl GgmlType {
 
     /// Bytes of a row of `n` elements; `None` if `n` is not a multiple of the block size.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
-        n.is_multiple_of(self.block_size()).then(|| n / self.block_size() * self.type_size())
+        n.is_multiple_of(self.block_size())
+            .then(|| n / self.block_size() * self.type_size())
     }
 
     /// ggml's name for the type (`q4_K`, `iq2_xxs`, `f32`, …).

@@ -42,16 +42,10 @@ fn script_metadata() -> Vec<(&'static str, Value)> {
             "t.nested",
             arr([arr([1, 2].map(Value::I32)), arr([Value::I32(3)])]),
         ),
-        (
-            "t.nested_str",
-            arr([arr([s("x"), s("y")]), arr([s("z")])]),
-        ),
+        ("t.nested_str", arr([arr([s("x"), s("y")]), arr([s("z")])])),
         (
             "t.nested3",
-            arr([
-                arr([f32s(&[1.5]), f32s(&[2.5, 3.5])]),
-                arr([f32s(&[4.5])]),
-            ]),
+            arr([arr([f32s(&[1.5]), f32s(&[2.5, 3.5])]), arr([f32s(&[4.5])])]),
         ),
     ]
 }

@@ -27,11 +27,17 @@ fn every_vocab_gguf_opens_with_its_pre_tokenizer() {
         let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(file.version(), 3, "{name}");
         assert!(file.tensors().is_empty(), "{name}");
-        assert_eq!(file.get_str("tokenizer.ggml.model").unwrap(), model, "{name}");
+        assert_eq!(
+            file.get_str("tokenizer.ggml.model").unwrap(),
+            model,
+            "{name}"
+        );
         assert_eq!(file.get_str("tokenizer.ggml.pre").unwrap(), pre, "{name}");
         let tokens = file.get_arr_str("tokenizer.ggml.tokens").unwrap();
         assert_eq!(tokens.len(), n_tokens, "{name}");
-        let types = file.get_as::<Vec<i32>>("tokenizer.ggml.token_type").unwrap();
+        let types = file
+            .get_as::<Vec<i32>>("tokenizer.ggml.token_type")
+            .unwrap();
         assert_eq!(types.len(), n_tokens, "{name}");
     }
 }

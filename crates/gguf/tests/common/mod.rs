@@ -34,3 +34,6 @@ pub fn model_path(test: &str, file: &str) -> Option<PathBuf> {
         None
     }
 }
+
+pub mod arb;
+pub mod exercise;
