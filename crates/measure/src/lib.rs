@@ -10,6 +10,8 @@
 //! - [`stats`]: median, MAD, range overlap, exact separation p-value.
 //! - [`args`]: clap argument structs for the `ds4-server` subcommands.
 
+pub mod args;
+pub mod compare;
 pub mod hash;
 pub mod receipt;
 pub mod stats;

@@ -18,6 +18,36 @@ pub struct EvalResults {
     pub is_prime: Option<PrimeCheck>,
 }
 
+impl EvalResults {
+    /// Decode speed of the whole conversation, tokens/s: generated tokens over
+    /// decode time, summed over the turns (not the warm-up) whose decode was
+    /// measured; `None` when none was.
+    pub fn decode_tok_s(&self) -> Option<f64> {
+        let (tokens, ms) = self
+            .turns
+            .iter()
+            .filter_map(|t| {
+                Some((
+                    t.generated_tokens,
+                    t.decode_time_ms().filter(|ms| *ms > 0.0)?,
+                ))
+            })
+            .fold((0u64, 0.0f64), |(n, ms), (tn, tms)| (n + tn, ms + tms));
+        (ms > 0.0 && tokens > 0).then(|| tokens as f64 * 1000.0 / ms)
+    }
+
+    /// Prefill speed of the whole conversation, tokens/s: prefilled tokens over
+    /// prefill time, summed over the turns whose prefill was measured.
+    pub fn prefill_tok_s(&self) -> Option<f64> {
+        let (tokens, ms) = self
+            .turns
+            .iter()
+            .filter_map(|t| Some((t.prefilled_tokens(), t.prefill_ms.filter(|ms| *ms > 0.0)?)))
+            .fold((0u64, 0.0f64), |(n, ms), (tn, tms)| (n + tn, ms + tms));
+        (ms > 0.0 && tokens > 0).then(|| tokens as f64 * 1000.0 / ms)
+    }
+}
+
 /// Why generation of a turn ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -184,6 +214,35 @@ mod tests {
         assert_eq!(unmeasured.prefill_tok_s(), None);
         assert_eq!(unmeasured.decode_rate(), None);
         assert_eq!(unmeasured.decode_time_ms(), None);
+    }
+
+    #[test]
+    fn conversation_rates_sum_tokens_and_times() {
+        // Turn 1: 100 prefilled in 50 ms, 30 generated in 1500 ms.
+        // Turn 2: 40 prefilled in 30 ms, 10 generated at 20 tok/s (= 500 ms).
+        // Turn 3: unmeasured, ignored. Totals: 140 / 80 ms, 40 / 2000 ms.
+        let second = TurnRecord {
+            prompt_tokens: 200,
+            cached_tokens: 160,
+            prefill_ms: Some(30.0),
+            generated_tokens: 10,
+            decode_ms: None,
+            decode_tok_s: Some(20.0),
+            ..turn()
+        };
+        let third = TurnRecord {
+            prefill_ms: None,
+            decode_ms: None,
+            ..turn()
+        };
+        let r = EvalResults {
+            warmup: None,
+            turns: vec![turn(), second, third],
+            is_prime: None,
+        };
+        assert_eq!(r.prefill_tok_s(), Some(1750.0));
+        assert_eq!(r.decode_tok_s(), Some(20.0));
+        assert_eq!(EvalResults::default().decode_tok_s(), None);
     }
 
     #[test]
