@@ -1,59 +1,32 @@
 //! Tokenizers built from GGUF metadata (`tokenizer.ggml.*`), chat templates and
 //! UTF-8-safe streaming detokenization.
 //!
-//! Reference: llama.cpp `src/llama-vocab.cpp` (pre-tokenizer regexes per
-//! `tokenizer.ggml.pre`, special-token handling, end-of-generation set).
+//! Reference: llama.cpp `src/llama-vocab.cpp` and `src/unicode.cpp` (pre-tokenizer regexes
+//! per `tokenizer.ggml.pre`, BPE and SentencePiece merges, special-token handling, the
+//! end-of-generation set, detokenization), and `common/chat.cpp` with its Jinja engine for
+//! chat templates. The golden master is llama.cpp's output: the vocabulary fixtures of
+//! llama.cpp's `test-tokenizer-0` and the prompts llama.cpp tokenized for two real models.
 //!
-//! API CONTRACT (stub written by the lead; the tokenizer helper implements it and may
-//! extend it, but keeps these names and signatures).
+//! - [`Tokenizer`]: `encode` / `piece` / `decode`, special ids, the EOG set.
+//! - [`StreamDecoder`]: token pieces to text, never splitting a UTF-8 character.
+//! - [`chat`]: rendering a GGUF's `tokenizer.chat_template` (Jinja).
 
-use ds4_gguf::GgufFile;
+mod bpe;
+pub mod chat;
+mod error;
+mod llama_order;
+mod partition;
+mod pre_table;
+mod pretokenize;
+mod spm;
+mod stream;
+mod tokenizer;
+mod unicode;
+mod unicode_table;
+mod vocab;
 
-#[derive(Debug, thiserror::Error)]
-pub enum TokenizerError {
-    #[error("{0}")]
-    Todo(String),
-}
-
-/// A tokenizer for one vocabulary.
-pub struct Tokenizer {
-    _private: (),
-}
-
-impl Tokenizer {
-    /// Builds the tokenizer from a GGUF's metadata (vocabulary-only files work).
-    pub fn from_gguf(file: &GgufFile) -> Result<Self, TokenizerError> {
-        let _ = file;
-        todo!()
-    }
-    pub fn n_vocab(&self) -> usize {
-        todo!()
-    }
-    /// Tokenizes like `llama_tokenize(text, add_special, parse_special)`.
-    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
-        let _ = (text, add_special, parse_special);
-        todo!()
-    }
-    /// The bytes a token stands for; special/control tokens give their text only when
-    /// `render_special` (like `llama_token_to_piece(.., special)`).
-    pub fn piece(&self, id: u32, render_special: bool) -> Vec<u8> {
-        let _ = (id, render_special);
-        todo!()
-    }
-    /// Decodes ids to text (invalid UTF-8 replaced).
-    pub fn decode(&self, ids: &[u32], render_special: bool) -> String {
-        let _ = (ids, render_special);
-        todo!()
-    }
-    pub fn bos(&self) -> Option<u32> {
-        todo!()
-    }
-    pub fn eos(&self) -> Option<u32> {
-        todo!()
-    }
-    /// Whether `id` ends generation (llama.cpp's EOG set).
-    pub fn is_eog(&self, id: u32) -> bool {
-        let _ = id;
-        todo!()
-    }
-}
+pub use chat::{ChatMessage, ChatTemplate, RenderOptions, ToolCall};
+pub use error::TokenizerError;
+pub use stream::StreamDecoder;
+pub use tokenizer::Tokenizer;
+pub use vocab::{SpecialTokens, VocabKind};
