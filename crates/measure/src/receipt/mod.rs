@@ -27,7 +27,8 @@ use std::time::Instant;
 /// Version of the receipt layout written by this crate.
 pub const RECEIPT_SCHEMA: u32 = 1;
 
-/// Git commit the binary was built from, when the build set `DS4_GIT_COMMIT`.
+/// Git commit this crate was built from: `DS4_GIT_COMMIT` from the build
+/// environment, else `git rev-parse HEAD` at build time (see `build.rs`).
 pub const BUILD_GIT_COMMIT: Option<&str> = option_env!("DS4_GIT_COMMIT");
 
 /// Which command produced a receipt.
@@ -372,6 +373,10 @@ mod tests {
             Some(crate::hash::sha256_file(&exe).unwrap())
         );
         assert!(r.bench.is_some() && r.eval.is_none());
+        // Built inside the repository: the commit is known and is a full hash.
+        if let Some(c) = &r.git_commit {
+            assert_eq!(c.len(), 40);
+        }
         // A cached hash is taken as given (not recomputed).
         let ctx = ReceiptContext {
             model_sha256: Some("AB12".into()),

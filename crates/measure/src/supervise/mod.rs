@@ -19,8 +19,11 @@
 //! record → `err`. With `merge`, all of it → `out`. Every complete line is one
 //! write (then flush); a line without newline is forwarded in chunks of at most
 //! 64 KiB; records of other sources never land inside a line (see
-//! [`output`](self::output) for the rules, and the one separator byte it may add
-//! when a child's stream ends mid-line).
+//! `output.rs` for the rules, and the one separator byte it may add when a child's
+//! stream ends mid-line). The price of that guarantee: while the child keeps a line
+//! open on a stream (e.g. a progress bar without newlines), samples bound for the
+//! same stream wait and come out right after the line ends; the watchdog itself
+//! keeps checking meanwhile.
 //!
 //! Supervisor records, one JSON object per line:
 //! `{"supervise":"sample","t_ms":…,"rss_mb":…,"cpu_pct":…,"cpu_s":…,"procs":…}` and

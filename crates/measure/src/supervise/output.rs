@@ -2,7 +2,8 @@
 //! own JSON records.
 //!
 //! Each source (child stdout, child stderr, supervisor) is cut into records:
-//! complete lines (ending in `\n`, written whole with one `write_all` + flush), or
+//! complete lines (ending in `\n`; the complete lines of one read are one record,
+//! written whole with one `write_all` + flush), or
 //! chunks of a line that has not ended yet (at most [`MAX_CHUNK`] bytes each, or
 //! whatever is pending at EOF or after [`STALE_PARTIAL`] without a newline).
 //!
@@ -208,12 +209,14 @@ impl LineSplitter {
         }
     }
 
-    /// Feeds bytes read from the child at time `now`.
+    /// Feeds bytes read from the child at time `now`. All complete lines in `data`
+    /// (with any pending start of the first) go out as one record: still whole
+    /// lines, in one write.
     pub(crate) fn push(&mut self, mut data: &[u8], now: Instant, mux: &mut Mux) {
-        while let Some(i) = data.iter().position(|&b| b == b'\n') {
-            let (line, rest) = data.split_at(i + 1);
+        if let Some(i) = data.iter().rposition(|&b| b == b'\n') {
+            let (lines, rest) = data.split_at(i + 1);
             let mut bytes = std::mem::take(&mut self.pending);
-            bytes.extend_from_slice(line);
+            bytes.extend_from_slice(lines);
             mux.line(self.source, bytes);
             self.pending_since = None;
             data = rest;
