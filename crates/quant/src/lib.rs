@@ -1,47 +1,99 @@
-//! ggml block formats on the CPU.
+//! ggml block formats on the CPU: dequantize, quantize, and matrix products with
+//! quantized activations.
 //!
-//! ggml (`ggml-common.h`, `ggml-quants.c`) is the specification of every format here.
-//!
-//! API CONTRACT (stub written by the lead; the quant helper implements it and may extend
-//! it, but keeps these names and signatures):
-//! - `dequantize_row`, `quantize_row`, `vec_dot_type`, `QMatrix`, `QuantizedActs`, `matmul`.
+//! ggml (`ggml-common.h`, `ggml-quants.c`, `ggml-cpu/quants.c`) is the specification
+//! of every format here. Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS as weights; Q8_0, Q8_1 and Q8_K as
+//! activations (they also dequantize and quantize).
 //!
 //! Matrix products follow ggml's CPU arithmetic: the activations are quantized per
-//! block to the weight type's `vec_dot_type` (Q8_0, Q8_1 or Q8_K; F16 for F16 weights,
-//! F32 for F32) and the dot products are done in that form, so results match llama.cpp's
-//! CPU backend closely.
+//! block to the weight type's [`vec_dot_type`] (Q8_0, Q8_1 or Q8_K; F16/BF16 for those
+//! float weights, F32 for F32) and the dot products are done in that form, so results
+//! match llama.cpp's CPU backend to f32 rounding. The exact accumulation order is
+//! defined once (see the `formats` module) and every kernel (scalar, AVX2, AVX-512)
+//! follows it, so results are identical whatever the CPU, thread count, or batch size.
 
+mod acts;
+mod error;
+mod formats;
+mod fp;
+mod kernels;
+mod matmul;
+
+pub use acts::QuantizedActs;
 pub use ds4_gguf::GgmlType;
+pub use error::QuantError;
+pub use kernels::{Isa, isa};
+pub use matmul::{matmul, matmul_rows, matmul_single_thread, try_matmul};
 
-/// Errors: unsupported types and mismatched lengths.
-#[derive(Debug, thiserror::Error)]
-pub enum QuantError {
-    #[error("tensor type {0} is not supported")]
-    Unsupported(GgmlType),
-    #[error("length {len} is not a multiple of the {ty} block size {block}")]
-    BadLength { ty: GgmlType, len: usize, block: usize },
+/// Whether `ty` is supported as a matrix-product weight type (dequantize, quantize and
+/// [`matmul`]).
+pub fn is_supported(ty: GgmlType) -> bool {
+    formats::can_dot(ty)
 }
 
 /// Dequantizes `dst.len()` elements from `src` (whole blocks of `ty`).
+///
+/// Bit-exact with ggml's `dequantize_row_*` (and the `gguf` Python package).
+///
+/// # Errors
+/// [`QuantError::Unsupported`] for types other than the weight types and Q8_0/Q8_1/Q8_K;
+/// [`QuantError::BadLength`] if `dst.len()` is not a multiple of the block size;
+/// [`QuantError::ShapeMismatch`] if `src` is not exactly the bytes of `dst.len()`
+/// elements.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
-    let _ = (ty, src, dst);
-    todo!()
+    if !formats::can_dequantize(ty) {
+        return Err(QuantError::Unsupported(ty));
+    }
+    let bytes = row_bytes_checked(ty, dst.len())?;
+    if src.len() != bytes {
+        return Err(QuantError::ShapeMismatch { what: "quantized row bytes", expected: bytes, got: src.len() });
+    }
+    formats::dequantize(ty, src, dst);
+    Ok(())
 }
 
-/// Quantizes `src` into `dst` with ggml's reference quantizer for `ty` (`quantize_row_*_ref`).
+/// Quantizes `src` into `dst` with ggml's reference quantizer for `ty`
+/// (`quantize_row_*_ref`: no importance matrix), bit-exact with ggml for every type but
+/// IQ2_XXS, which ggml only quantizes with an importance matrix: ours weighs the error
+/// by `x²` instead (valid blocks, not ggml's bytes).
+///
+/// # Errors
+/// As [`dequantize_row`], with `dst` the output bytes.
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
-    let _ = (ty, src, dst);
-    todo!()
+    if !formats::can_quantize(ty) {
+        return Err(QuantError::Unsupported(ty));
+    }
+    let bytes = row_bytes_checked(ty, src.len())?;
+    if dst.len() != bytes {
+        return Err(QuantError::ShapeMismatch { what: "quantized row bytes", expected: bytes, got: dst.len() });
+    }
+    formats::quantize(ty, src, dst);
+    Ok(())
 }
 
-/// The activation format ggml's CPU backend pairs with weights of type `ty`.
+/// The activation format ggml's CPU backend pairs with weights of type `ty`
+/// (`type_traits_cpu[ty].vec_dot_type` in `ggml-cpu.c`): Q8_0 for Q4_0, Q5_0 and Q8_0;
+/// Q8_1 for Q4_1 and Q5_1; Q8_K for the K-quants and IQ2_XXS; the type itself for F32,
+/// F16 and BF16. Other types (which this crate cannot multiply) map to themselves.
 pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
-    let _ = ty;
-    todo!()
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 => Q8_0,
+        Q4_1 | Q5_1 => Q8_1,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ2_XXS => Q8_K,
+        other => other,
+    }
 }
 
-/// A row-major quantized matrix: `rows` rows of `cols` elements each.
-#[derive(Clone, Copy)]
+/// Bytes of `n` elements of `ty`, or `BadLength`.
+fn row_bytes_checked(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
+    ty.row_bytes(n).ok_or(QuantError::BadLength { ty, len: n, block: ty.block_size() })
+}
+
+/// A row-major quantized matrix: `rows` rows of `cols` elements each, every row
+/// `ty.row_bytes(cols)` bytes.
+#[derive(Clone, Copy, Debug)]
 pub struct QMatrix<'a> {
     pub ty: GgmlType,
     pub rows: usize,
@@ -49,22 +101,62 @@ pub struct QMatrix<'a> {
     pub data: &'a [u8],
 }
 
-/// Activations (`n_tokens` rows of `cols` f32) quantized once to a weight type's
-/// `vec_dot_type`, so several matrices with the same input reuse them.
-pub struct QuantizedActs {
-    _private: (),
-}
+impl<'a> QMatrix<'a> {
+    /// A checked matrix view.
+    ///
+    /// # Errors
+    /// [`QuantError::Unsupported`] if `ty` is not a weight type of this crate;
+    /// [`QuantError::BadLength`] if `cols` is not a whole number of blocks;
+    /// [`QuantError::ShapeMismatch`] if `data` is not exactly `rows` rows.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, QuantError> {
+        let m = QMatrix { ty, rows, cols, data };
+        m.validate()?;
+        Ok(m)
+    }
 
-impl QuantizedActs {
-    pub fn new(dot_ty: GgmlType, x: &[f32], n_tokens: usize, cols: usize) -> Self {
-        let _ = (dot_ty, x, n_tokens, cols);
-        todo!()
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.ty.row_bytes(self.cols).unwrap_or(0)
+    }
+
+    /// The bytes of row `r`.
+    ///
+    /// # Panics
+    /// If `r >= rows` or the matrix is malformed (see [`QMatrix::new`]).
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// Checks type, block alignment and data length.
+    fn validate(&self) -> Result<(), QuantError> {
+        if !formats::can_dot(self.ty) {
+            return Err(QuantError::Unsupported(self.ty));
+        }
+        let rb = row_bytes_checked(self.ty, self.cols)?;
+        if self.data.len() != rb * self.rows {
+            return Err(QuantError::ShapeMismatch {
+                what: "matrix data bytes",
+                expected: rb * self.rows,
+                got: self.data.len(),
+            });
+        }
+        Ok(())
     }
 }
 
-/// `out[t * w.rows + r] = dot(w.row(r), x.row(t))` for every token `t` and row `r`,
-/// multi-threaded with rayon.
-pub fn matmul(w: &QMatrix, x: &QuantizedActs, out: &mut [f32]) {
-    let _ = (w, x, out);
-    todo!()
+/// Dot product of one weight row (`w_row`: the bytes of `x.cols()` elements of `ty`)
+/// with token `t` of `x`, following the crate's accumulation definition.
+///
+/// # Errors
+/// [`QuantError::Unsupported`], [`QuantError::ActivationMismatch`] if `x` was quantized
+/// for another weight type, [`QuantError::ShapeMismatch`] if `w_row` has the wrong size
+/// or `t` is out of range.
+pub fn vec_dot(ty: GgmlType, w_row: &[u8], x: &QuantizedActs, t: usize) -> Result<f32, QuantError> {
+    let w = QMatrix::new(ty, 1, x.cols(), w_row)?;
+    matmul::check_acts(&w, x)?;
+    if t >= x.n_tokens() {
+        return Err(QuantError::ShapeMismatch { what: "token index", expected: x.n_tokens(), got: t });
+    }
+    Ok(kernels::dot_one(kernels::isa(), ty, w_row, &x.row(t)))
 }

@@ -1,0 +1,71 @@
+//! Q8_0: blocks of 32 weights, one f16 scale, signed 8-bit values. Also the activation
+//! format paired with Q4_0, Q5_0 and Q8_0 weights.
+//!
+//! Layout (`block_q8_0`, 34 bytes): `d: f16`, `qs[32]: i8`. Value = `q·d`.
+
+use super::Unpacked;
+use crate::acts::ActRow;
+use crate::fp::{f32_to_f16, rd_f16, wr_u16};
+
+pub(crate) const BYTES: usize = 34;
+
+/// Dequantizes whole blocks (`dequantize_row_q8_0`).
+pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(BYTES).zip(dst.chunks_exact_mut(32)) {
+        let d = rd_f16(b, 0);
+        for (y, &q) in y.iter_mut().zip(&b[2..]) {
+            *y = q as i8 as f32 * d;
+        }
+    }
+}
+
+/// ggml's `quantize_row_q8_0_ref` (weights): `d = amax/127`, values `roundf(x/d)`
+/// (ties away from zero). Activations use [`quantize_act`] instead.
+pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(BYTES)) {
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_u16(b, 0, f32_to_f16(d));
+        for (q, &v) in b[2..].iter_mut().zip(x) {
+            *q = (v * id).round() as i8 as u8;
+        }
+    }
+}
+
+/// Activation quantization as ggml's x86 CPU backend does it (`quantize_row_q8_0` in
+/// `arch/x86/quants.c`): `d = amax/127` stored as f16, multiplier `127/amax` (0 for an
+/// all-zero block), values rounded to nearest even. Returns the block's `(d, Σq)`
+/// where `d` is the stored f16 value and `Σq` the exact sum of the 32 values.
+pub(crate) fn quantize_act(x: &[f32], qs: &mut [i8]) -> (u16, i32, f32) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        // |v·id| <= 127 (up to rounding), so the cast never saturates in practice.
+        let r = (v * id).round_ties_even() as i32;
+        *q = r.clamp(-128, 127) as i8;
+        sum += *q as i32;
+    }
+    (f32_to_f16(d), sum, d)
+}
+
+/// Reference dot product with Q8_0 activations.
+pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
+    let mut acc = 0.0f32;
+    for (i, b) in w.chunks_exact(BYTES).enumerate() {
+        let qa = &a.qs[i * 32..i * 32 + 32];
+        let isum: i32 = b[2..].iter().zip(qa).map(|(&q, &y)| q as i8 as i32 * y as i32).sum();
+        acc = (rd_f16(b, 0) * a.d[i]).mul_add(isum as f32, acc);
+    }
+    acc
+}
+
+/// Decodes a block to its signed values and scale.
+pub(crate) fn unpack(b: &[u8], u: &mut Unpacked) {
+    u.d = rd_f16(b, 0);
+    for (o, &q) in u.vals.iter_mut().zip(&b[2..34]) {
+        *o = q as i8;
+    }
+}

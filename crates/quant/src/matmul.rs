@@ -1,0 +1,139 @@
+//! Matrix products `out[t·rows + r] = dot(w.row(r), x.row(t))`, split across rayon's
+//! current pool by rows.
+//!
+//! Few tokens (decode) stream each weight row once per call (the product is bound by
+//! memory and per-block arithmetic); many tokens (prefill) decode panels of rows once and
+//! reuse them for every token. Work is split into row ranges, one rayon task each, so
+//! the engine's choice of pool (`ThreadPool::install` or the global pool) decides the
+//! threads used.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use crate::acts::QuantizedActs;
+use crate::error::QuantError;
+use crate::kernels::{self, Isa, out::Out, panel::Panel};
+use crate::{QMatrix, vec_dot_type};
+
+/// From this many tokens on, quantized products use the panel kernels.
+const PANEL_MIN_TOKENS: usize = 4;
+/// Products with fewer multiply-adds than this run on the calling thread.
+const PARALLEL_MIN_MACS: usize = 1 << 16;
+
+/// `out[t·w.rows + r] = dot(w.row(r), x.row(t))` for every token `t` and row `r`,
+/// multi-threaded with rayon.
+///
+/// # Panics
+/// If the shapes or types disagree (see [`try_matmul`] for the conditions); these are
+/// programming errors in the caller.
+pub fn matmul(w: &QMatrix, x: &QuantizedActs, out: &mut [f32]) {
+    if let Err(e) = try_matmul(w, x, out) {
+        panic!("matmul: {e}");
+    }
+}
+
+/// As [`matmul`], reporting bad arguments as errors.
+///
+/// # Errors
+/// [`QuantError::Unsupported`]/[`QuantError::BadLength`]/[`QuantError::ShapeMismatch`]
+/// for a malformed matrix, [`QuantError::ActivationMismatch`] if `x` was not quantized
+/// to `vec_dot_type(w.ty)`, [`QuantError::ShapeMismatch`] if `x.cols() != w.cols` or
+/// `out.len() != x.n_tokens()·w.rows`.
+pub fn try_matmul(w: &QMatrix, x: &QuantizedActs, out: &mut [f32]) -> Result<(), QuantError> {
+    matmul_rows(w, x, 0..w.rows, out)
+}
+
+/// Rows `rows` of `w` only: `out[t·rows.len() + (r - rows.start)]`. Useful for splitting
+/// a large output (a vocabulary projection) or picking experts' rows.
+///
+/// # Errors
+/// As [`try_matmul`], with `out.len() == x.n_tokens()·rows.len()`, and
+/// [`QuantError::ShapeMismatch`] if `rows` goes past `w.rows`.
+pub fn matmul_rows(w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, out: &mut [f32]) -> Result<(), QuantError> {
+    check(w, x, &rows, out)?;
+    run(w, x, rows, out, true);
+    Ok(())
+}
+
+/// As [`try_matmul`] on the calling thread only (for callers that parallelize at a
+/// higher level, e.g. across experts).
+///
+/// # Errors
+/// As [`try_matmul`].
+pub fn matmul_single_thread(w: &QMatrix, x: &QuantizedActs, out: &mut [f32]) -> Result<(), QuantError> {
+    let rows = 0..w.rows;
+    check(w, x, &rows, out)?;
+    run(w, x, rows, out, false);
+    Ok(())
+}
+
+/// Checks that `x` pairs with `w`.
+pub(crate) fn check_acts(w: &QMatrix, x: &QuantizedActs) -> Result<(), QuantError> {
+    let expected = vec_dot_type(w.ty);
+    if x.dot_type() != expected {
+        return Err(QuantError::ActivationMismatch { weights: w.ty, expected, got: x.dot_type() });
+    }
+    if x.cols() != w.cols {
+        return Err(QuantError::ShapeMismatch { what: "activation columns", expected: w.cols, got: x.cols() });
+    }
+    Ok(())
+}
+
+fn check(w: &QMatrix, x: &QuantizedActs, rows: &Range<usize>, out: &[f32]) -> Result<(), QuantError> {
+    QMatrix::new(w.ty, w.rows, w.cols, w.data)?;
+    check_acts(w, x)?;
+    if rows.start > rows.end || rows.end > w.rows {
+        return Err(QuantError::ShapeMismatch { what: "row range end", expected: w.rows, got: rows.end });
+    }
+    let want = x.n_tokens() * rows.len();
+    if out.len() != want {
+        return Err(QuantError::ShapeMismatch { what: "output length", expected: want, got: out.len() });
+    }
+    Ok(())
+}
+
+fn run(w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, out: &mut [f32], parallel: bool) {
+    let isa = kernels::isa();
+    let n_tokens = x.n_tokens();
+    let o = Out::new(out, rows.len(), rows.start);
+    let macs = rows.len() * w.cols * n_tokens;
+    let parallel = parallel && macs >= PARALLEL_MIN_MACS && rayon::current_num_threads() > 1;
+    if n_tokens >= PANEL_MIN_TOKENS && kernels::has_panel(w.ty) {
+        run_panels(isa, w, x, rows, &o, parallel);
+    } else {
+        run_rows(isa, w, x, rows, &o, parallel);
+    }
+}
+
+/// Panel kernels over row panels; each rayon worker reuses one panel buffer.
+fn run_panels(isa: Isa, w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, o: &Out, parallel: bool) {
+    let pr = kernels::panel_rows(isa);
+    let starts: Vec<usize> = rows.clone().step_by(pr).collect();
+    let job = |panel: &mut Panel, r0: usize| {
+        let n = pr.min(rows.end - r0);
+        kernels::gemm(isa, w, x, r0, n, panel, o);
+    };
+    if parallel {
+        starts.into_par_iter().for_each_init(|| Panel::new(w.ty, pr), job);
+    } else {
+        let mut panel = Panel::new(w.ty, pr);
+        starts.into_iter().for_each(|r0| job(&mut panel, r0));
+    }
+}
+
+/// Row-streaming kernels over row chunks (multiples of 16 rows, about four per thread).
+fn run_rows(isa: Isa, w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, o: &Out, parallel: bool) {
+    let tokens = 0..x.n_tokens();
+    if !parallel {
+        kernels::gemv(isa, w, x, rows, tokens, o);
+        return;
+    }
+    let chunks = 4 * rayon::current_num_threads();
+    let chunk = rows.len().div_ceil(chunks).next_multiple_of(16).max(16);
+    let starts: Vec<usize> = rows.clone().step_by(chunk).collect();
+    starts.into_par_iter().for_each(|r0| {
+        let r1 = (r0 + chunk).min(rows.end);
+        kernels::gemv(isa, w, x, r0..r1, tokens.clone(), o);
+    });
+}
