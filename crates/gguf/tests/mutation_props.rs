@@ -145,3 +145,14 @@ fn every_prefix_of_the_gguf_py_file_is_handled() {
     }
     assert!(exercise(full));
 }
+
+#[test]
+fn fuzz_corpus_replays_without_panic() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/parse");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        exercise(&std::fs::read(entry.path()).unwrap());
+        n += 1;
+    }
+    assert!(n > 0, "empty corpus at {}", dir.display());
+}
