@@ -1,0 +1,104 @@
+//! Request bodies: read with a size limit (413), parsed as JSON (400 on malformed
+//! JSON), then deserialized with the path of a field of the wrong type in the message
+//! (400). Unknown fields are ignored.
+
+use axum::body::Body;
+use axum::http::{HeaderMap, header};
+use futures_util::StreamExt;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+
+/// Bytes past the limit that are still read (and dropped) so the client, which is
+/// still sending, sees the 413 instead of a reset connection.
+const DRAIN_SLACK: usize = 256 << 20;
+
+/// Reads the whole body, refusing more than `limit` bytes.
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let expects_continue = headers
+        .get(header::EXPECT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+    if declared.is_some_and(|n| n > limit as u64) && expects_continue {
+        // The client waits for 100 Continue before sending: refuse without reading.
+        return Err(ApiError::too_large(limit));
+    }
+    let mut stream = body.into_data_stream();
+    let mut out = Vec::new();
+    let mut seen = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the request body failed: {e}")))?;
+        seen += chunk.len();
+        if seen > limit {
+            if seen > limit + DRAIN_SLACK {
+                break;
+            }
+            out = Vec::new();
+            continue;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    if seen > limit {
+        return Err(ApiError::too_large(limit));
+    }
+    Ok(out)
+}
+
+/// Parses a JSON object body into `T`.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request("the request body is empty; send a JSON object"));
+    }
+    let value: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("the request body must be a JSON object"));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        let inner = inner
+            .replace("data did not match any variant of untagged enum", "the value has the wrong type for")
+            .replace("missing field", "missing required field");
+        if path == "." {
+            ApiError::bad_request(format!("invalid request: {inner}"))
+        } else {
+            ApiError::invalid_field(&path, format!("invalid value for `{path}`: {inner}"))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct Req {
+        messages: Vec<Msg>,
+        temperature: Option<f32>,
+    }
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct Msg {
+        role: String,
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = parse_json::<Req>(br#"{"messages": [{"role": 1}]}"#).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.param.as_deref(), Some("messages[0].role"));
+        let e = parse_json::<Req>(br#"{"messages": [], "temperature": "hot"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = parse_json::<Req>(b"{").unwrap_err();
+        assert!(e.message.contains("not valid JSON"));
+        let e = parse_json::<Req>(b"[]").unwrap_err();
+        assert!(e.message.contains("JSON object"));
+        assert!(parse_json::<Req>(br#"{"messages": [], "unknown": {"x": 1}}"#).is_ok());
+    }
+}

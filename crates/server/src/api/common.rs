@@ -1,0 +1,193 @@
+//! Pieces shared by the API adapters: the API-neutral conversation, sampling fields
+//! and their validation, model-name resolution, ids and time.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+use crate::backend::{ChatTurn, GenSettings, SamplerSettings};
+use crate::state::AppState;
+
+/// Which tools the model may call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    Auto,
+    /// Tools are not offered and calls are not parsed.
+    None,
+    /// Asked for; not enforced (no constrained decoding).
+    Required,
+    /// Asked for; not enforced.
+    Function(String),
+}
+
+/// A chat request with the API's shape removed.
+#[derive(Debug, Clone)]
+pub struct Conversation {
+    pub messages: Vec<ChatTurn>,
+    /// OpenAI function definitions.
+    pub tools: Vec<Value>,
+    pub tool_choice: ToolChoice,
+    /// Extra chat-template variables.
+    pub vars: Map<String, Value>,
+}
+
+/// An integer seed: any JSON integer (negative ones wrap).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+pub enum SeedIn {
+    Unsigned(u64),
+    Signed(i64),
+}
+
+impl SeedIn {
+    pub fn value(self) -> u64 {
+        match self {
+            SeedIn::Unsigned(v) => v,
+            SeedIn::Signed(v) => v as u64,
+        }
+    }
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopIn {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopIn {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopIn::One(s) => vec![s],
+            StopIn::Many(v) => v,
+        }
+    }
+}
+
+/// Sampling fields as requests give them; missing ones take ds4's defaults.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<SeedIn>,
+}
+
+fn check_range(name: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<(), ApiError> {
+    match v {
+        Some(x) if !(x.is_finite() && x >= lo && x <= hi) => {
+            Err(ApiError::invalid_field(name, format!("`{name}` must be between {lo} and {hi}, got {x}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A seed from the clock, for requests without one (like the CLI).
+pub fn clock_seed() -> u64 {
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    t.as_nanos() as u64 | 1
+}
+
+impl Sampling {
+    /// Validated generation settings.
+    pub fn settings(&self, max_tokens: usize, top_logprobs: Option<usize>) -> Result<GenSettings, ApiError> {
+        check_range("temperature", self.temperature, 0.0, 100.0)?;
+        check_range("top_p", self.top_p, 0.0, 1.0)?;
+        check_range("min_p", self.min_p, 0.0, 1.0)?;
+        if let Some(k) = self.top_k
+            && k < 0
+        {
+            return Err(ApiError::invalid_field("top_k", format!("`top_k` must be 0 (off) or positive, got {k}")));
+        }
+        let d = SamplerSettings::DS4_DEFAULT;
+        let sampler = SamplerSettings {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.map_or(d.top_k, |k| k.min(i32::MAX as i64) as i32),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+        };
+        let seed = self.seed.map_or_else(clock_seed, SeedIn::value);
+        Ok(GenSettings { max_tokens, sampler, seed, top_logprobs })
+    }
+}
+
+/// A `max_tokens`-like field: at least 1.
+pub fn max_tokens_field(name: &str, v: Option<u64>) -> Result<Option<usize>, ApiError> {
+    match v {
+        Some(0) => Err(ApiError::invalid_field(name, format!("`{name}` must be at least 1"))),
+        Some(n) => Ok(Some(n.min(usize::MAX as u64) as usize)),
+        None => Ok(None),
+    }
+}
+
+/// The model name to answer with: the requested name when the server serves it (or
+/// runs with `--any-model`), the served id when none was given.
+pub fn resolve_model(state: &AppState, requested: Option<&str>) -> Result<String, ApiError> {
+    match requested {
+        None | Some("") => Ok(state.names.id.clone()),
+        Some(name) if state.config.any_model || state.names.matches(name) => Ok(name.to_string()),
+        Some(name) => Err(ApiError::model_not_found(name, &state.names.id)),
+    }
+}
+
+/// A fresh id: `prefix` then 24 characters `[0-9a-zA-Z]`, unique in this process.
+pub fn new_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // SplitMix64 over clock and counter: unique per process, unpredictable enough for
+    // ids (they are not secrets).
+    let mut x = clock_seed() ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut out = String::from(prefix);
+    for _ in 0..2 {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        for _ in 0..12 {
+            out.push(ALPHABET[(z % 62) as usize] as char);
+            z /= 62;
+        }
+    }
+    out
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Parses tool-call arguments text into JSON for the template (the raw text as a JSON
+/// string when it does not parse).
+pub fn arguments_value(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_shaped() {
+        let a = new_id("call_");
+        let b = new_id("call_");
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 5 + 24);
+        assert!(a[5..].chars().all(|c| c.is_ascii_alphanumeric()));
+    }
+
+    #[test]
+    fn sampling_defaults_are_ds4s() {
+        let s = Sampling { seed: Some(SeedIn::Unsigned(7)), ..Default::default() }.settings(10, None).unwrap();
+        assert_eq!(s.sampler, SamplerSettings { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.05 });
+        assert_eq!(s.seed, 7);
+        assert!(Sampling { top_p: Some(1.5), ..Default::default() }.settings(1, None).is_err());
+        assert!(Sampling { temperature: Some(f32::NAN), ..Default::default() }.settings(1, None).is_err());
+    }
+}

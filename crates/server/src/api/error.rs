@@ -1,0 +1,221 @@
+//! API errors, rendered in each API's own shape:
+//! OpenAI `{"error":{"message","type","param","code"}}` and
+//! Anthropic `{"type":"error","error":{"type","message"}}`.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::worker::{JobError, SubmitError};
+
+/// The kind of an error, mapped to each API's type names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidRequest,
+    Authentication,
+    NotFound,
+    TooLarge,
+    RateLimit,
+    Unavailable,
+    Internal,
+}
+
+/// An error response, independent of the API's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The request field at fault (OpenAI `param`).
+    pub param: Option<String>,
+    /// A machine-readable code (OpenAI `code`).
+    pub code: Option<&'static str>,
+    /// Seconds for the `Retry-After` header.
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: ErrorKind, message: impl Into<String>) -> Self {
+        ApiError { status, kind, message: message.into(), param: None, code: None, retry_after: None }
+    }
+
+    /// 400.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, message)
+    }
+
+    /// 400 about field `param`.
+    pub fn invalid_field(param: &str, message: impl Into<String>) -> Self {
+        let mut e = Self::bad_request(message);
+        e.param = Some(param.to_string());
+        e
+    }
+
+    /// 401.
+    pub fn unauthorized() -> Self {
+        let mut e = Self::new(
+            StatusCode::UNAUTHORIZED,
+            ErrorKind::Authentication,
+            "invalid or missing API key: send it as `Authorization: Bearer KEY` or `x-api-key: KEY`",
+        );
+        e.code = Some("invalid_api_key");
+        e
+    }
+
+    /// 404 for a model name the server does not serve.
+    pub fn model_not_found(name: &str, served: &str) -> Self {
+        let mut e = Self::new(
+            StatusCode::NOT_FOUND,
+            ErrorKind::NotFound,
+            format!("model '{name}' is not served here (this server serves '{served}'; start it with --any-model to accept any name)"),
+        );
+        e.param = Some("model".into());
+        e.code = Some("model_not_found");
+        e
+    }
+
+    /// 404 for an unknown path.
+    pub fn route_not_found(method: &str, path: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, ErrorKind::NotFound, format!("no route for {method} {path}"))
+    }
+
+    /// 413.
+    pub fn too_large(limit: usize) -> Self {
+        let mut e = Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::TooLarge,
+            format!("the request body exceeds the server's limit of {limit} bytes (--max-body-bytes)"),
+        );
+        e.code = Some("request_too_large");
+        e
+    }
+
+    /// 429 with Retry-After.
+    pub fn queue_full(depth: usize, retry_after: u64) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::RateLimit,
+            format!("the server is busy: {depth} requests are waiting for the engine; retry after {retry_after} s"),
+        );
+        e.code = Some("rate_limit_exceeded");
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// 503.
+    pub fn shutting_down() -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorKind::Unavailable, "the server is shutting down")
+    }
+
+    /// 500.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorKind::Internal, message)
+    }
+
+    /// The OpenAI body.
+    pub fn openai_body(&self) -> Value {
+        let ty = match self.kind {
+            ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge | ErrorKind::Authentication => {
+                "invalid_request_error"
+            }
+            ErrorKind::RateLimit => "rate_limit_error",
+            ErrorKind::Unavailable | ErrorKind::Internal => "server_error",
+        };
+        json!({"error": {"message": self.message, "type": ty, "param": self.param, "code": self.code}})
+    }
+
+    /// The Anthropic body.
+    pub fn anthropic_body(&self) -> Value {
+        let ty = match self.kind {
+            ErrorKind::InvalidRequest => "invalid_request_error",
+            ErrorKind::Authentication => "authentication_error",
+            ErrorKind::NotFound => "not_found_error",
+            ErrorKind::TooLarge => "request_too_large",
+            ErrorKind::RateLimit => "rate_limit_error",
+            ErrorKind::Unavailable => "overloaded_error",
+            ErrorKind::Internal => "api_error",
+        };
+        json!({"type": "error", "error": {"type": ty, "message": self.message}})
+    }
+
+    /// The response in the given API's shape.
+    pub fn into_response_as(self, flavor: Flavor) -> Response {
+        let body = match flavor {
+            Flavor::OpenAi => self.openai_body(),
+            Flavor::Anthropic => self.anthropic_body(),
+        };
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if let Some(s) = self.retry_after
+            && let Ok(v) = HeaderValue::from_str(&s.to_string())
+        {
+            resp.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        resp
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Full { depth } => ApiError::queue_full(depth, 1),
+            SubmitError::ShuttingDown => ApiError::shutting_down(),
+        }
+    }
+}
+
+impl From<JobError> for ApiError {
+    fn from(e: JobError) -> Self {
+        match e {
+            JobError::ContextFull { .. } => ApiError::bad_request(e.to_string()),
+            JobError::ShuttingDown => ApiError::shutting_down(),
+            JobError::Engine(m) => ApiError::internal(m),
+        }
+    }
+}
+
+/// Which API's error shape to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    OpenAi,
+    Anthropic,
+}
+
+impl Flavor {
+    /// The API a request path belongs to.
+    pub fn of_path(path: &str) -> Flavor {
+        let p = path.strip_prefix("/v1").unwrap_or(path);
+        if p == "/messages" || p.starts_with("/messages/") { Flavor::Anthropic } else { Flavor::OpenAi }
+    }
+}
+
+/// An error answered in OpenAI's shape.
+#[derive(Debug)]
+pub struct OpenAiError(pub ApiError);
+
+impl From<ApiError> for OpenAiError {
+    fn from(e: ApiError) -> Self {
+        OpenAiError(e)
+    }
+}
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        self.0.into_response_as(Flavor::OpenAi)
+    }
+}
+
+/// An error answered in Anthropic's shape.
+#[derive(Debug)]
+pub struct AnthropicError(pub ApiError);
+
+impl From<ApiError> for AnthropicError {
+    fn from(e: ApiError) -> Self {
+        AnthropicError(e)
+    }
+}
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        self.0.into_response_as(Flavor::Anthropic)
+    }
+}

@@ -1,0 +1,502 @@
+//! `POST /v1/responses` (OpenAI Responses): `input` items (messages, function calls
+//! and their outputs, reasoning) and `instructions` in; `output` items (reasoning,
+//! message, function calls) out, whole or as `response.*` events from
+//! `response.created` to `response.completed`. Stateless: `previous_response_id` is
+//! refused; clients resend the conversation (as Codex does with `store: false`).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::body::{parse_json, read_body};
+use super::common::{Conversation, Sampling, SeedIn, StopIn, arguments_value, max_tokens_field, new_id, resolve_model, unix_now};
+use super::error::{ApiError, OpenAiError};
+use super::openai_chat::{reasoning_vars, tool_choice};
+use super::stream::{StreamFormat, collect, named_event, sse, submit};
+use crate::backend::{ChatTurn, TurnToolCall};
+use crate::output::{OutputEvent, OutputParser};
+use crate::prompt::chat_prompt;
+use crate::state::AppState;
+use crate::worker::{FinishReason, Finished, PromptInput, Usage};
+
+/// A Responses request (fields not listed are ignored).
+#[derive(Debug, Deserialize)]
+pub struct ResponsesRequest {
+    pub model: Option<String>,
+    pub input: InputIn,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<SeedIn>,
+    pub stop: Option<StopIn>,
+    pub stream: Option<bool>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub reasoning: Option<ReasoningIn>,
+    pub previous_response_id: Option<String>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ReasoningIn {
+    pub effort: Option<String>,
+}
+
+/// `input`: text or a list of items.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum InputIn {
+    Text(String),
+    Items(Vec<Value>),
+}
+
+fn str_field<'a>(item: &'a Value, key: &str, at: &str) -> Result<&'a str, ApiError> {
+    item.get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid_field(&format!("{at}.{key}"), format!("`{at}.{key}` must be a string")))
+}
+
+/// The text of a `content` value: a string, or parts with `text` (or `refusal`).
+fn content_of(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::new();
+            for (i, p) in parts.iter().enumerate() {
+                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                match kind {
+                    "input_text" | "output_text" | "text" | "reasoning_text" | "summary_text" => {
+                        texts.push(str_field(p, "text", &format!("{at}[{i}]"))?.to_string())
+                    }
+                    "refusal" => texts.push(str_field(p, "refusal", &format!("{at}[{i}]"))?.to_string()),
+                    other => {
+                        return Err(ApiError::invalid_field(
+                            &format!("{at}[{i}].type"),
+                            format!("content parts of type '{other}' are not supported: this model reads text only"),
+                        ));
+                    }
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        Some(_) => Err(ApiError::invalid_field(at, format!("`{at}` must be a string or a list of parts"))),
+    }
+}
+
+fn messages_from_input(input: InputIn, instructions: Option<String>) -> Result<Vec<ChatTurn>, ApiError> {
+    let mut out: Vec<ChatTurn> = Vec::new();
+    if let Some(i) = instructions {
+        out.push(ChatTurn::text("system", &i));
+    }
+    let items = match input {
+        InputIn::Text(t) => {
+            out.push(ChatTurn::text("user", &t));
+            return Ok(out);
+        }
+        InputIn::Items(items) => items,
+    };
+    let mut reasoning: Option<String> = None;
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("input[{i}]");
+        if !item.is_object() {
+            return Err(ApiError::invalid_field(&at, format!("`{at}` must be an object")));
+        }
+        let kind = item.get("type").and_then(Value::as_str).unwrap_or(if item.get("role").is_some() { "message" } else { "" });
+        match kind {
+            "message" => {
+                let role = match str_field(item, "role", &at)? {
+                    "system" | "developer" => "system",
+                    "user" => "user",
+                    "assistant" => "assistant",
+                    other => return Err(ApiError::invalid_field(&format!("{at}.role"), format!("unknown role '{other}'"))),
+                };
+                let content = content_of(item.get("content"), &format!("{at}.content"))?;
+                let mut turn = ChatTurn::text(role, &content);
+                if role == "assistant" {
+                    turn.reasoning_content = reasoning.take();
+                }
+                out.push(turn);
+            }
+            "function_call" => {
+                let call = TurnToolCall {
+                    id: item.get("call_id").or_else(|| item.get("id")).and_then(Value::as_str).unwrap_or("").to_string(),
+                    name: str_field(item, "name", &at)?.to_string(),
+                    arguments: arguments_value(item.get("arguments").and_then(Value::as_str).unwrap_or("{}")),
+                };
+                match out.last_mut() {
+                    Some(last) if last.role == "assistant" && reasoning.is_none() => last.tool_calls.push(call),
+                    _ => out.push(ChatTurn {
+                        role: "assistant".into(),
+                        content: None,
+                        reasoning_content: reasoning.take(),
+                        tool_calls: vec![call],
+                        ..Default::default()
+                    }),
+                }
+            }
+            "function_call_output" => {
+                let output = content_of(item.get("output"), &format!("{at}.output"))?;
+                out.push(ChatTurn {
+                    role: "tool".into(),
+                    content: Some(output),
+                    tool_call_id: item.get("call_id").and_then(Value::as_str).map(str::to_string),
+                    ..Default::default()
+                });
+            }
+            "reasoning" => {
+                let text = match item.get("content") {
+                    Some(c) if c.is_array() => content_of(Some(c), &format!("{at}.content"))?,
+                    _ => content_of(item.get("summary"), &format!("{at}.summary"))?,
+                };
+                if !text.is_empty() {
+                    reasoning = Some(text);
+                }
+            }
+            other => {
+                tracing::warn!("ignoring input item of type '{other}'");
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Responses function tools (`{type, name, parameters}`) in chat form; other tool
+/// types are skipped.
+fn chat_tools(tools: Option<Vec<Value>>) -> Result<Vec<Value>, ApiError> {
+    let mut out = Vec::new();
+    for (i, t) in tools.unwrap_or_default().into_iter().enumerate() {
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            tracing::warn!("ignoring tool {i}: only function tools are supported");
+            continue;
+        }
+        let name = t.get("name").and_then(Value::as_str).ok_or_else(|| {
+            ApiError::invalid_field(&format!("tools[{i}].name"), "a function tool needs a `name`")
+        })?;
+        let mut f = json!({"name": name});
+        if let Some(d) = t.get("description") {
+            f["description"] = d.clone();
+        }
+        if let Some(p) = t.get("parameters") {
+            f["parameters"] = p.clone();
+        }
+        out.push(json!({"type": "function", "function": f}));
+    }
+    Ok(out)
+}
+
+/// The handler.
+pub async fn handler(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, OpenAiError> {
+    let bytes = read_body(&headers, body, state.config.max_body_bytes).await?;
+    let req: ResponsesRequest = parse_json(&bytes)?;
+    let model = resolve_model(&state, req.model.as_deref())?;
+    if req.previous_response_id.is_some() {
+        return Err(ApiError::invalid_field(
+            "previous_response_id",
+            "this server does not store responses; resend the conversation in `input` (store: false)",
+        )
+        .into());
+    }
+    let effort = req.reasoning.as_ref().and_then(|r| r.effort.clone());
+    let echo = Echo {
+        instructions: req.instructions.clone(),
+        max_output_tokens: req.max_output_tokens,
+        temperature: req.temperature,
+        top_p: req.top_p,
+        tools: req.tools.clone().unwrap_or_default(),
+        tool_choice: req.tool_choice.clone().unwrap_or(json!("auto")),
+        effort: effort.clone(),
+    };
+    let conv = Conversation {
+        messages: messages_from_input(req.input, req.instructions)?,
+        tools: chat_tools(req.tools)?,
+        tool_choice: tool_choice(req.tool_choice)?,
+        vars: reasoning_vars(effort.as_deref(), req.chat_template_kwargs.unwrap_or_default()),
+    };
+    if conv.messages.is_empty() {
+        return Err(ApiError::invalid_field("input", "`input` must hold at least one item").into());
+    }
+    let max_tokens = max_tokens_field("max_output_tokens", req.max_output_tokens)?;
+    let sampling = Sampling { temperature: req.temperature, top_p: req.top_p, top_k: req.top_k, min_p: req.min_p, seed: req.seed };
+    let vocab = state.vocab.clone();
+    let tool_format = state.tool_format;
+    let plan = tokio::task::spawn_blocking(move || chat_prompt(&*vocab, &conv, tool_format))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let id = new_id("resp_");
+    let parser = OutputParser::new(plan.starts_in_reasoning, plan.tool_format);
+    let stop = req.stop.map(StopIn::into_vec).unwrap_or_default();
+    let rx = submit(
+        &state,
+        &id,
+        PromptInput::Text { text: plan.text, tokens: plan.tokens },
+        max_tokens,
+        |m| sampling.settings(m, None),
+        stop,
+    )?;
+    let meta = Meta { id, model, created: unix_now(), echo };
+    if req.stream == Some(true) {
+        let fmt = ResponseStream { meta, seq: 0, items: Vec::new(), open: None };
+        return Ok(sse(rx, parser, fmt, state.config.keepalive));
+    }
+    let done = collect(rx, parser).await?;
+    let mut items = Vec::new();
+    if !done.out.reasoning.is_empty() {
+        items.push(reasoning_item(&new_id("rs_"), &done.out.reasoning));
+    }
+    if !done.out.text.is_empty() || done.out.tool_calls.is_empty() {
+        items.push(message_item(&new_id("msg_"), &done.out.text, "completed"));
+    }
+    for c in &done.out.tool_calls {
+        items.push(call_item(&new_id("fc_"), &new_id("call_"), &c.name, &c.arguments, "completed"));
+    }
+    Ok(axum::Json(meta.response(status_of(&done.finish), items, Some((&done.usage, done.reasoning_tokens)))).into_response())
+}
+
+/// Request fields the response object repeats.
+struct Echo {
+    instructions: Option<String>,
+    max_output_tokens: Option<u64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    tools: Vec<Value>,
+    tool_choice: Value,
+    effort: Option<String>,
+}
+
+struct Meta {
+    id: String,
+    model: String,
+    created: u64,
+    echo: Echo,
+}
+
+fn status_of(r: &FinishReason) -> &'static str {
+    match r {
+        FinishReason::Length | FinishReason::ContextFull => "incomplete",
+        _ => "completed",
+    }
+}
+
+fn reasoning_item(id: &str, text: &str) -> Value {
+    json!({"type": "reasoning", "id": id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]})
+}
+
+fn text_part(text: &str) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+}
+
+fn message_item(id: &str, text: &str, status: &str) -> Value {
+    let content = if status == "completed" { vec![text_part(text)] } else { Vec::new() };
+    json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
+}
+
+fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
+    json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
+}
+
+impl Meta {
+    fn response(&self, status: &str, output: Vec<Value>, usage: Option<(&Usage, usize)>) -> Value {
+        let e = &self.echo;
+        json!({
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": null,
+            "incomplete_details": if status == "incomplete" { json!({"reason": "max_output_tokens"}) } else { Value::Null },
+            "instructions": e.instructions,
+            "max_output_tokens": e.max_output_tokens,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": true,
+            "previous_response_id": null,
+            "reasoning": {"effort": e.effort, "summary": null},
+            "store": false,
+            "temperature": e.temperature.unwrap_or(1.0),
+            "text": {"format": {"type": "text"}},
+            "tool_choice": e.tool_choice,
+            "tools": e.tools,
+            "top_p": e.top_p.unwrap_or(1.0),
+            "truncation": "disabled",
+            "usage": usage.map(|(u, r)| json!({
+                "input_tokens": u.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": u.cached_tokens},
+                "output_tokens": u.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": r},
+                "total_tokens": u.prompt_tokens + u.completion_tokens,
+            })),
+            "metadata": {},
+        })
+    }
+}
+
+/// The output item being streamed.
+enum Open {
+    Reasoning { id: String, text: String },
+    Message { id: String, text: String },
+    Call { id: String, call_id: String, name: String, arguments: String },
+}
+
+struct ResponseStream {
+    meta: Meta,
+    seq: u64,
+    /// Completed items.
+    items: Vec<Value>,
+    open: Option<Open>,
+}
+
+impl ResponseStream {
+    fn event(&mut self, name: &str, mut v: Value) -> Event {
+        v["type"] = json!(name);
+        v["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        named_event(name, &v)
+    }
+
+    fn index(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Closes the open item, if any.
+    fn close(&mut self) -> Vec<Event> {
+        let Some(open) = self.open.take() else { return Vec::new() };
+        let idx = self.index();
+        let (events, item) = match open {
+            Open::Reasoning { id, text } => {
+                let item = reasoning_item(&id, &text);
+                let done = json!({"item_id": id, "output_index": idx, "content_index": 0, "text": text});
+                (vec![self.event("response.reasoning_text.done", done)], item)
+            }
+            Open::Message { id, text } => {
+                let item = message_item(&id, &text, "completed");
+                let a = self.event(
+                    "response.output_text.done",
+                    json!({"item_id": id, "output_index": idx, "content_index": 0, "text": text, "logprobs": []}),
+                );
+                let b = self.event(
+                    "response.content_part.done",
+                    json!({"item_id": id, "output_index": idx, "content_index": 0, "part": text_part(&text)}),
+                );
+                (vec![a, b], item)
+            }
+            Open::Call { id, call_id, name, arguments } => {
+                let item = call_item(&id, &call_id, &name, &arguments, "completed");
+                let done = json!({"item_id": id, "output_index": idx, "name": name, "arguments": arguments});
+                (vec![self.event("response.function_call_arguments.done", done)], item)
+            }
+        };
+        let mut events = events;
+        events.push(self.event("response.output_item.done", json!({"output_index": idx, "item": item.clone()})));
+        self.items.push(item);
+        events
+    }
+
+    fn open_item(&mut self, open: Open) -> Vec<Event> {
+        let mut events = self.close();
+        let idx = self.index();
+        let added = match &open {
+            Open::Reasoning { id, .. } => json!({"type": "reasoning", "id": id, "summary": [], "content": []}),
+            Open::Message { id, .. } => message_item(id, "", "in_progress"),
+            Open::Call { id, call_id, name, .. } => call_item(id, call_id, name, "", "in_progress"),
+        };
+        events.push(self.event("response.output_item.added", json!({"output_index": idx, "item": added})));
+        if let Open::Message { id, .. } = &open {
+            let part = json!({"item_id": id, "output_index": idx, "content_index": 0, "part": text_part("")});
+            events.push(self.event("response.content_part.added", part));
+        }
+        self.open = Some(open);
+        events
+    }
+}
+
+impl StreamFormat for ResponseStream {
+    fn started(&mut self, _: usize, _: usize) -> Vec<Event> {
+        let r = self.meta.response("in_progress", Vec::new(), None);
+        vec![self.event("response.created", json!({"response": r.clone()})), self.event("response.in_progress", json!({"response": r}))]
+    }
+
+    fn output(&mut self, ev: OutputEvent) -> Vec<Event> {
+        let mut events = Vec::new();
+        match ev {
+            OutputEvent::Reasoning(t) => {
+                if !matches!(self.open, Some(Open::Reasoning { .. })) {
+                    events.extend(self.open_item(Open::Reasoning { id: new_id("rs_"), text: String::new() }));
+                }
+                let idx = self.index();
+                let v = match &mut self.open {
+                    Some(Open::Reasoning { id, text }) => {
+                        text.push_str(&t);
+                        Some(json!({"item_id": id.clone(), "output_index": idx, "content_index": 0, "delta": t}))
+                    }
+                    _ => None,
+                };
+                if let Some(v) = v {
+                    events.push(self.event("response.reasoning_text.delta", v));
+                }
+            }
+            OutputEvent::Text(t) => {
+                if !matches!(self.open, Some(Open::Message { .. })) {
+                    events.extend(self.open_item(Open::Message { id: new_id("msg_"), text: String::new() }));
+                }
+                let idx = self.index();
+                let v = match &mut self.open {
+                    Some(Open::Message { id, text }) => {
+                        text.push_str(&t);
+                        Some(json!({"item_id": id.clone(), "output_index": idx, "content_index": 0, "delta": t, "logprobs": []}))
+                    }
+                    _ => None,
+                };
+                if let Some(v) = v {
+                    events.push(self.event("response.output_text.delta", v));
+                }
+            }
+            OutputEvent::ToolCallBegin { name, .. } => {
+                events.extend(self.open_item(Open::Call { id: new_id("fc_"), call_id: new_id("call_"), name, arguments: String::new() }));
+            }
+            OutputEvent::ToolCallArgs { delta, .. } => {
+                let idx = self.index();
+                let v = match &mut self.open {
+                    Some(Open::Call { id, arguments, .. }) => {
+                        arguments.push_str(&delta);
+                        Some(json!({"item_id": id.clone(), "output_index": idx, "delta": delta}))
+                    }
+                    _ => None,
+                };
+                if let Some(v) = v {
+                    events.push(self.event("response.function_call_arguments.delta", v));
+                }
+            }
+            OutputEvent::ToolCallEnd { .. } => events.extend(self.close()),
+        }
+        events
+    }
+
+    fn finished(&mut self, fin: &Finished, reasoning_tokens: usize) -> Vec<Event> {
+        let mut events = self.close();
+        if self.items.is_empty() {
+            // An empty answer is still one (empty) message.
+            events.extend(self.open_item(Open::Message { id: new_id("msg_"), text: String::new() }));
+            events.extend(self.close());
+        }
+        let status = status_of(&fin.reason);
+        let r = self.meta.response(status, self.items.clone(), Some((&fin.usage, reasoning_tokens)));
+        let name = if status == "completed" { "response.completed" } else { "response.incomplete" };
+        events.push(self.event(name, json!({"response": r})));
+        events
+    }
+
+    fn failed(&mut self, err: &ApiError) -> Vec<Event> {
+        let v = json!({"code": err.code, "message": err.message, "param": err.param});
+        vec![self.event("error", v)]
+    }
+}

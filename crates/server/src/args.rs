@@ -1,0 +1,64 @@
+//! `ds4-server serve` flags (the model and context flags come from the CLI's
+//! `ModelArgs`).
+
+use std::time::Duration;
+
+use crate::config::ServerConfig;
+
+/// Environment variable read for the API key when `--api-key` is not given (keeps the
+/// key out of process listings).
+pub const API_KEY_ENV: &str = "DS4_SERVER_API_KEY";
+
+/// Server flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address to bind. Loopback by default; 0.0.0.0 listens on every interface.
+    #[arg(long = "host", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind (0: any free port).
+    #[arg(long = "port", default_value_t = 8000)]
+    pub port: u16,
+    /// Require this key as `Authorization: Bearer KEY` or `x-api-key: KEY` (also read
+    /// from DS4_SERVER_API_KEY).
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Allow cross-origin requests from browsers (any origin).
+    #[arg(long = "cors")]
+    pub cors: bool,
+    /// Accept any model name in requests (for clients that hard-code one).
+    #[arg(long = "any-model")]
+    pub any_model: bool,
+    /// Requests that may wait while one runs; more get 429 with Retry-After.
+    #[arg(long = "queue", value_name = "N", default_value_t = 16)]
+    pub queue: usize,
+    /// Largest accepted request body in bytes.
+    #[arg(long = "max-body-bytes", value_name = "BYTES", default_value_t = 32 << 20)]
+    pub max_body_bytes: usize,
+    /// Another name the model answers to (repeatable).
+    #[arg(long = "alias", value_name = "NAME")]
+    pub aliases: Vec<String>,
+    /// Seconds between SSE keep-alive comments while a request waits or prefills.
+    #[arg(long = "keepalive", value_name = "SECS", default_value_t = 10)]
+    pub keepalive_secs: u64,
+    /// On SIGINT/SIGTERM, seconds the running request may take before it is cancelled.
+    #[arg(long = "shutdown-timeout", value_name = "SECS", default_value_t = 30)]
+    pub shutdown_timeout_secs: u64,
+}
+
+impl ServeArgs {
+    /// The server settings these flags give.
+    pub fn config(&self) -> ServerConfig {
+        ServerConfig {
+            host: self.host.clone(),
+            port: self.port,
+            api_key: self.api_key.clone().or_else(|| std::env::var(API_KEY_ENV).ok().filter(|k| !k.is_empty())),
+            cors: self.cors,
+            any_model: self.any_model,
+            queue: self.queue,
+            max_body_bytes: self.max_body_bytes,
+            aliases: self.aliases.clone(),
+            keepalive: Duration::from_secs(self.keepalive_secs.max(1)),
+            drain_timeout: Duration::from_secs(self.shutdown_timeout_secs),
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! From generated text to structured output: reasoning split off (`<think>…</think>`),
+//! tool calls parsed into names and argument deltas, the rest as answer text.
+//!
+//! The pipeline is streaming: text arrives in arbitrary pieces and every parser holds
+//! back only what might begin a tag. Tool-call formats plug in behind
+//! [`ToolCallParser`]; [`ToolFormat`] names the formats and picks one from a chat
+//! template. Implemented: Qwen/Hermes `<tool_call>{json}</tool_call>`
+//! ([`hermes::HermesParser`]). DeepSeek's DSML and GLM's
+//! `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>` are further
+//! implementations of the same trait.
+
+pub mod collect;
+pub mod hermes;
+pub mod json_scan;
+pub mod reasoning;
+
+use reasoning::ReasoningSplitter;
+
+/// One piece of structured output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutputEvent {
+    /// Answer text.
+    Text(String),
+    /// Reasoning text.
+    Reasoning(String),
+    /// Tool call number `index` (from 0) begins; its function name.
+    ToolCallBegin { index: usize, name: String },
+    /// More of call `index`'s arguments (JSON text); the deltas of a call concatenate
+    /// to its complete arguments.
+    ToolCallArgs { index: usize, delta: String },
+    /// Call `index` is complete.
+    ToolCallEnd { index: usize },
+}
+
+/// A streaming parser of one tool-call format. It sees answer text only (reasoning is
+/// split off before) and passes text outside tool calls through as
+/// [`OutputEvent::Text`].
+pub trait ToolCallParser: Send {
+    /// Feeds the next piece of text, appending events to `out`.
+    fn push(&mut self, text: &str, out: &mut Vec<OutputEvent>);
+    /// Ends the stream: held text is released, an unterminated call is closed (or,
+    /// when it never became a call, released as text).
+    fn finish(&mut self, out: &mut Vec<OutputEvent>);
+}
+
+/// The tool-call formats the server knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFormat {
+    /// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` (Qwen 2.5/3, Hermes,
+    /// and the format the server itself describes to templates without tool support).
+    Hermes,
+}
+
+impl ToolFormat {
+    /// The format a chat template's source uses; Hermes when it names none.
+    pub fn detect(_template_source: &str) -> ToolFormat {
+        ToolFormat::Hermes
+    }
+
+    /// A fresh parser for this format.
+    pub fn parser(self) -> Box<dyn ToolCallParser> {
+        match self {
+            ToolFormat::Hermes => Box::new(hermes::HermesParser::new()),
+        }
+    }
+}
+
+/// Reasoning tags of the model families served (`<think>…</think>`).
+pub const THINK_OPEN: &str = "<think>";
+pub const THINK_CLOSE: &str = "</think>";
+
+/// The whole output pipeline of one generation.
+pub struct OutputParser {
+    /// `None`: raw text (no reasoning split).
+    reasoning: Option<ReasoningSplitter>,
+    tools: Option<Box<dyn ToolCallParser>>,
+}
+
+impl OutputParser {
+    /// `starts_in_reasoning`: the prompt already opened a reasoning block (the template
+    /// ended with `<think>`). `tools`: parse tool calls in this format (`None`: tool
+    /// calls are plain text).
+    pub fn new(starts_in_reasoning: bool, tools: Option<ToolFormat>) -> Self {
+        OutputParser {
+            reasoning: Some(ReasoningSplitter::new(THINK_OPEN, THINK_CLOSE, starts_in_reasoning)),
+            tools: tools.map(ToolFormat::parser),
+        }
+    }
+
+    /// A pass-through parser: all output is answer text (raw completions).
+    pub fn plain() -> Self {
+        OutputParser { reasoning: None, tools: None }
+    }
+
+    /// Feeds generated text; returns the events it completes.
+    pub fn push(&mut self, text: &str) -> Vec<OutputEvent> {
+        let mut out = Vec::new();
+        let pieces = match &mut self.reasoning {
+            Some(r) => r.push(text),
+            None => vec![reasoning::Piece::Answer(text.to_string())],
+        };
+        self.route(pieces, &mut out);
+        out
+    }
+
+    /// Ends the stream.
+    pub fn finish(&mut self) -> Vec<OutputEvent> {
+        let mut out = Vec::new();
+        let pieces = self.reasoning.as_mut().map(ReasoningSplitter::finish).unwrap_or_default();
+        self.route(pieces, &mut out);
+        if let Some(t) = &mut self.tools {
+            t.finish(&mut out);
+        }
+        out
+    }
+
+    fn route(&mut self, pieces: Vec<reasoning::Piece>, out: &mut Vec<OutputEvent>) {
+        for p in pieces {
+            match p {
+                reasoning::Piece::Reasoning(t) => out.push(OutputEvent::Reasoning(t)),
+                reasoning::Piece::Answer(t) => match &mut self.tools {
+                    Some(parser) => parser.push(&t, out),
+                    None => out.push(OutputEvent::Text(t)),
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use collect::Collected;
+
+    #[test]
+    fn reasoning_then_tool_call_in_tiny_pieces() {
+        let text = "<think>\nweather needed\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let mut p = OutputParser::new(false, Some(ToolFormat::Hermes));
+        let mut c = Collected::default();
+        for ch in text.chars() {
+            c.extend(p.push(&ch.to_string()));
+        }
+        c.extend(p.finish());
+        assert_eq!(c.reasoning, "weather needed\n");
+        assert_eq!(c.text, "");
+        assert_eq!(c.tool_calls.len(), 1);
+        assert_eq!(c.tool_calls[0].name, "get_weather");
+        assert_eq!(c.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+    }
+
+    #[test]
+    fn without_tools_calls_stay_text() {
+        let text = "<tool_call>{}</tool_call>";
+        let mut p = OutputParser::new(false, None);
+        let mut c = Collected::default();
+        c.extend(p.push(text));
+        c.extend(p.finish());
+        assert_eq!(c.text, text);
+        assert!(c.tool_calls.is_empty());
+    }
+}

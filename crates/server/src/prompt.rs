@@ -1,0 +1,53 @@
+//! From a conversation to a prompt: tool handling for the template at hand, the chat
+//! template, the canonical tokenization, and what the output parser needs to know.
+
+use crate::api::common::{Conversation, ToolChoice};
+use crate::api::error::ApiError;
+use crate::backend::{BackendError, ChatTurn, RenderRequest, Vocab};
+use crate::output::{THINK_OPEN, ToolFormat};
+use crate::tools_prompt::inline_tools;
+
+/// A rendered prompt.
+#[derive(Debug, Clone)]
+pub struct PromptPlan {
+    pub text: String,
+    /// Canonical tokenization (BOS as the vocabulary asks).
+    pub tokens: Vec<u32>,
+    /// The template opened a reasoning block at the end of the prompt.
+    pub starts_in_reasoning: bool,
+    /// Parse tool calls in this format (`None` when no tools are offered).
+    pub tool_format: Option<ToolFormat>,
+}
+
+/// Renders and tokenizes `conv` for `vocab`.
+pub fn chat_prompt(vocab: &dyn Vocab, conv: &Conversation, tool_format: ToolFormat) -> Result<PromptPlan, ApiError> {
+    let offer_tools = !conv.tools.is_empty() && conv.tool_choice != ToolChoice::None;
+    let tools: &[serde_json::Value] = if offer_tools { &conv.tools } else { &[] };
+    let text = if vocab.template_supports_tools() {
+        let req = RenderRequest { messages: &conv.messages, tools, add_generation_prompt: true, vars: &conv.vars };
+        match vocab.render(&req) {
+            Ok(t) => t,
+            // Some templates fail on null content; retry with empty text.
+            Err(_) if conv.messages.iter().any(|m| m.content.is_none()) => {
+                let filled: Vec<ChatTurn> = conv
+                    .messages
+                    .iter()
+                    .map(|m| ChatTurn { content: Some(m.content.clone().unwrap_or_default()), ..m.clone() })
+                    .collect();
+                vocab.render(&RenderRequest { messages: &filled, ..req }).map_err(template_error)?
+            }
+            Err(e) => return Err(template_error(e)),
+        }
+    } else {
+        let messages = inline_tools(&conv.messages, tools);
+        let req = RenderRequest { messages: &messages, tools: &[], add_generation_prompt: true, vars: &conv.vars };
+        vocab.render(&req).map_err(template_error)?
+    };
+    let tokens = vocab.tokenize(&text, true);
+    let starts_in_reasoning = text.trim_end().ends_with(THINK_OPEN);
+    Ok(PromptPlan { text, tokens, starts_in_reasoning, tool_format: offer_tools.then_some(tool_format) })
+}
+
+fn template_error(e: BackendError) -> ApiError {
+    ApiError::bad_request(e.to_string())
+}
