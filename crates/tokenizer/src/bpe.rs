@@ -10,41 +10,23 @@
 //! so a merge step is one integer-pair lookup.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
 
 use crate::vocab::Vocab;
 
-/// A fast hasher for integer pairs (FxHash's multiply-rotate).
-#[derive(Default)]
-struct PairHasher(u64);
-
-impl Hasher for PairHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(u64::from(v));
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-type PairMap<V> = HashMap<(u32, u32), V, BuildHasherDefault<PairHasher>>;
+type PairMap<V> = FxHashMap<(u32, u32), V>;
 
 /// The merge table of one vocabulary.
+///
+/// Strings are numbered as "pieces": a vocabulary entry is the piece of its token id, any
+/// other merge side or merge result gets an id from `n_vocab` up.
 #[derive(Debug)]
 pub(crate) struct BpeMerges {
-    /// Interned strings: merge sides and merge results.
-    pieces: HashMap<Box<str>, u32>,
-    /// The vocabulary id of each interned string, if it is a token.
-    piece_token: Vec<Option<u32>>,
+    /// Pieces that are not vocabulary entries.
+    extra: FxHashMap<Box<str>, u32>,
+    n_vocab: u32,
     /// `(left, right)` pieces to `(rank, merged piece)`; the first listing of a pair wins.
     ranks: PairMap<(u32, u32)>,
 }
@@ -52,15 +34,17 @@ pub(crate) struct BpeMerges {
 impl BpeMerges {
     /// Builds the table from `tokenizer.ggml.merges` entries (`"left right"`).
     pub fn new(merges: &[&str], vocab: &Vocab) -> BpeMerges {
-        let mut pieces: HashMap<Box<str>, u32> = HashMap::with_capacity(merges.len() * 2);
+        let n_vocab = vocab.n_tokens() as u32;
+        let mut extra: FxHashMap<Box<str>, u32> = FxHashMap::default();
         let mut intern = |s: &str| -> u32 {
-            if let Some(&id) = pieces.get(s) {
+            if let Some(id) = vocab.text_to_token(s).or_else(|| extra.get(s).copied()) {
                 return id;
             }
-            let id = pieces.len() as u32;
-            pieces.insert(s.into(), id);
+            let id = n_vocab + extra.len() as u32;
+            extra.insert(s.into(), id);
             id
         };
+        let mut joined = String::new();
         let mut ranks = PairMap::default();
         ranks.reserve(merges.len());
         for (rank, merge) in merges.iter().enumerate() {
@@ -73,18 +57,22 @@ impl BpeMerges {
             };
             let l = intern(left);
             let r = intern(right);
-            let joined = intern(&format!("{left}{right}"));
-            ranks.entry((l, r)).or_insert((rank as u32, joined));
-        }
-        let mut piece_token = vec![None; pieces.len()];
-        for (text, &id) in &pieces {
-            piece_token[id as usize] = vocab.text_to_token(text);
+            joined.clear();
+            joined.push_str(left);
+            joined.push_str(right);
+            let joined_id = intern(&joined);
+            ranks.entry((l, r)).or_insert((rank as u32, joined_id));
         }
         BpeMerges {
-            pieces,
-            piece_token,
+            extra,
+            n_vocab,
             ranks,
         }
+    }
+
+    /// The piece id of `s`, if it is a token or a merge string.
+    fn piece(&self, s: &str, vocab: &Vocab) -> Option<u32> {
+        vocab.text_to_token(s).or_else(|| self.extra.get(s).copied())
     }
 
     /// Appends the tokens of one byte-encoded word to `out`.
@@ -102,7 +90,7 @@ impl BpeMerges {
             symbols.push(Symbol {
                 start,
                 len,
-                piece: self.pieces.get(&word[start..start + len]).copied(),
+                piece: self.piece(&word[start..start + len], vocab),
                 prev: i - 1,
                 next: i + 1,
             });
@@ -138,10 +126,10 @@ impl BpeMerges {
 
         for sym in symbols.iter().filter(|s| s.len > 0) {
             let text = &word[sym.start..sym.start + sym.len];
-            let token = sym
-                .piece
-                .and_then(|p| self.piece_token[p as usize])
-                .or_else(|| vocab.text_to_token(text));
+            let token = match sym.piece {
+                Some(p) if p < self.n_vocab => Some(p),
+                _ => vocab.text_to_token(text),
+            };
             match token {
                 Some(id) => out.push(id),
                 None => {

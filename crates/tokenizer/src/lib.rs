@@ -20,6 +20,7 @@ mod pre_table;
 mod pretokenize;
 mod spm;
 mod stream;
+mod text_index;
 mod tokenizer;
 mod unicode;
 mod unicode_table;

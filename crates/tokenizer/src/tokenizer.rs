@@ -32,7 +32,35 @@ pub struct Tokenizer {
     vocab: Vocab,
     algorithm: Algorithm,
     /// `llama_token_to_piece(id, special = true)` of every token.
-    pieces: Vec<Vec<u8>>,
+    pieces: PieceTable,
+}
+
+/// Every token's piece in one buffer: token `i` is `bytes[starts[i]..starts[i + 1]]`.
+#[derive(Debug)]
+struct PieceTable {
+    bytes: Vec<u8>,
+    starts: Vec<usize>,
+}
+
+impl PieceTable {
+    fn new(vocab: &Vocab) -> PieceTable {
+        let mut bytes = Vec::with_capacity(vocab.n_tokens() * 6);
+        let mut starts = Vec::with_capacity(vocab.n_tokens() + 1);
+        for id in 0..vocab.n_tokens() as u32 {
+            starts.push(bytes.len());
+            render_piece(vocab, id, &mut bytes);
+        }
+        starts.push(bytes.len());
+        PieceTable { bytes, starts }
+    }
+
+    fn get(&self, id: u32) -> &[u8] {
+        let i = id as usize;
+        match (self.starts.get(i), self.starts.get(i + 1)) {
+            (Some(&a), Some(&b)) => &self.bytes[a..b],
+            _ => &[],
+        }
+    }
 }
 
 impl Tokenizer {
@@ -87,9 +115,7 @@ impl Tokenizer {
                 }
             }
         };
-        let pieces = (0..vocab.n_tokens() as u32)
-            .map(|id| render_piece(&vocab, id))
-            .collect();
+        let pieces = PieceTable::new(&vocab);
         Ok(Tokenizer {
             vocab,
             algorithm,
@@ -180,7 +206,7 @@ impl Tokenizer {
         if !render_special && self.vocab.attr(id) & (attr::UNKNOWN | attr::CONTROL) != 0 {
             return &[];
         }
-        self.pieces.get(id as usize).map_or(&[], Vec::as_slice)
+        self.pieces.get(id)
     }
 
     /// Decodes ids to text like `llama_detokenize(ids, remove_special = false,
@@ -292,34 +318,30 @@ impl Tokenizer {
     }
 }
 
-/// `llama_token_to_piece(id, lstrip = 0, special = true)`.
-fn render_piece(vocab: &Vocab, id: u32) -> Vec<u8> {
+/// Appends `llama_token_to_piece(id, lstrip = 0, special = true)` to `out`.
+fn render_piece(vocab: &Vocab, id: u32, out: &mut Vec<u8>) {
     let a = vocab.attr(id);
     let text = &vocab.texts[id as usize];
     if a & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
-        return text.as_bytes().to_vec();
-    }
-    if a & attr::NORMAL != 0 {
-        return match vocab.kind {
-            VocabKind::Spm => text.replace('\u{2581}', " ").into_bytes(),
-            VocabKind::Bpe => decode_byte_alphabet(text),
-        };
-    }
-    if a & attr::BYTE != 0 {
+        out.extend_from_slice(text.as_bytes());
+    } else if a & attr::NORMAL != 0 {
+        match vocab.kind {
+            VocabKind::Spm => out.extend_from_slice(text.replace('\u{2581}', " ").as_bytes()),
+            VocabKind::Bpe => decode_byte_alphabet(text, out),
+        }
+    } else if a & attr::BYTE != 0 {
         // `<0xXX>`: the two hex digits at bytes 3..5.
         let byte = text
             .get(3..5)
             .and_then(|hex| u8::from_str_radix(hex, 16).ok())
             .unwrap_or(0);
-        return vec![byte];
+        out.push(byte);
     }
-    Vec::new()
 }
 
 /// GPT-2 byte alphabet back to bytes; a character outside the alphabet is written as
 /// llama.cpp does (`[UNK_BYTE_0x<utf8 hex><token text>]`).
-fn decode_byte_alphabet(text: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(text.len());
+fn decode_byte_alphabet(text: &str, out: &mut Vec<u8>) {
     for c in text.chars() {
         match char_byte(c) {
             Some(b) => out.push(b),
@@ -334,7 +356,6 @@ fn decode_byte_alphabet(text: &str) -> Vec<u8> {
             }
         }
     }
-    out
 }
 
 /// llama.cpp's `clean_up_tokenization_spaces`: drops the space before `?!.,`, the spaces

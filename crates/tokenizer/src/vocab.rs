@@ -6,13 +6,14 @@
 //! detection of EOT/EOM/FIM tokens by their text, the end-of-generation (EOG) set and the
 //! special-token list used to split text before tokenizing.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use ds4_gguf::{GgufFile, Value};
 
 use crate::TokenizerError;
 use crate::llama_order::llama_visit_order;
 use crate::pre_table::PreSpec;
+use crate::text_index::TextIndex;
 
 /// Token attribute bits (llama.cpp `llama_token_attr`).
 pub(crate) mod attr {
@@ -61,7 +62,7 @@ pub(crate) struct Vocab {
     pub texts: Vec<String>,
     pub scores: Vec<f32>,
     pub attrs: Vec<u32>,
-    pub token_to_id: HashMap<String, u32>,
+    index: TextIndex,
     pub special: SpecialTokens,
     pub add_bos: bool,
     pub add_eos: bool,
@@ -250,7 +251,6 @@ impl Vocab {
         let types = read_types(meta, n)?;
 
         let mut texts = Vec::with_capacity(n);
-        let mut token_to_id = HashMap::with_capacity(n);
         let mut attrs = Vec::with_capacity(n);
         for (i, word) in words.iter().enumerate() {
             let text = if word.is_empty() {
@@ -258,7 +258,6 @@ impl Vocab {
             } else {
                 (*word).to_owned()
             };
-            token_to_id.insert(text.clone(), i as u32);
             texts.push(text);
             attrs.push(match types.as_ref().map(|t| t[i]) {
                 None | Some(1) => attr::NORMAL,
@@ -314,7 +313,7 @@ impl Vocab {
             texts,
             scores,
             attrs,
-            token_to_id,
+            index: TextIndex::default(),
             special,
             add_bos,
             add_eos,
@@ -324,6 +323,7 @@ impl Vocab {
             eog: BTreeSet::new(),
             special_cache: Vec::new(),
         };
+        vocab.index = TextIndex::new(&vocab.texts);
         vocab.detect_special_by_text();
         vocab.mark_unused();
         vocab.build_eog();
@@ -341,7 +341,13 @@ impl Vocab {
     }
 
     pub fn text_to_token(&self, text: &str) -> Option<u32> {
-        self.token_to_id.get(text).copied()
+        self.index.get(&self.texts, text)
+    }
+
+    /// Whether `id` is the one llama.cpp's text map holds for its text (the last id of a
+    /// repeated text).
+    fn is_canonical(&self, id: u32) -> bool {
+        self.text_to_token(&self.texts[id as usize]) == Some(id)
     }
 
     /// Sets CONTROL on `id` (llama.cpp does this for every token it finds by text).
@@ -349,56 +355,63 @@ impl Vocab {
         self.attrs[id as usize] |= attr::CONTROL;
     }
 
-    /// The texts in the order llama.cpp visits its `token_to_id` map, with their ids.
-    fn visit_order(&self) -> Vec<(&str, u32)> {
-        llama_visit_order(&self.texts)
-            .into_iter()
-            .filter_map(|i| {
-                let text = self.texts[i as usize].as_str();
-                // Duplicated texts keep their last id, as the map does.
-                (self.token_to_id.get(text) == Some(&i)).then_some((text, i))
-            })
-            .collect()
-    }
-
     /// EOT, EOM and FIM tokens by text, where the metadata did not name them: the first
-    /// match in llama.cpp's visiting order wins, and the match becomes a control token.
+    /// match in llama.cpp's visiting order of its text map wins (see
+    /// [`crate::llama_order`]), and the match becomes a control token.
     fn detect_special_by_text(&mut self) {
-        let order: Vec<(String, u32)> = self
-            .visit_order()
-            .into_iter()
-            .map(|(t, i)| (t.to_owned(), i))
+        type Slot = fn(&mut SpecialTokens) -> &mut Option<u32>;
+        let slots: [(Slot, &[&str]); 8] = [
+            (|s| &mut s.eot, EOT_TEXTS),
+            (|s| &mut s.eom, &["<|eom_id|>"]),
+            (|s| &mut s.fim_pre, FIM_PRE_TEXTS),
+            (|s| &mut s.fim_suf, FIM_SUF_TEXTS),
+            (|s| &mut s.fim_mid, FIM_MID_TEXTS),
+            (|s| &mut s.fim_pad, FIM_PAD_TEXTS),
+            (|s| &mut s.fim_rep, FIM_REP_TEXTS),
+            (|s| &mut s.fim_sep, FIM_SEP_TEXTS),
+        ];
+        // The candidates present, per slot.
+        let found: Vec<Vec<u32>> = slots
+            .iter()
+            .map(|(_, texts)| texts.iter().filter_map(|t| self.text_to_token(t)).collect())
             .collect();
-        for (text, id) in &order {
-            let slots: [(&mut Option<u32>, &[&str]); 8] = [
-                (&mut self.special.eot, EOT_TEXTS),
-                (&mut self.special.eom, &["<|eom_id|>"]),
-                (&mut self.special.fim_pre, FIM_PRE_TEXTS),
-                (&mut self.special.fim_suf, FIM_SUF_TEXTS),
-                (&mut self.special.fim_mid, FIM_MID_TEXTS),
-                (&mut self.special.fim_pad, FIM_PAD_TEXTS),
-                (&mut self.special.fim_rep, FIM_REP_TEXTS),
-                (&mut self.special.fim_sep, FIM_SEP_TEXTS),
-            ];
+        if found.iter().all(Vec::is_empty) {
+            return;
+        }
+        // With several candidates for a slot the visiting order decides; compute it only then.
+        let mut candidates: Vec<u32> = found.iter().flatten().copied().collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        if found.iter().any(|ids| ids.len() > 1) {
+            let order = llama_visit_order(&self.texts, self.index.len() < self.texts.len());
+            candidates = order
+                .into_iter()
+                .filter(|id| candidates.binary_search(id).is_ok())
+                .collect();
+        }
+        for id in candidates {
             let mut matched = false;
-            for (slot, list) in slots {
-                if slot.is_none() && list.contains(&text.as_str()) {
-                    *slot = Some(*id);
+            for ((get, _), ids) in slots.iter().zip(&found) {
+                let slot = get(&mut self.special);
+                if slot.is_none() && ids.contains(&id) {
+                    *slot = Some(id);
                     matched = true;
                 }
             }
             if matched {
-                self.force_control(*id);
+                self.force_control(id);
             }
         }
     }
 
     /// Control tokens whose text contains "unused" are unused.
     fn mark_unused(&mut self) {
-        for (text, &id) in &self.token_to_id {
-            let a = &mut self.attrs[id as usize];
-            if *a & attr::CONTROL != 0 && text.contains("unused") {
-                *a |= attr::UNUSED;
+        for id in 0..self.texts.len() as u32 {
+            if self.attrs[id as usize] & attr::CONTROL != 0
+                && self.texts[id as usize].contains("unused")
+                && self.is_canonical(id)
+            {
+                self.attrs[id as usize] |= attr::UNUSED;
             }
         }
     }
@@ -408,11 +421,9 @@ impl Vocab {
         let mut eog = BTreeSet::new();
         let s = &self.special;
         eog.extend([s.fim_pad, s.fim_rep, s.fim_sep].into_iter().flatten());
-        let by_text: Vec<u32> = self
-            .token_to_id
+        let by_text: Vec<u32> = EOG_TEXTS
             .iter()
-            .filter(|(text, _)| EOG_TEXTS.contains(&text.as_str()))
-            .map(|(_, &id)| id)
+            .filter_map(|t| self.text_to_token(t))
             .collect();
         for id in by_text {
             eog.insert(id);
@@ -420,7 +431,7 @@ impl Vocab {
         }
         // gpt-oss: these always render.
         for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
-            if let Some(&id) = self.token_to_id.get(text) {
+            if let Some(id) = self.text_to_token(text) {
                 self.attrs[id as usize] = attr::USER_DEFINED;
             }
         }
@@ -461,7 +472,7 @@ impl Vocab {
         let pre = meta.str_opt("tokenizer.ggml.pre")?.unwrap_or_default();
         let arch = meta.str_opt("general.architecture")?.unwrap_or_default();
         let set = |vocab: &mut Vocab, text: &str, bit: u32, on: bool| {
-            if let Some(&id) = vocab.token_to_id.get(text) {
+            if let Some(id) = vocab.text_to_token(text) {
                 let a = &mut vocab.attrs[id as usize];
                 *a = if on { *a | bit } else { *a & !bit };
             }
