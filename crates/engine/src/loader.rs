@@ -17,13 +17,18 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2"];
 
 /// Loads the model in `file` on the CPU backend.
 pub fn load_model(file: &Arc<GgufFile>, path: &Path) -> Result<Arc<dyn Model>> {
-    let backend = Arc::new(CpuBackend);
+    load_model_with(Arc::new(CpuBackend), file, path)
+}
+
+/// Loads the model in `file` on `backend` (the CLI picks the backend; backends living
+/// in other crates, such as CUDA, call this without the engine depending on them).
+pub fn load_model_with<B: Backend>(backend: Arc<B>, file: &Arc<GgufFile>, path: &Path) -> Result<Arc<dyn Model>> {
     let hp = Hparams::new(file)?;
     let name = match file.get("general.name") {
         Some(Value::String(s)) => s.clone(),
         _ => path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
     };
-    let _span = tracing::info_span!("load", arch = hp.arch(), %name).entered();
+    let _span = tracing::info_span!("load", arch = hp.arch(), backend = backend.name(), %name).entered();
     let model: Arc<dyn Model> = match hp.arch() {
         "llama" => Arc::new(Llama::load(backend, file, Variant::Llama, name)?),
         "qwen2" => Arc::new(Llama::load(backend, file, Variant::Qwen2, name)?),
