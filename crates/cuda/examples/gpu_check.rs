@@ -1,0 +1,247 @@
+//! GPU checks and measurements in one binary, for `scripts/gpu-check.sh` on a CUDA
+//! machine without a Rust toolchain (until the `ds4-server` CLI wires the same library
+//! calls):
+//!
+//! ```text
+//! gpu_check info                      device, NVRTC, copy bandwidth
+//! gpu_check gen                       device generator == host generator, every type
+//! gpu_check parity SPEC...            CUDA vs CPU logits on synthetic models (SHAPE:QUANT)
+//! gpu_check bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants]
+//! ```
+//!
+//! Lines starting with `RESULT ` are JSON for the benchmark notes. Exit status 1 when a
+//! parity tolerance (docs/parity.md) is exceeded.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ds4_cuda::bench::{DecodeFigures, copy_bandwidth, median};
+use ds4_cuda::parity::{Report, argmax, compare, test_tokens};
+use ds4_cuda::synth::{Spec, generate, write_gguf};
+use ds4_cuda::{CudaBackend, load_model, load_synthetic};
+use ds4_engine::{Model, Session};
+use ds4_gguf::GgufFile;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let r = match args.first().map(String::as_str) {
+        Some("info") => info(),
+        Some("gen") => gen_check(),
+        Some("parity") => parity(&args[1..]),
+        Some("bench") => bench(&args[1..]),
+        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants]".into()),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn info() -> Res<()> {
+    let b = CudaBackend::new(0)?;
+    let g = b.gpu();
+    let (free, total) = g.mem_info()?;
+    println!("device: {} ({} SMs, cc {}.{}, arch {}), {:.1}/{:.1} GiB free", g.name, g.n_sm, g.cc.0, g.cc.1, g.arch(), gib(free), gib(total));
+    println!("nvrtc: {:?}", ds4_cuda::compile::nvrtc_version()?);
+    let bw = copy_bandwidth(g, b.kernels(), 1 << 30, 10)?;
+    println!("copy bandwidth: {:.3} TB/s (median of {}, runs {:?})", bw.bytes_per_s / 1e12, bw.runs.len(), tb(&bw.runs));
+    println!("RESULT {{\"kind\":\"copy\",\"bytes_per_s\":{:.6e},\"runs\":{:?}}}", bw.bytes_per_s, bw.runs);
+    Ok(())
+}
+
+fn gib(b: usize) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+fn tb(v: &[f64]) -> Vec<String> {
+    v.iter().map(|x| format!("{:.3}", x / 1e12)).collect()
+}
+
+fn gen_check() -> Res<()> {
+    let b = CudaBackend::new(0)?;
+    let mut bad = 0;
+    for ty in ds4_cuda::layout::MATRIX_TYPES {
+        let key = generate::tensor_key(7, "blk.3.ffn_down.weight");
+        let n = 3001;
+        let dev = ds4_cuda::weights::synth_on_device(b.gpu(), b.kernels(), ty, key, n)?;
+        let host = generate::blocks(ty, key, n);
+        let ok = dev == host;
+        println!("gen {ty}: {}", if ok { "identical" } else { "DIFFERENT" });
+        bad += usize::from(!ok);
+    }
+    if bad > 0 {
+        return Err(format!("{bad} types generate different bytes on the device").into());
+    }
+    Ok(())
+}
+
+fn parity(specs: &[String]) -> Res<()> {
+    let dir = std::env::temp_dir().join(format!("ds4-parity-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let gpu = Arc::new(CudaBackend::new(0)?);
+    let mut failures = Vec::new();
+    for name in specs {
+        match parity_one(name, &dir, &gpu) {
+            Ok(true) => {}
+            Ok(false) => failures.push(name.clone()),
+            Err(e) => {
+                println!("{name}: ERROR {e}");
+                failures.push(name.clone());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if failures.is_empty() { Ok(()) } else { Err(format!("parity failed: {failures:?}").into()) }
+}
+
+fn parity_one(name: &str, dir: &std::path::Path, gpu: &Arc<CudaBackend>) -> Res<bool> {
+    let spec = Spec::parse(name)?;
+    let path: PathBuf = dir.join(format!("{}.gguf", name.replace([':', '.'], "_")));
+    let t0 = Instant::now();
+    write_gguf(&spec, &path)?;
+    let file = Arc::new(GgufFile::open(&path)?);
+    let cpu = ds4_engine::loader::load_model(&file, &path)?;
+    let cuda = load_model(gpu.clone(), &file, &path)?;
+    let n_vocab = cpu.info().n_vocab;
+    let tokens = test_tokens(40, n_vocab, 42);
+    let rep = compare(&cpu, &cuda, &tokens, 8, 16)?;
+    // The synthetic model built in GPU memory must equal the file's, bit for bit.
+    let synth = load_synthetic(name, 0)?.model;
+    let same = decode_logits(&synth, &tokens[..12])? == decode_logits(&cuda, &tokens[..12])?;
+    let ok = print_report(name, &rep, same, t0.elapsed().as_secs_f64());
+    std::fs::remove_file(&path)?;
+    Ok(ok)
+}
+
+fn decode_logits(m: &Arc<dyn Model>, tokens: &[u32]) -> Res<Vec<f32>> {
+    let mut s = Session::new(m.clone(), tokens.len() + 1)?;
+    let mut out = s.prefill(&tokens[..4], &mut |_, _| {})?.to_vec();
+    for &t in &tokens[4..] {
+        out.extend_from_slice(s.decode(t)?);
+    }
+    Ok(out)
+}
+
+fn print_report(name: &str, r: &Report, synth_same: bool, secs: f64) -> bool {
+    let ok = r.passes() && synth_same;
+    println!(
+        "{name}: {} | decode nrmse max {:.2e} med {:.2e} maxabs {:.2e} argmax-miss {}/{} | prefill nrmse max {:.2e} med {:.2e} maxabs {:.2e} argmax-miss {}/{} | greedy {}/{} (gap at divergence {:?}) | deterministic {} | synthetic==file {} | {:.1}s",
+        if ok { "PASS" } else { "FAIL" },
+        r.decode.max_nrmse, r.decode.median_nrmse, r.decode.max_abs, r.decode.argmax_mismatch, r.decode.rows,
+        r.prefill.max_nrmse, r.prefill.median_nrmse, r.prefill.max_abs, r.prefill.argmax_mismatch, r.prefill.rows,
+        r.greedy_common(), r.greedy_cpu.len(), r.greedy_divergence_gap, r.deterministic, synth_same, secs
+    );
+    println!(
+        "RESULT {{\"kind\":\"parity\",\"model\":\"{name}\",\"pass\":{ok},\"decode_max_nrmse\":{:.3e},\"decode_median_nrmse\":{:.3e},\"decode_max_abs\":{:.3e},\"prefill_max_nrmse\":{:.3e},\"prefill_median_nrmse\":{:.3e},\"prefill_max_abs\":{:.3e},\"greedy_common\":{},\"greedy_len\":{},\"deterministic\":{},\"synthetic_equal\":{}}}",
+        r.decode.max_nrmse, r.decode.median_nrmse, r.decode.max_abs, r.prefill.max_nrmse, r.prefill.median_nrmse, r.prefill.max_abs,
+        r.greedy_common(), r.greedy_cpu.len(), r.deterministic, synth_same
+    );
+    ok
+}
+
+struct BenchOpts {
+    runs: usize,
+    decode: usize,
+    prefill: Vec<usize>,
+    variants: bool,
+}
+
+fn bench(args: &[String]) -> Res<()> {
+    let name = args.first().ok_or("bench needs a synthetic model name")?;
+    let mut o = BenchOpts { runs: 5, decode: 128, prefill: vec![512, 4096], variants: false };
+    let mut i = 1;
+    while i < args.len() {
+        let v = args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "--runs" => o.runs = v.parse()?,
+            "--decode" => o.decode = v.parse()?,
+            "--prefill" => o.prefill = v.split(',').filter(|s| !s.is_empty()).map(str::parse).collect::<Result<_, _>>()?,
+            "--variants" => {
+                o.variants = true;
+                i += 1;
+                continue;
+            }
+            a => return Err(format!("unknown option {a}").into()),
+        }
+        i += 2;
+    }
+    let t0 = Instant::now();
+    let ds4_cuda::Synthetic { backend, model, .. } = load_synthetic(name, 0)?;
+    backend.synchronize()?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let bw = copy_bandwidth(backend.gpu(), backend.kernels(), 1 << 30, 10)?;
+    let info = model.info().clone();
+    println!(
+        "{name}: {} ({} layers), {:.3} GB weights read per decode token, loaded in {load_s:.1}s; copy bandwidth {:.3} TB/s",
+        info.name, info.n_layer, info.decode_weight_bytes as f64 / 1e9, bw.bytes_per_s / 1e12
+    );
+    let prompt = test_tokens(16, info.n_vocab, 1);
+    let decode_run = |n: usize| -> Res<f64> {
+        let mut s = Session::new(model.clone(), prompt.len() + n + 1)?;
+        let mut t = argmax(s.prefill(&prompt, &mut |_, _| {})?) as u32;
+        let t0 = Instant::now();
+        for _ in 0..n {
+            t = argmax(s.decode(t)?) as u32;
+        }
+        Ok(n as f64 / t0.elapsed().as_secs_f64())
+    };
+    decode_run(o.decode)?;
+    let before = backend.stats();
+    let dec: Vec<f64> = (0..o.runs).map(|_| decode_run(o.decode)).collect::<Res<_>>()?;
+    let after = backend.stats();
+    let fig = DecodeFigures::new(median(&dec), info.decode_weight_bytes, bw.bytes_per_s);
+    let replays = after.graph_replays - before.graph_replays;
+    println!(
+        "decode {} tok: median {:.1} tok/s (min {:.1}, max {:.1}, runs {:?}) = {:.3} TB/s = {:.1}% of copy; {} kernels/token; graph replays {replays} of {} steps",
+        o.decode, fig.tokens_per_s, min(&dec), max(&dec), round1(&dec), fig.achieved_bytes_per_s / 1e12, 100.0 * fig.fraction_of_copy,
+        after.decode_kernels, o.runs * o.decode
+    );
+    println!(
+        "RESULT {{\"kind\":\"decode\",\"model\":\"{name}\",\"tokens\":{},\"tps_median\":{:.2},\"tps_runs\":{:?},\"weight_bytes\":{},\"achieved_bytes_per_s\":{:.4e},\"copy_bytes_per_s\":{:.4e},\"fraction\":{:.4},\"kernels_per_token\":{},\"graph_replays\":{replays}}}",
+        o.decode, fig.tokens_per_s, round1(&dec), info.decode_weight_bytes, fig.achieved_bytes_per_s, bw.bytes_per_s, fig.fraction_of_copy, after.decode_kernels
+    );
+    if o.variants {
+        for (label, graphs, pdl) in [("no-pdl", true, false), ("no-graph", false, true), ("no-graph-no-pdl", false, false)] {
+            backend.set_graphs(graphs);
+            backend.set_pdl(pdl);
+            decode_run(16)?;
+            let v: Vec<f64> = (0..3).map(|_| decode_run(o.decode)).collect::<Res<_>>()?;
+            println!("decode variant {label}: median {:.1} tok/s runs {:?} ({} kernels/token)", median(&v), round1(&v), backend.stats().decode_kernels);
+            println!("RESULT {{\"kind\":\"decode_variant\",\"model\":\"{name}\",\"variant\":\"{label}\",\"tps_median\":{:.2},\"tps_runs\":{:?}}}", median(&v), round1(&v));
+        }
+        backend.set_graphs(true);
+        backend.set_pdl(true);
+    }
+    for &n in &o.prefill {
+        if n > info.n_ctx_train.max(4096) {
+            continue;
+        }
+        let toks = test_tokens(n, info.n_vocab, 2);
+        let run = || -> Res<f64> {
+            let mut s = Session::new(model.clone(), n)?;
+            let t0 = Instant::now();
+            s.prefill(&toks, &mut |_, _| {})?;
+            Ok(n as f64 / t0.elapsed().as_secs_f64())
+        };
+        run()?;
+        let v: Vec<f64> = (0..o.runs.min(3)).map(|_| run()).collect::<Res<_>>()?;
+        println!("prefill {n} tok: median {:.0} tok/s (min {:.0}, max {:.0}, runs {:?})", median(&v), min(&v), max(&v), round1(&v));
+        println!("RESULT {{\"kind\":\"prefill\",\"model\":\"{name}\",\"tokens\":{n},\"tps_median\":{:.1},\"tps_runs\":{:?}}}", median(&v), round1(&v));
+    }
+    Ok(())
+}
+
+fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
+}
+
+fn round1(v: &[f64]) -> Vec<f64> {
+    v.iter().map(|x| (x * 10.0).round() / 10.0).collect()
+}

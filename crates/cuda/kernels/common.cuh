@@ -1,0 +1,289 @@
+// Shared definitions for every kernel module: integer types, f16/bf16 conversions
+// (inline PTX, so that no CUDA header is needed and NVRTC compiles without include
+// paths), the GPU plane layout of quantized weights and the per-type dequantization of
+// one 32-element chunk.
+//
+// Formats follow ggml (`ggml-common.h`, `ggml-quants.c` dequantize_row_*): the block
+// fields are the same bytes, but each field of a tensor lives in its own plane (see
+// `src/layout.rs`) so that every load is naturally aligned. Dequantization keeps
+// ggml's reference arithmetic order with explicitly rounded operations (`__fmul_rn`,
+// `__fsub_rn`) so that no multiply-add is contracted and values equal the CPU
+// backend's bit for bit.
+
+#pragma once
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef short i16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+// ggml type ids (GGUF), as in `ds4_gguf::GgmlType`.
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q8_0 8
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
+#define T_IQ2_XXS 16
+#define T_BF16 30
+
+#define MAX_PLANES 4
+
+// A quantized matrix on the GPU: one pointer per field plane (see src/layout.rs).
+struct Planes {
+    const u8* p[MAX_PLANES];
+};
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// f32 rounded to the nearest f16 and back (ggml stores q8 scales as f16).
+__device__ __forceinline__ float round_f16(float f) { return h2f(f2h(f)); }
+
+__device__ __forceinline__ u16 f2bf(float f) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
+__device__ __forceinline__ u32 ld_u32(const u8* p) { return *(const u32*)p; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ int warp_sum_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Spreads the 4 low bits of `b` to bit 0 of each byte (bit i -> byte i).
+__device__ __forceinline__ u32 spread4(u32 b) { return ((b & 0xFu) * 0x00204081u) & 0x01010101u; }
+
+// ggml get_scale_min_k4: the 6-bit scale and min of sub-block j of a Q4_K/Q5_K block.
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// ggml iq2xxs_grid: 256 entries of 8 magnitudes (bytes 0x08, 0x19, 0x2b).
+__device__ const u64 IQ2XXS_GRID[256] = {
+    0x0808080808080808ull, 0x080808080808082bull, 0x0808080808081919ull, 0x0808080808082b08ull,
+    0x0808080808082b2bull, 0x0808080808190819ull, 0x0808080808191908ull, 0x08080808082b0808ull,
+    0x08080808082b082bull, 0x08080808082b2b08ull, 0x08080808082b2b2bull, 0x0808080819080819ull,
+    0x0808080819081908ull, 0x0808080819190808ull, 0x0808080819192b08ull, 0x08080808192b0819ull,
+    0x08080808192b1908ull, 0x080808082b080808ull, 0x080808082b08082bull, 0x080808082b082b2bull,
+    0x080808082b2b082bull, 0x0808081908080819ull, 0x0808081908081908ull, 0x0808081908190808ull,
+    0x0808081908191919ull, 0x0808081919080808ull, 0x080808192b081908ull, 0x080808192b192b08ull,
+    0x0808082b08080808ull, 0x0808082b0808082bull, 0x0808082b082b082bull, 0x0808082b2b08082bull,
+    0x0808190808080819ull, 0x0808190808081908ull, 0x0808190808190808ull, 0x08081908082b0819ull,
+    0x08081908082b1908ull, 0x0808190819080808ull, 0x080819081908082bull, 0x0808190819082b08ull,
+    0x08081908192b0808ull, 0x080819082b080819ull, 0x080819082b081908ull, 0x080819082b190808ull,
+    0x080819082b2b1908ull, 0x0808191908080808ull, 0x080819190808082bull, 0x0808191908082b08ull,
+    0x08081919082b0808ull, 0x080819191908192bull, 0x08081919192b2b19ull, 0x080819192b080808ull,
+    0x080819192b190819ull, 0x0808192b08082b19ull, 0x0808192b08190808ull, 0x0808192b19080808ull,
+    0x0808192b2b081908ull, 0x0808192b2b2b1908ull, 0x08082b0808080808ull, 0x08082b0808081919ull,
+    0x08082b0808082b08ull, 0x08082b0808191908ull, 0x08082b08082b2b08ull, 0x08082b0819080819ull,
+    0x08082b0819081908ull, 0x08082b0819190808ull, 0x08082b081919082bull, 0x08082b082b082b08ull,
+    0x08082b1908081908ull, 0x08082b1919080808ull, 0x08082b2b0808082bull, 0x08082b2b08191908ull,
+    0x0819080808080819ull, 0x0819080808081908ull, 0x0819080808190808ull, 0x08190808082b0819ull,
+    0x0819080819080808ull, 0x08190808192b0808ull, 0x081908082b081908ull, 0x081908082b190808ull,
+    0x081908082b191919ull, 0x0819081908080808ull, 0x0819081908082b08ull, 0x08190819082b0808ull,
+    0x0819081919190808ull, 0x0819081919192b2bull, 0x081908192b080808ull, 0x0819082b082b1908ull,
+    0x0819082b19081919ull, 0x0819190808080808ull, 0x0819190808082b08ull, 0x08191908082b0808ull,
+    0x08191908082b1919ull, 0x0819190819082b19ull, 0x081919082b080808ull, 0x0819191908192b08ull,
+    0x08191919192b082bull, 0x0819192b08080808ull, 0x0819192b0819192bull, 0x08192b0808080819ull,
+    0x08192b0808081908ull, 0x08192b0808190808ull, 0x08192b0819080808ull, 0x08192b082b080819ull,
+    0x08192b1908080808ull, 0x08192b1908081919ull, 0x08192b192b2b0808ull, 0x08192b2b19190819ull,
+    0x082b080808080808ull, 0x082b08080808082bull, 0x082b080808082b2bull, 0x082b080819081908ull,
+    0x082b0808192b0819ull, 0x082b08082b080808ull, 0x082b08082b08082bull, 0x082b0819082b2b19ull,
+    0x082b081919082b08ull, 0x082b082b08080808ull, 0x082b082b0808082bull, 0x082b190808080819ull,
+    0x082b190808081908ull, 0x082b190808190808ull, 0x082b190819080808ull, 0x082b19081919192bull,
+    0x082b191908080808ull, 0x082b191919080819ull, 0x082b1919192b1908ull, 0x082b192b2b190808ull,
+    0x082b2b0808082b08ull, 0x082b2b08082b0808ull, 0x082b2b082b191908ull, 0x082b2b2b19081908ull,
+    0x1908080808080819ull, 0x1908080808081908ull, 0x1908080808190808ull, 0x1908080808192b08ull,
+    0x19080808082b0819ull, 0x19080808082b1908ull, 0x1908080819080808ull, 0x1908080819082b08ull,
+    0x190808081919192bull, 0x19080808192b0808ull, 0x190808082b080819ull, 0x190808082b081908ull,
+    0x190808082b190808ull, 0x1908081908080808ull, 0x19080819082b0808ull, 0x19080819192b0819ull,
+    0x190808192b080808ull, 0x190808192b081919ull, 0x1908082b08080819ull, 0x1908082b08190808ull,
+    0x1908082b19082b08ull, 0x1908082b1919192bull, 0x1908082b192b2b08ull, 0x1908190808080808ull,
+    0x1908190808082b08ull, 0x19081908082b0808ull, 0x190819082b080808ull, 0x190819082b192b19ull,
+    0x190819190819082bull, 0x19081919082b1908ull, 0x1908192b08080808ull, 0x19082b0808080819ull,
+    0x19082b0808081908ull, 0x19082b0808190808ull, 0x19082b0819080808ull, 0x19082b0819081919ull,
+    0x19082b1908080808ull, 0x19082b1919192b08ull, 0x19082b19192b0819ull, 0x19082b192b08082bull,
+    0x19082b2b19081919ull, 0x19082b2b2b190808ull, 0x1919080808080808ull, 0x1919080808082b08ull,
+    0x1919080808190819ull, 0x1919080808192b19ull, 0x19190808082b0808ull, 0x191908082b080808ull,
+    0x191908082b082b08ull, 0x1919081908081908ull, 0x191908191908082bull, 0x191908192b2b1908ull,
+    0x1919082b2b190819ull, 0x191919082b190808ull, 0x191919082b19082bull, 0x1919191908082b2bull,
+    0x1919192b08080819ull, 0x1919192b19191908ull, 0x19192b0808080808ull, 0x19192b0808190819ull,
+    0x19192b0808192b19ull, 0x19192b08192b1908ull, 0x19192b1919080808ull, 0x19192b2b08082b08ull,
+    0x192b080808081908ull, 0x192b080808190808ull, 0x192b080819080808ull, 0x192b0808192b2b08ull,
+    0x192b081908080808ull, 0x192b081919191919ull, 0x192b082b08192b08ull, 0x192b082b192b0808ull,
+    0x192b190808080808ull, 0x192b190808081919ull, 0x192b191908190808ull, 0x192b19190819082bull,
+    0x192b19192b081908ull, 0x192b2b081908082bull, 0x2b08080808080808ull, 0x2b0808080808082bull,
+    0x2b08080808082b2bull, 0x2b08080819080819ull, 0x2b0808082b08082bull, 0x2b08081908081908ull,
+    0x2b08081908192b08ull, 0x2b08081919080808ull, 0x2b08082b08190819ull, 0x2b08190808080819ull,
+    0x2b08190808081908ull, 0x2b08190808190808ull, 0x2b08190808191919ull, 0x2b08190819080808ull,
+    0x2b081908192b0808ull, 0x2b08191908080808ull, 0x2b0819191908192bull, 0x2b0819192b191908ull,
+    0x2b08192b08082b19ull, 0x2b08192b19080808ull, 0x2b08192b192b0808ull, 0x2b082b080808082bull,
+    0x2b082b1908081908ull, 0x2b082b2b08190819ull, 0x2b19080808081908ull, 0x2b19080808190808ull,
+    0x2b190808082b1908ull, 0x2b19080819080808ull, 0x2b1908082b2b0819ull, 0x2b1908190819192bull,
+    0x2b1908192b080808ull, 0x2b19082b19081919ull, 0x2b19190808080808ull, 0x2b191908082b082bull,
+    0x2b19190819081908ull, 0x2b19191919190819ull, 0x2b192b082b080819ull, 0x2b192b19082b0808ull,
+    0x2b2b08080808082bull, 0x2b2b080819190808ull, 0x2b2b08082b081919ull, 0x2b2b081908082b19ull,
+    0x2b2b082b08080808ull, 0x2b2b190808192b08ull, 0x2b2b2b0819190808ull, 0x2b2b2b1908081908ull,
+};
+
+// ggml ksigns_iq2xs[i]: the 7 stored sign bits plus an eighth that makes the parity even.
+__device__ __forceinline__ u32 iq2_signs(u32 i) { return i | ((__popc(i) & 1u) << 7); }
+
+// Elements per block of a type.
+__device__ __forceinline__ int block_elems(int ty) {
+    return (ty == T_Q4_0 || ty == T_Q4_1 || ty == T_Q5_0 || ty == T_Q8_0) ? 32 : 256;
+}
+
+// Dequantizes chunk `c` (elements 32c .. 32c+31) of block `blk` of a quantized matrix
+// into `y` (ggml dequantize_row_* arithmetic).
+__device__ void dequant_chunk(int ty, const Planes& w, i64 blk, int c, float* y) {
+    switch (ty) {
+    case T_Q4_0: {
+        const float d = h2f(ld_u16(w.p[0] + blk * 2));
+        const u8* qs = w.p[1] + blk * 16;
+        for (int j = 0; j < 16; ++j) {
+            y[j] = __fmul_rn((float)((qs[j] & 0xF) - 8), d);
+            y[j + 16] = __fmul_rn((float)((qs[j] >> 4) - 8), d);
+        }
+        break;
+    }
+    case T_Q4_1: {
+        const float d = h2f(ld_u16(w.p[0] + blk * 4));
+        const float m = h2f(ld_u16(w.p[0] + blk * 4 + 2));
+        const u8* qs = w.p[1] + blk * 16;
+        for (int j = 0; j < 16; ++j) {
+            y[j] = __fadd_rn(__fmul_rn((float)(qs[j] & 0xF), d), m);
+            y[j + 16] = __fadd_rn(__fmul_rn((float)(qs[j] >> 4), d), m);
+        }
+        break;
+    }
+    case T_Q5_0: {
+        const float d = h2f(ld_u16(w.p[0] + blk * 2));
+        const u32 qh = ld_u32(w.p[1] + blk * 4);
+        const u8* qs = w.p[2] + blk * 16;
+        for (int j = 0; j < 16; ++j) {
+            const int x0 = ((qs[j] & 0xF) | (((qh >> j) << 4) & 0x10)) - 16;
+            const int x1 = ((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+            y[j] = __fmul_rn((float)x0, d);
+            y[j + 16] = __fmul_rn((float)x1, d);
+        }
+        break;
+    }
+    case T_Q8_0: {
+        const float d = h2f(ld_u16(w.p[0] + blk * 2));
+        const i8* qs = (const i8*)(w.p[1] + blk * 32);
+        for (int j = 0; j < 32; ++j) y[j] = __fmul_rn((float)qs[j], d);
+        break;
+    }
+    case T_Q4_K: {
+        const float d = h2f(ld_u16(w.p[0] + blk * 4));
+        const float dmin = h2f(ld_u16(w.p[0] + blk * 4 + 2));
+        int sc, m;
+        scale_min_k4(c, w.p[1] + blk * 12, &sc, &m);
+        const float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)m);
+        const u8* q = w.p[2] + blk * 128 + (c >> 1) * 32;
+        const int shift = (c & 1) * 4;
+        for (int l = 0; l < 32; ++l) y[l] = __fsub_rn(__fmul_rn(d1, (float)((q[l] >> shift) & 0xF)), m1);
+        break;
+    }
+    case T_Q5_K: {
+        const float d = h2f(ld_u16(w.p[0] + blk * 4));
+        const float dmin = h2f(ld_u16(w.p[0] + blk * 4 + 2));
+        int sc, m;
+        scale_min_k4(c, w.p[1] + blk * 12, &sc, &m);
+        const float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)m);
+        const u8* qh = w.p[2] + blk * 32;
+        const u8* q = w.p[3] + blk * 128 + (c >> 1) * 32;
+        const int shift = (c & 1) * 4;
+        for (int l = 0; l < 32; ++l) {
+            const int v = ((q[l] >> shift) & 0xF) + (((qh[l] >> c) & 1) << 4);
+            y[l] = __fsub_rn(__fmul_rn(d1, (float)v), m1);
+        }
+        break;
+    }
+    case T_Q6_K: {
+        const u8* ql = w.p[0] + blk * 128;
+        const u8* qh = w.p[1] + blk * 64;
+        const i8* sc = (const i8*)(w.p[2] + blk * 16);
+        const float d = h2f(ld_u16(w.p[3] + blk * 2));
+        const int n = c >> 2, g = c & 3;
+        const u8* l4 = ql + 64 * n + (g & 1) * 32;
+        const int lshift = (g >> 1) * 4, hshift = 2 * g;
+        for (int l = 0; l < 32; ++l) {
+            const int q = (((l4[l] >> lshift) & 0xF) | (((qh[32 * n + l] >> hshift) & 3) << 4)) - 32;
+            const float ds = __fmul_rn(d, (float)sc[8 * n + 2 * g + l / 16]);
+            y[l] = __fmul_rn(ds, (float)q);
+        }
+        break;
+    }
+    case T_IQ2_XXS: {
+        const float d = h2f(ld_u16(w.p[0] + blk * 2));
+        const u8* q = w.p[1] + blk * 64 + c * 8;
+        const u32 aux0 = ld_u32(q), aux1 = ld_u32(q + 4);
+        const float db = __fmul_rn(__fmul_rn(d, __fadd_rn(0.5f, (float)(aux1 >> 28))), 0.25f);
+        for (int l = 0; l < 4; ++l) {
+            const u64 grid = IQ2XXS_GRID[(aux0 >> (8 * l)) & 0xFF];
+            const u32 signs = iq2_signs((aux1 >> (7 * l)) & 127);
+            for (int j = 0; j < 8; ++j) {
+                const float g = (float)((grid >> (8 * j)) & 0xFF);
+                const float s = (signs >> j) & 1 ? -1.f : 1.f;
+                y[8 * l + j] = __fmul_rn(__fmul_rn(db, g), s);
+            }
+        }
+        break;
+    }
+    default:
+        for (int l = 0; l < 32; ++l) y[l] = 0.f;
+        break;
+    }
+}
+
+// Per-step inputs in device memory (written by `Backend::step` before a step runs), so
+// that a captured decode graph reads the current position instead of baking it in.
+struct StepInfo {
+    i32 pos0;   // position of the first token of the step
+    i32 n_tok;  // tokens in the step
+    i32 pad[2];
+    // followed by n_tok u32 token ids
+};
+
+__device__ __forceinline__ const u32* step_tokens(const StepInfo* s) { return (const u32*)(s + 1); }

@@ -1,0 +1,76 @@
+// Rotary position embedding (ggml `rope`, no context extension), in place, at the
+// positions of the current step read from device memory. Angles follow the CPU
+// backend: theta for pair i is the position times theta_scale^i computed by repeated
+// f32 multiplication (ggml's rope cache), theta_scale = freq_base^(-2/n_dims) being
+// computed on the host. Pairs are (2i, 2i+1) (interleaved, llama) or (i, i + n_dims/2)
+// (NEOX, qwen2).
+
+#include "common.cuh"
+
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+__device__ __forceinline__ void rotate(float* head, int i, int half, int neox, float pos, float theta_scale) {
+    float theta = pos;
+    for (int k = 0; k < i; ++k) theta = __fmul_rn(theta, theta_scale);
+    const float c = cosf(theta), s = sinf(theta);
+    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    const float x0 = head[a], x1 = head[b];
+    head[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    head[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+// x: n_tok rows of n_head * head_dim; one block per token.
+extern "C" __global__ void rope_rows(float* x, const StepInfo* step, int n_head, int head_dim, int n_dims, int neox,
+                                    float theta_scale) {
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x;
+    if (t >= step->n_tok) return;
+    const int half = n_dims / 2;
+    const float pos = (float)(step->pos0 + t);
+    float* row = x + (i64)t * n_head * head_dim;
+    for (int p = threadIdx.x; p < n_head * half; p += blockDim.x) {
+        const int h = p / half, i = p % half;
+        rotate(row + h * head_dim, i, half, neox, pos, theta_scale);
+    }
+}
+
+// Stores n_tok rows of k and v (kv_dim each) as f16 at the step's positions.
+extern "C" __global__ void kv_store(const float* k, const float* v, u16* kc, u16* vc, const StepInfo* step, int kv_dim) {
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x;
+    if (t >= step->n_tok) return;
+    const i64 dst = (i64)(step->pos0 + t) * kv_dim;
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+        kc[dst + i] = f2h(k[(i64)t * kv_dim + i]);
+        vc[dst + i] = f2h(v[(i64)t * kv_dim + i]);
+    }
+}
+
+// Decode (one token): RoPE on q and k in place, then k and v stored in the cache.
+extern "C" __global__ void rope_qk_store(float* q, float* k, const float* v, u16* kc, u16* vc, const StepInfo* step,
+                                        int n_head, int n_head_kv, int head_dim, int n_dims, int neox,
+                                        float theta_scale) {
+    pdl_wait();
+    pdl_trigger();
+    const int half = n_dims / 2;
+    const float pos = (float)step->pos0;
+    const int nq = n_head * half, nk = n_head_kv * half;
+    for (int p = threadIdx.x; p < nq + nk; p += blockDim.x) {
+        if (p < nq) {
+            rotate(q + (p / half) * head_dim, p % half, half, neox, pos, theta_scale);
+        } else {
+            const int pk = p - nq;
+            rotate(k + (pk / half) * head_dim, pk % half, half, neox, pos, theta_scale);
+        }
+    }
+    __syncthreads();
+    const int kv_dim = n_head_kv * head_dim;
+    const i64 dst = (i64)step->pos0 * kv_dim;
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+        kc[dst + i] = f2h(k[i]);
+        vc[dst + i] = f2h(v[i]);
+    }
+}

@@ -1,0 +1,503 @@
+//! [`CudaBackend`]: the engine's [`Backend`] on one CUDA device.
+//!
+//! Operations are recorded per calling thread ([`crate::ops`]) and enqueued when the
+//! step's results are needed: `read` (the logits), the next `step`, a KV snapshot.
+//! One-token steps are lowered once, captured as a CUDA graph and replayed for each
+//! following token ([`crate::graph`]); multi-token steps run their lowered kernels
+//! directly, with cuBLAS for the matrix products. Nothing synchronizes with the host
+//! inside a step; `read` waits for the copy of the requested values only.
+//!
+//! The `Backend` trait's operations cannot return errors, so a failing device call
+//! inside them panics with the driver's message (device failures are not recoverable
+//! within a context anyway); loading returns errors normally.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::ThreadId;
+
+use ds4_engine::backend::{AttnShape, Backend, Rope};
+use ds4_engine::{EngineError, Result as EngineResult};
+use ds4_gguf::{GgufFile, TensorInfo};
+
+use crate::driver::{Args, DPtr, DevMem, Gpu};
+use crate::error::{CudaError, Result};
+use crate::gemm::Blas;
+use crate::graph::GraphCache;
+use crate::kernels::Kernels;
+use crate::lower::{AttnScratch, Cmd, Ctx, GEMV_THREADS, lower};
+use crate::ops::{MatRef, Op, Recording, RopeArgs, step_bytes};
+use crate::weights::{CudaWeight, Source, load};
+
+/// An f32 activation buffer on the device.
+pub struct CudaBuf {
+    mem: Arc<DevMem>,
+    len: usize,
+}
+
+impl CudaBuf {
+    fn ptr(&self) -> DPtr {
+        self.mem.ptr()
+    }
+}
+
+/// One sequence's KV cache: per layer, `n_ctx × kv_dim` f16 values for K and for V.
+pub struct CudaKv {
+    k: Arc<DevMem>,
+    v: Arc<DevMem>,
+    n_ctx: usize,
+    kv_dim: usize,
+    n_layer: usize,
+}
+
+impl CudaKv {
+    fn layer_bytes(&self) -> usize {
+        self.n_ctx * self.kv_dim * 2
+    }
+}
+
+/// One step's inputs: they live in the device's step buffer; this records how many.
+pub struct CudaStep {
+    n_tok: usize,
+}
+
+/// Counters of what the backend ran, for `bench`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Decode steps served by replaying a captured graph.
+    pub graph_replays: u64,
+    /// Graphs captured.
+    pub graph_captures: u64,
+    /// Steps run without a graph (prefill, or graphs disabled).
+    pub eager_steps: u64,
+    /// Kernel launches in the most recently used decode graph (or eager one-token step).
+    pub decode_kernels: usize,
+    /// Kernel launches of eager steps in total.
+    pub eager_launches: u64,
+    /// cuBLAS GEMMs run.
+    pub gemms: u64,
+}
+
+struct State {
+    recs: HashMap<ThreadId, Recording>,
+    step_bufs: HashMap<ThreadId, DevMem>,
+    graphs: GraphCache,
+    blas: Option<Blas>,
+    gemm_w: Option<DevMem>,
+    gemm_x: Option<DevMem>,
+    staging: Option<DevMem>,
+    _attn_mem: [DevMem; 3],
+    attn: AttnScratch,
+    stats: Stats,
+}
+
+/// The CUDA backend on one device.
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    k: Kernels,
+    state: Mutex<State>,
+    synthetic: Option<u64>,
+    graphs: AtomicBool,
+    pdl: AtomicBool,
+}
+
+fn fail(e: CudaError) -> ! {
+    panic!("CUDA backend: {e}")
+}
+
+fn engine_err(e: CudaError) -> EngineError {
+    EngineError::Config(format!("CUDA backend: {e}"))
+}
+
+/// Heads × splits and floats of the decode-attention scratch.
+const ATTN_MS: usize = 1 << 16;
+const ATTN_O: usize = 1 << 22;
+
+fn env_flag(name: &str, default: bool) -> bool {
+    match std::env::var(name) {
+        Ok(v) => !matches!(v.as_str(), "0" | "false" | "off" | "no"),
+        Err(_) => default,
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`, compiling (or loading cached) kernels.
+    ///
+    /// `DS4_CUDA_GRAPHS=0` disables graph capture and `DS4_CUDA_PDL=0` programmatic
+    /// dependent launch (both on by default), for comparisons.
+    pub fn new(ordinal: usize) -> Result<CudaBackend> {
+        let gpu = Gpu::new(ordinal)?;
+        let k = Kernels::load(&gpu)?;
+        let pm = gpu.alloc(ATTN_MS * 4)?;
+        let pl = gpu.alloc(ATTN_MS * 4)?;
+        let po = gpu.alloc(ATTN_O * 4)?;
+        let attn = AttnScratch { pm: pm.ptr(), pl: pl.ptr(), po: po.ptr(), cap_ms: ATTN_MS, cap_o: ATTN_O };
+        tracing::info!(device = %gpu.name, arch = %gpu.arch(), sms = gpu.n_sm, "CUDA backend ready");
+        Ok(CudaBackend {
+            k,
+            state: Mutex::new(State {
+                recs: HashMap::new(),
+                step_bufs: HashMap::new(),
+                graphs: GraphCache::default(),
+                blas: None,
+                gemm_w: None,
+                gemm_x: None,
+                staging: None,
+                _attn_mem: [pm, pl, po],
+                attn,
+                stats: Stats::default(),
+            }),
+            gpu,
+            synthetic: None,
+            graphs: AtomicBool::new(env_flag("DS4_CUDA_GRAPHS", true)),
+            pdl: AtomicBool::new(env_flag("DS4_CUDA_PDL", true)),
+        })
+    }
+
+    /// Like [`CudaBackend::new`], but every matrix and vector the model loads is
+    /// generated from `seed` and the tensor's name (see [`crate::synth::generate`]) instead of
+    /// read from the file: the file needs only its tensor directory
+    /// ([`crate::synth::header_file`]).
+    pub fn synthetic(ordinal: usize, seed: u64) -> Result<CudaBackend> {
+        Ok(CudaBackend { synthetic: Some(seed), ..CudaBackend::new(ordinal)? })
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// The kernels (for benchmarks).
+    pub fn kernels(&self) -> &Kernels {
+        &self.k
+    }
+
+    /// Counters since the backend was created.
+    pub fn stats(&self) -> Stats {
+        self.lock().stats
+    }
+
+    /// Turns graph capture of one-token steps on or off.
+    pub fn set_graphs(&self, on: bool) {
+        self.graphs.store(on, Ordering::Relaxed);
+        self.lock().graphs.clear();
+    }
+
+    /// Turns programmatic dependent launch on or off.
+    pub fn set_pdl(&self, on: bool) {
+        self.pdl.store(on, Ordering::Relaxed);
+        self.lock().graphs.clear();
+    }
+
+    /// Waits for all enqueued work.
+    pub fn synchronize(&self) -> Result<()> {
+        let tid = std::thread::current().id();
+        let mut st = self.lock();
+        self.flush(&mut st, tid)?;
+        self.gpu.sync()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record(&self, op: Op, keep: &[&Arc<DevMem>]) {
+        let tid = std::thread::current().id();
+        let mut st = self.lock();
+        st.recs
+            .entry(tid)
+            .or_insert_with(|| Recording { n_tok: 0, step_ptr: 0, ops: Vec::new(), keep: Vec::new() })
+            .push(op, keep);
+    }
+
+    /// Enqueues this thread's pending ops.
+    fn flush(&self, st: &mut State, tid: ThreadId) -> Result<()> {
+        let Some(rec) = st.recs.remove(&tid) else { return Ok(()) };
+        if rec.ops.is_empty() {
+            return Ok(());
+        }
+        self.gpu.bind()?;
+        let pdl = self.pdl.load(Ordering::Relaxed);
+        if rec.n_tok == 1 && self.graphs.load(Ordering::Relaxed) {
+            if let Some(i) = st.graphs.find(&rec.ops, rec.step_ptr) {
+                st.graphs.launch(&self.gpu, i)?;
+                st.stats.graph_replays += 1;
+                st.stats.decode_kernels = st.graphs.get(i).kernels;
+                return Ok(());
+            }
+            let cmds = self.lower(st, &rec)?;
+            if !cmds.iter().any(|c| matches!(c, Cmd::Gemm { .. })) {
+                let n = cmds.len();
+                let captured = {
+                    let gpu = self.gpu.clone();
+                    let cmds_ref = &cmds;
+                    st.graphs.capture(&self.gpu, &rec.ops, rec.step_ptr, n, || {
+                        for c in cmds_ref {
+                            if let Cmd::Launch { f, grid, block, smem, args } = c {
+                                gpu.launch(*f, *grid, *block, *smem, args, pdl)?;
+                            }
+                        }
+                        Ok(())
+                    })
+                };
+                match captured {
+                    Ok(i) => {
+                        st.graphs.launch(&self.gpu, i)?;
+                        st.stats.graph_captures += 1;
+                        st.stats.decode_kernels = n;
+                        tracing::debug!(kernels = n, "captured a decode graph");
+                        return Ok(());
+                    }
+                    Err(e) if pdl => {
+                        // Some drivers refuse programmatic edges in captured graphs.
+                        tracing::warn!("graph capture with programmatic dependent launch failed ({e}); disabling it");
+                        self.pdl.store(false, Ordering::Relaxed);
+                        return self.run_eager(st, cmds, false, 1);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            return self.run_eager(st, cmds, pdl, rec.n_tok);
+        }
+        let cmds = self.lower(st, &rec)?;
+        self.run_eager(st, cmds, pdl, rec.n_tok)
+        // `rec.keep` drops here, after its kernels were enqueued.
+    }
+
+    fn lower(&self, st: &State, rec: &Recording) -> Result<Vec<Cmd>> {
+        let occ = |smem: u32| self.gpu.occupancy(self.k.gemv, GEMV_THREADS, smem);
+        let cx = Ctx {
+            k: &self.k,
+            n_sm: self.gpu.n_sm,
+            gemv_occupancy: &occ,
+            step: rec.step_ptr,
+            n_tok: rec.n_tok,
+            attn: st.attn,
+        };
+        lower(&rec.ops, &cx)
+    }
+
+    fn run_eager(&self, st: &mut State, cmds: Vec<Cmd>, pdl: bool, n_tok: usize) -> Result<()> {
+        let mut launches = 0;
+        for c in &cmds {
+            match c {
+                Cmd::Launch { f, grid, block, smem, args } => {
+                    self.gpu.launch(*f, *grid, *block, *smem, args, pdl)?;
+                    launches += 1;
+                }
+                Cmd::Gemm { w, x, rows, out } => {
+                    self.gemm(st, w, *x, *rows as usize, *out, pdl)?;
+                    launches += 3;
+                }
+            }
+        }
+        st.stats.eager_steps += 1;
+        st.stats.eager_launches += launches;
+        if n_tok == 1 {
+            st.stats.decode_kernels = launches as usize;
+        }
+        Ok(())
+    }
+
+    /// `out = x · wᵀ` (rows × w.rows): dequantize w to bf16, convert x, cuBLAS.
+    fn gemm(&self, st: &mut State, w: &MatRef, x: DPtr, rows: usize, out: DPtr, pdl: bool) -> Result<()> {
+        let (n_out, n_in) = (w.rows as usize, w.cols as usize);
+        if st.blas.is_none() {
+            st.blas = Some(Blas::new(&self.gpu)?);
+        }
+        let need_w = n_out * n_in * 2;
+        if st.gemm_w.as_ref().is_none_or(|m| m.bytes() < need_w) {
+            st.gemm_w = None;
+            st.gemm_w = Some(self.gpu.alloc(need_w)?);
+        }
+        let need_x = rows * n_in * 2;
+        if st.gemm_x.as_ref().is_none_or(|m| m.bytes() < need_x) {
+            st.gemm_x = None;
+            st.gemm_x = Some(self.gpu.alloc(need_x.max(1 << 20))?);
+        }
+        let (wb, xb) = (st.gemm_w.as_ref().expect("allocated").ptr(), st.gemm_x.as_ref().expect("allocated").ptr());
+        let chunks = (n_out * n_in / 32) as u64;
+        let mut a = Args::new();
+        a.push(w.planes).push(w.ty as i32).push(n_out as i64).push(n_in as i32).push(wb);
+        let grid = (chunks.div_ceil(256).min(self.gpu.n_sm as u64 * 16) as u32, 1, 1);
+        self.gpu.launch(self.k.dequant_bf16, grid, 256, 0, &a, pdl)?;
+        let n = (rows * n_in) as u64;
+        let mut a = Args::new();
+        a.push(x).push(xb).push(n as i64);
+        let grid = (n.div_ceil(256).min(self.gpu.n_sm as u64 * 16) as u32, 1, 1);
+        self.gpu.launch(self.k.f32_to_bf16, grid, 256, 0, &a, pdl)?;
+        st.blas.as_ref().expect("created").gemm_bf16(wb, xb, out, n_out, n_in, rows)?;
+        st.stats.gemms += 1;
+        Ok(())
+    }
+
+    fn buf_of(&self, b: &CudaBuf, len: usize, what: &str) -> DPtr {
+        assert!(len <= b.len, "{what}: {len} values requested from a buffer of {}", b.len);
+        b.ptr()
+    }
+}
+
+impl Backend for CudaBackend {
+    type Weight = CudaWeight;
+    type Buf = CudaBuf;
+    type Kv = CudaKv;
+    type Step = CudaStep;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn weight(&self, file: &Arc<GgufFile>, info: &TensorInfo) -> EngineResult<CudaWeight> {
+        let src = match self.synthetic {
+            Some(seed) => Source::Synthetic(seed),
+            None => Source::File(file),
+        };
+        let mut st = self.lock();
+        load(&self.gpu, &self.k, &mut st.staging, src, info).map_err(|e| match e {
+            CudaError::Unsupported(_) => EngineError::UnsupportedTensorType { name: info.name.clone(), ty: info.dtype },
+            e => engine_err(e),
+        })
+    }
+
+    fn buf(&self, len: usize) -> CudaBuf {
+        let mem = self.gpu.alloc(len * 4).unwrap_or_else(|e| fail(e));
+        CudaBuf { mem: Arc::new(mem), len }
+    }
+
+    fn kv(&self, n_layer: usize, n_ctx: usize, kv_dim: usize) -> CudaKv {
+        let bytes = n_layer * n_ctx * kv_dim * 2;
+        let k = self.gpu.alloc(bytes).unwrap_or_else(|e| fail(e));
+        let v = self.gpu.alloc(bytes).unwrap_or_else(|e| fail(e));
+        CudaKv { k: Arc::new(k), v: Arc::new(v), n_ctx, kv_dim, n_layer }
+    }
+
+    fn kv_snapshot(&self, kv: &CudaKv, len: usize) -> CudaKv {
+        {
+            let tid = std::thread::current().id();
+            let mut st = self.lock();
+            self.flush(&mut st, tid).unwrap_or_else(|e| fail(e));
+        }
+        let out = self.kv(kv.n_layer, kv.n_ctx, kv.kv_dim);
+        let (lb, used) = (kv.layer_bytes() as u64, (len * kv.kv_dim * 2).min(kv.layer_bytes()));
+        for l in 0..kv.n_layer as u64 {
+            self.gpu.dtod(out.k.ptr() + l * lb, kv.k.ptr() + l * lb, used).unwrap_or_else(|e| fail(e));
+            self.gpu.dtod(out.v.ptr() + l * lb, kv.v.ptr() + l * lb, used).unwrap_or_else(|e| fail(e));
+        }
+        out
+    }
+
+    fn step(&self, tokens: &[u32], pos0: usize) -> CudaStep {
+        let tid = std::thread::current().id();
+        let mut st = self.lock();
+        self.flush(&mut st, tid).unwrap_or_else(|e| fail(e));
+        let bytes = step_bytes(tokens, pos0);
+        let need = bytes.len().next_multiple_of(4096);
+        if st.step_bufs.get(&tid).is_none_or(|m| m.bytes() < bytes.len()) {
+            let m = self.gpu.alloc(need).unwrap_or_else(|e| fail(e));
+            st.step_bufs.insert(tid, m);
+        }
+        let ptr = st.step_bufs[&tid].ptr();
+        self.gpu.htod(ptr, &bytes).unwrap_or_else(|e| fail(e));
+        st.recs.insert(tid, Recording { n_tok: tokens.len(), step_ptr: ptr, ops: Vec::new(), keep: Vec::new() });
+        CudaStep { n_tok: tokens.len() }
+    }
+
+    fn embed(&self, step: &CudaStep, table: &CudaWeight, out: &mut CudaBuf) {
+        let (tm, m) = table.mat();
+        let o = self.buf_of(out, step.n_tok * m.cols as usize, "embed");
+        self.record(Op::Embed { table: m, out: o }, &[tm, &out.mem]);
+    }
+
+    fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, rows: usize, out: &mut CudaBuf) {
+        let (wm, n) = w.vec();
+        let xp = self.buf_of(x, rows * n, "rms_norm");
+        let op = self.buf_of(out, rows * n, "rms_norm");
+        self.record(
+            Op::RmsNorm { x: xp, w: wm.ptr(), n: n as u32, rows: rows as u32, eps, out: op },
+            &[&x.mem, wm, &out.mem],
+        );
+    }
+
+    fn matmul(&self, w: &CudaWeight, bias: Option<&CudaWeight>, x: &CudaBuf, rows: usize, out: &mut CudaBuf) {
+        let (wm, m) = w.mat();
+        let xp = self.buf_of(x, rows * m.cols as usize, "matmul input");
+        let op = self.buf_of(out, rows * m.rows as usize, "matmul output");
+        let b = bias.map(|b| b.vec());
+        let mut keep = vec![wm, &x.mem, &out.mem];
+        if let Some((bm, _)) = b {
+            keep.push(bm);
+        }
+        self.record(Op::Matmul { w: m, bias: b.map(|(bm, _)| bm.ptr()), x: xp, rows: rows as u32, out: op }, &keep);
+    }
+
+    fn rope(&self, step: &CudaStep, rope: &Rope, n_head: usize, head_dim: usize, x: &mut CudaBuf) {
+        let xp = self.buf_of(x, step.n_tok * n_head * head_dim, "rope");
+        // theta_scale as the CPU backend computes it.
+        let theta_scale = rope.freq_base.powf(-2.0 / rope.n_dims as f32);
+        let r = RopeArgs { n_dims: rope.n_dims as u32, neox: rope.neox, theta_scale };
+        self.record(Op::Rope { x: xp, n_head: n_head as u32, head_dim: head_dim as u32, rope: r }, &[&x.mem]);
+    }
+
+    fn attention(
+        &self,
+        step: &CudaStep,
+        kv: &mut CudaKv,
+        layer: usize,
+        shape: &AttnShape,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        out: &mut CudaBuf,
+    ) {
+        let n = step.n_tok;
+        let off = (layer * kv.layer_bytes()) as u64;
+        let op = Op::Attention {
+            k_cache: kv.k.ptr() + off,
+            v_cache: kv.v.ptr() + off,
+            n_ctx: kv.n_ctx as u32,
+            n_head: shape.n_head as u32,
+            n_head_kv: shape.n_head_kv as u32,
+            head_dim: shape.head_dim as u32,
+            q: self.buf_of(q, n * shape.n_head * shape.head_dim, "attention q"),
+            k: self.buf_of(k, n * kv.kv_dim, "attention k"),
+            v: self.buf_of(v, n * kv.kv_dim, "attention v"),
+            out: self.buf_of(out, n * shape.n_head * shape.head_dim, "attention out"),
+        };
+        self.record(op, &[&kv.k, &kv.v, &q.mem, &k.mem, &v.mem, &out.mem]);
+    }
+
+    fn swiglu(&self, gate: &CudaBuf, up: &CudaBuf, len: usize, out: &mut CudaBuf) {
+        let op = Op::Swiglu {
+            gate: self.buf_of(gate, len, "swiglu"),
+            up: self.buf_of(up, len, "swiglu"),
+            len: len as u32,
+            out: self.buf_of(out, len, "swiglu"),
+        };
+        self.record(op, &[&gate.mem, &up.mem, &out.mem]);
+    }
+
+    fn add(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize) {
+        let op = Op::Add { x: self.buf_of(x, len, "add"), y: self.buf_of(y, len, "add"), len: len as u32 };
+        self.record(op, &[&x.mem, &y.mem]);
+    }
+
+    fn copy(&self, src: &CudaBuf, src_off: usize, dst: &mut CudaBuf, dst_off: usize, len: usize) {
+        let s = self.buf_of(src, src_off + len, "copy") + 4 * src_off as u64;
+        let d = self.buf_of(dst, dst_off + len, "copy") + 4 * dst_off as u64;
+        self.record(Op::Copy { src: s, dst: d, len: len as u32 }, &[&src.mem, &dst.mem]);
+    }
+
+    fn read(&self, buf: &CudaBuf, off: usize, len: usize, out: &mut Vec<f32>) {
+        let p = self.buf_of(buf, off + len, "read") + 4 * off as u64;
+        let tid = std::thread::current().id();
+        {
+            let mut st = self.lock();
+            self.flush(&mut st, tid).unwrap_or_else(|e| fail(e));
+        }
+        let start = out.len();
+        out.resize(start + len, 0.0);
+        // SAFETY: viewing the f32 tail as bytes for the copy.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(out[start..].as_mut_ptr() as *mut u8, len * 4) };
+        self.gpu.dtoh(bytes, p).unwrap_or_else(|e| fail(e));
+    }
+}

@@ -1,0 +1,302 @@
+//! The device: one CUDA context and one stream, device memory with stream-ordered
+//! allocation and free, kernel launches (optionally with programmatic dependent
+//! launch), copies and events, over `cudarc`'s dynamically loaded driver API.
+//!
+//! Everything the backend enqueues goes to the one stream, so the order of calls is the
+//! order of execution and a step needs no host synchronisation until its logits are
+//! read.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
+use cudarc::driver::{CudaContext, result};
+
+use crate::error::{CudaError, Result};
+
+/// A device pointer.
+pub type DPtr = u64;
+
+/// The device and its stream.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: sys::CUstream,
+    /// Streaming multiprocessors.
+    pub n_sm: u32,
+    /// Compute capability (major, minor).
+    pub cc: (i32, i32),
+    /// The device's name.
+    pub name: String,
+    /// Largest dynamic shared memory a block may opt into.
+    pub max_smem_optin: u32,
+}
+
+// SAFETY: the stream handle is only used through the driver API, which is thread-safe
+// once the context is current (`bind` makes it so on every entry).
+unsafe impl Send for Gpu {}
+unsafe impl Sync for Gpu {}
+
+/// Whether the CUDA driver library can be loaded on this machine.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to open the library.
+    unsafe { sys::is_culib_present() }
+}
+
+impl Gpu {
+    /// Opens device `ordinal` with a new non-blocking stream.
+    pub fn new(ordinal: usize) -> Result<Arc<Gpu>> {
+        if !driver_present() {
+            return Err(CudaError::NoDevice("the CUDA driver library (libcuda.so) is not installed".into()));
+        }
+        result::init().map_err(|e| CudaError::NoDevice(format!("cuInit failed: {e:?}")))?;
+        let n = result::device::get_count().map_err(|e| CudaError::NoDevice(format!("{e:?}")))?;
+        if ordinal as i32 >= n {
+            return Err(CudaError::NoDevice(format!("device {ordinal} requested, {n} present")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::driver("cuCtxCreate", e))?;
+        let attr = |a| ctx.attribute(a).map_err(|e| CudaError::driver("cuDeviceGetAttribute", e));
+        let n_sm = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let cc = (
+            attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let max_smem_optin = attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
+        if cc.0 < 8 {
+            return Err(CudaError::NoDevice(format!("compute capability {}.{} is below 8.0", cc.0, cc.1)));
+        }
+        let name = ctx.name().unwrap_or_else(|_| "unknown".into());
+        ctx.bind_to_thread().map_err(|e| CudaError::driver("cuCtxSetCurrent", e))?;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
+        Ok(Arc::new(Gpu { ctx, stream, n_sm, cc, name, max_smem_optin }))
+    }
+
+    /// Makes the context current on this thread.
+    pub fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| CudaError::driver("cuCtxSetCurrent", e))
+    }
+
+    /// The raw stream.
+    pub fn stream(&self) -> sys::CUstream {
+        self.stream
+    }
+
+    /// The GPU architecture name NVRTC targets (`sm_90a` on Hopper).
+    pub fn arch(&self) -> String {
+        let (ma, mi) = self.cc;
+        // The `a` variants enable architecture-specific instructions (wgmma, setmaxnreg).
+        if ma == 9 && mi == 0 { "sm_90a".into() } else { format!("sm_{ma}{mi}") }
+    }
+
+    /// `bytes` of device memory, zeroed.
+    pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DevMem> {
+        self.bind()?;
+        let n = bytes.max(256);
+        // SAFETY: stream-ordered allocation on our stream; freed in `DevMem::drop`.
+        let ptr = unsafe { result::malloc_async(self.stream, n) }.map_err(|e| CudaError::driver("cuMemAllocAsync", e))?;
+        // SAFETY: `ptr` holds `n` bytes.
+        unsafe { result::memset_d8_async(ptr, 0, n, self.stream) }.map_err(|e| CudaError::driver("cuMemsetD8Async", e))?;
+        Ok(DevMem { ptr, bytes: n, gpu: self.clone() })
+    }
+
+    /// Copies host bytes to `dst` (stream-ordered; the host buffer may be reused at once).
+    pub fn htod(&self, dst: DPtr, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `dst` holds at least `src.len()` bytes (callers size it). Pageable
+        // source memory is staged before the call returns.
+        unsafe { result::memcpy_htod_async(dst, src, self.stream) }.map_err(|e| CudaError::driver("cuMemcpyHtoDAsync", e))
+    }
+
+    /// Copies device bytes to the host and waits for the copy.
+    pub fn dtoh(&self, dst: &mut [u8], src: DPtr) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `src` holds at least `dst.len()` bytes.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream) }.map_err(|e| CudaError::driver("cuMemcpyDtoHAsync", e))?;
+        self.sync()
+    }
+
+    /// Copies `bytes` between device buffers (stream-ordered).
+    pub fn dtod(&self, dst: DPtr, src: DPtr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both ranges are valid for `bytes`.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream) }.map_err(|e| CudaError::driver("cuMemcpyDtoDAsync", e))
+    }
+
+    /// Waits for everything enqueued so far.
+    pub fn sync(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: our stream.
+        unsafe { result::stream::synchronize(self.stream) }.map_err(|e| CudaError::driver("cuStreamSynchronize", e))
+    }
+
+    /// Launches `f` on the stream. With `pdl`, the launch allows programmatic dependent
+    /// launch: it may begin before the previous kernel ends and must wait for it with
+    /// `griddepcontrol.wait` before touching its results (every kernel of this crate
+    /// that runs inside a step does).
+    pub fn launch(&self, f: Func, grid: (u32, u32, u32), block: u32, smem: u32, args: &Args, pdl: bool) -> Result<()> {
+        let mut ptrs = args.ptrs();
+        if pdl {
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: sys::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
+            };
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: smem,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: `ptrs` point into `args`, which outlives the call; the kernel's
+            // parameter list matches `args` (each launch site builds them together).
+            unsafe { sys::cuLaunchKernelEx(&cfg, f.0, ptrs.as_mut_ptr(), std::ptr::null_mut()) }
+                .result()
+                .map_err(|e| CudaError::driver("cuLaunchKernelEx", e))
+        } else {
+            // SAFETY: as above.
+            unsafe { result::launch_kernel(f.0, grid, (block, 1, 1), smem, self.stream, &mut ptrs) }
+                .map_err(|e| CudaError::driver("cuLaunchKernel", e))
+        }
+    }
+
+    /// Blocks of `f` that fit on one multiprocessor with `block` threads and `smem`
+    /// bytes of dynamic shared memory.
+    pub fn occupancy(&self, f: Func, block: u32, smem: u32) -> u32 {
+        // SAFETY: a valid function handle.
+        unsafe { result::occupancy::max_active_block_per_multiprocessor(f.0, block as i32, smem as usize) }
+            .map(|n| n.max(1) as u32)
+            .unwrap_or(1)
+    }
+
+    /// A timing event.
+    pub fn event(self: &Arc<Self>) -> Result<Event> {
+        self.bind()?;
+        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| CudaError::driver("cuEventCreate", e))?;
+        Ok(Event { ev, gpu: self.clone() })
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        result::mem_get_info().map_err(|e| CudaError::driver("cuMemGetInfo", e))
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if self.bind().is_ok() {
+            // SAFETY: our stream; nothing uses it after the device is dropped.
+            unsafe {
+                let _ = result::stream::synchronize(self.stream);
+                let _ = result::stream::destroy(self.stream);
+            }
+        }
+    }
+}
+
+/// A kernel function handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Func(pub sys::CUfunction);
+// SAFETY: function handles are immutable and usable from any thread of the context.
+unsafe impl Send for Func {}
+unsafe impl Sync for Func {}
+
+/// Device memory, freed in stream order when dropped.
+pub struct DevMem {
+    ptr: DPtr,
+    bytes: usize,
+    gpu: Arc<Gpu>,
+}
+
+impl DevMem {
+    pub fn ptr(&self) -> DPtr {
+        self.ptr
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for DevMem {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: allocated by `Gpu::alloc` on this stream; kernels enqueued before
+            // the free still see the memory.
+            let _ = unsafe { result::free_async(self.ptr, self.gpu.stream) };
+        }
+    }
+}
+
+/// A CUDA event for timing.
+pub struct Event {
+    ev: sys::CUevent,
+    gpu: Arc<Gpu>,
+}
+
+impl Event {
+    /// Records the event on the stream.
+    pub fn record(&self) -> Result<()> {
+        // SAFETY: our event and stream.
+        unsafe { result::event::record(self.ev, self.gpu.stream) }.map_err(|e| CudaError::driver("cuEventRecord", e))
+    }
+
+    /// Milliseconds from `self` to `end` (waits for `end`).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        // SAFETY: both events were recorded on our stream.
+        unsafe {
+            result::event::synchronize(end.ev).map_err(|e| CudaError::driver("cuEventSynchronize", e))?;
+            result::event::elapsed(self.ev, end.ev).map_err(|e| CudaError::driver("cuEventElapsedTime", e))
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: our event.
+        let _ = unsafe { result::event::destroy(self.ev) };
+    }
+}
+
+/// Kernel arguments: each value in its own 8-byte-aligned slot.
+#[derive(Default, Clone)]
+pub struct Args {
+    words: Vec<u64>,
+    offs: Vec<usize>,
+}
+
+impl Args {
+    pub fn new() -> Self {
+        Args::default()
+    }
+
+    /// Appends one argument (a scalar, a pointer or a `#[repr(C)]` struct).
+    pub fn push<T: Copy>(&mut self, v: T) -> &mut Self {
+        let n = std::mem::size_of::<T>().div_ceil(8).max(1);
+        let off = self.words.len();
+        self.words.resize(off + n, 0);
+        // SAFETY: the slot holds at least size_of::<T>() bytes, u64-aligned.
+        unsafe { std::ptr::write_unaligned(self.words.as_mut_ptr().add(off) as *mut T, v) };
+        self.offs.push(off);
+        self
+    }
+
+    fn ptrs(&self) -> Vec<*mut c_void> {
+        self.offs.iter().map(|&o| self.words[o..].as_ptr() as *mut c_void).collect()
+    }
+}

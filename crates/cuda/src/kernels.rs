@@ -1,0 +1,146 @@
+//! The kernel functions of every module, loaded once per device from the CUBINs that
+//! [`crate::compile`] produces.
+
+use std::ffi::CString;
+
+use cudarc::driver::{result, sys};
+
+use crate::compile::{SOURCES, cubin};
+use crate::driver::{Func, Gpu};
+use crate::error::{CudaError, Result};
+
+/// Every kernel the backend launches.
+pub struct Kernels {
+    pub gemv: Func,
+    pub rms_norm_rows: Func,
+    pub add_inplace: Func,
+    pub swiglu: Func,
+    pub add_bias_rows: Func,
+    pub f32_to_bf16: Func,
+    pub copy_f32: Func,
+    pub split_plane: Func,
+    pub synth_blocks: Func,
+    pub embed_rows: Func,
+    pub dequant_bf16: Func,
+    pub rope_rows: Func,
+    pub kv_store: Func,
+    pub rope_qk_store: Func,
+    pub attn_decode_split_64: Func,
+    pub attn_decode_split_128: Func,
+    pub attn_decode_reduce: Func,
+    pub attn_prefill_64: Func,
+    pub attn_prefill_128: Func,
+    modules: Vec<Module>,
+}
+
+struct Module(sys::CUmodule);
+// SAFETY: module handles are used only to unload on drop.
+unsafe impl Send for Module {}
+unsafe impl Sync for Module {}
+
+/// Largest dynamic shared memory the GEMV may use (its activation: ~2.6 bytes per input).
+pub const GEMV_MAX_SMEM: u32 = 160 * 1024;
+
+impl Kernels {
+    /// Compiles (or loads from the cache) and loads every module for `gpu`.
+    pub fn load(gpu: &Gpu) -> Result<Kernels> {
+        gpu.bind()?;
+        let arch = gpu.arch();
+        let mut modules = Vec::new();
+        let mut funcs = std::collections::HashMap::new();
+        for src in SOURCES {
+            let image = cubin(src.file, src.text, &arch)?;
+            // SAFETY: a CUBIN produced by NVRTC for this device's architecture.
+            let module = unsafe { result::module::load_data(image.as_ptr() as *const _) }
+                .map_err(|e| CudaError::driver("cuModuleLoadData", e))?;
+            modules.push(Module(module));
+            for &name in src.kernels {
+                let c = CString::new(name).expect("kernel names have no NUL");
+                // SAFETY: `module` is loaded; the name comes from its source.
+                let f = unsafe { result::module::get_function(module, c) }
+                    .map_err(|e| CudaError::driver("cuModuleGetFunction", e))?;
+                funcs.insert(name, Func(f));
+            }
+        }
+        let get = |n: &str| {
+            funcs.get(n).copied().ok_or_else(|| CudaError::Unsupported(format!("kernel {n} missing from the sources")))
+        };
+        let k = Kernels {
+            gemv: get("gemv")?,
+            rms_norm_rows: get("rms_norm_rows")?,
+            add_inplace: get("add_inplace")?,
+            swiglu: get("swiglu")?,
+            add_bias_rows: get("add_bias_rows")?,
+            f32_to_bf16: get("f32_to_bf16")?,
+            copy_f32: get("copy_f32")?,
+            split_plane: get("split_plane")?,
+            synth_blocks: get("synth_blocks")?,
+            embed_rows: get("embed_rows")?,
+            dequant_bf16: get("dequant_bf16")?,
+            rope_rows: get("rope_rows")?,
+            kv_store: get("kv_store")?,
+            rope_qk_store: get("rope_qk_store")?,
+            attn_decode_split_64: get("attn_decode_split_64")?,
+            attn_decode_split_128: get("attn_decode_split_128")?,
+            attn_decode_reduce: get("attn_decode_reduce")?,
+            attn_prefill_64: get("attn_prefill_64")?,
+            attn_prefill_128: get("attn_prefill_128")?,
+            modules,
+        };
+        let smem = GEMV_MAX_SMEM.min(gpu.max_smem_optin);
+        // SAFETY: a valid function handle; the value is within the device's limit.
+        unsafe {
+            result::function::set_function_attribute(
+                k.gemv.0,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+        }
+        .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+        Ok(k)
+    }
+}
+
+impl Kernels {
+    /// Distinct fake handles, for testing lowering without a device.
+    #[cfg(test)]
+    pub(crate) fn fake() -> Kernels {
+        let mut n = 0usize;
+        let mut f = || {
+            n += 1;
+            Func(n as sys::CUfunction)
+        };
+        Kernels {
+            gemv: f(),
+            rms_norm_rows: f(),
+            add_inplace: f(),
+            swiglu: f(),
+            add_bias_rows: f(),
+            f32_to_bf16: f(),
+            copy_f32: f(),
+            split_plane: f(),
+            synth_blocks: f(),
+            embed_rows: f(),
+            dequant_bf16: f(),
+            rope_rows: f(),
+            kv_store: f(),
+            rope_qk_store: f(),
+            attn_decode_split_64: f(),
+            attn_decode_split_128: f(),
+            attn_decode_reduce: f(),
+            attn_prefill_64: f(),
+            attn_prefill_128: f(),
+            modules: Vec::new(),
+        }
+    }
+}
+
+impl Drop for Kernels {
+    fn drop(&mut self) {
+        for m in &self.modules {
+            // SAFETY: modules loaded in `load`; no kernel of them runs after the backend drops.
+            let _ = unsafe { result::module::unload(m.0) };
+        }
+    }
+}
+

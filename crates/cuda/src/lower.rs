@@ -1,0 +1,501 @@
+//! Lowering a step's recorded [`Op`]s to kernel launches, fusing neighbours.
+//!
+//! One-row operations (decode, and the logits rows of any step) are fused where the
+//! pattern is unambiguous:
+//!
+//! - `rms_norm(x → h)` followed by matrix products reading `h`: the norm runs inside
+//!   the GEMV's prologue (each block normalizes and quantizes the input itself; block 0
+//!   also writes `h`);
+//! - consecutive products reading the same input: one GEMV launch with up to three
+//!   segments (q, k, v);
+//! - `gate = Wg·h; up = Wu·h; act = swiglu(gate, up)`: one pair segment;
+//! - `o = W·a; x += o`: the residual add in the GEMV epilogue;
+//! - `rope(q); rope(k); attention(q, k, v)` for one token: one kernel rotating q and k
+//!   and storing k and v in the cache, then the split-K attention and its merge.
+//!
+//! A fusion only applies when the outputs alias none of the inputs, so the fused kernels
+//! compute exactly what the op-by-op sequence would. Everything else lowers one op to
+//! one kernel (multi-row products to a dequantize + cuBLAS GEMM, see [`Cmd::Gemm`]).
+
+use crate::driver::{Args, DPtr, Func};
+use crate::error::{CudaError, Result};
+use crate::kernels::Kernels;
+use crate::layout::{gemv_smem_bytes, uses_q8k};
+use crate::ops::{MatRef, Op, RopeArgs};
+
+/// One enqueued unit of work.
+pub enum Cmd {
+    Launch { f: Func, grid: (u32, u32, u32), block: u32, smem: u32, args: Args },
+    /// `out = x · wᵀ` for `rows` rows: the backend dequantizes `w` to bf16, converts `x`
+    /// and calls cuBLAS.
+    Gemm { w: MatRef, x: DPtr, rows: u32, out: DPtr },
+}
+
+/// Scratch memory of the decode attention (fixed for the backend's lifetime, so captured
+/// graphs stay valid).
+#[derive(Clone, Copy)]
+pub struct AttnScratch {
+    pub pm: DPtr,
+    pub pl: DPtr,
+    pub po: DPtr,
+    /// Capacity of `pm`/`pl` (heads × splits) and of `po` (heads × splits × head_dim).
+    pub cap_ms: usize,
+    pub cap_o: usize,
+}
+
+/// What lowering needs to know about the device.
+pub struct Ctx<'a> {
+    pub k: &'a Kernels,
+    /// Streaming multiprocessors.
+    pub n_sm: u32,
+    /// GEMV blocks that fit on one multiprocessor with this many bytes of shared memory.
+    pub gemv_occupancy: &'a dyn Fn(u32) -> u32,
+    pub step: DPtr,
+    pub n_tok: usize,
+    pub attn: AttnScratch,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Planes([DPtr; 4]);
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Seg {
+    w: Planes,
+    w2: Planes,
+    bias: DPtr,
+    out: DPtr,
+    out2: DPtr,
+    out3: DPtr,
+    acc: DPtr,
+    ty: i32,
+    ty2: i32,
+    rows: i32,
+    row0: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct GemvParams {
+    seg: [Seg; 3],
+    x: DPtr,
+    norm_w: DPtr,
+    h_out: DPtr,
+    n_in: i32,
+    total_rows: i32,
+    nseg: i32,
+    need: i32,
+    eps: f32,
+    pad: i32,
+}
+
+/// Threads of a GEMV block (kernels/gemv.cu GEMV_WARPS × 32).
+pub const GEMV_THREADS: u32 = 256;
+const GEMV_WARPS: u32 = GEMV_THREADS / 32;
+
+/// Splits of the decode attention for a cache of `n_ctx` positions: about two blocks
+/// per multiprocessor, at least 32 positions per split.
+pub fn decode_splits(n_ctx: u32, n_head_kv: u32, n_sm: u32) -> u32 {
+    let by_sm = (2 * n_sm).div_ceil(n_head_kv.max(1));
+    n_ctx.div_ceil(32).min(by_sm).clamp(1, 64)
+}
+
+fn grid_1d(n: u64, n_sm: u32) -> (u32, u32, u32) {
+    (n.div_ceil(256).clamp(1, n_sm as u64 * 8) as u32, 1, 1)
+}
+
+/// Lowers `ops` to commands.
+pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
+    let mut cmds = Vec::with_capacity(ops.len());
+    let mut i = 0;
+    while i < ops.len() {
+        // Fused patterns first.
+        if let Op::RmsNorm { x, w, n, rows: 1, eps, out } = ops[i]
+            && let Some((used, cmd)) = gemv_group(ops, i + 1, Input { x, norm: Some((w, eps, out)), n }, cx)
+        {
+            cmds.push(cmd);
+            i += 1 + used;
+            continue;
+        }
+        if let Op::Matmul { x, rows: 1, w, .. } = ops[i]
+            && let Some((used, cmd)) = gemv_group(ops, i, Input { x, norm: None, n: w.cols }, cx)
+        {
+            cmds.push(cmd);
+            i += used;
+            continue;
+        }
+        if cx.n_tok == 1
+            && let Some(used) = decode_attention(ops, i, cx, &mut cmds)?
+        {
+            i += used;
+            continue;
+        }
+        single(&ops[i], cx, &mut cmds)?;
+        i += 1;
+    }
+    Ok(cmds)
+}
+
+/// The input of a GEMV group: `x`, optionally RMS-normalized by (weight, eps) into `h`.
+struct Input {
+    x: DPtr,
+    norm: Option<(DPtr, f32, DPtr)>,
+    n: u32,
+}
+
+impl Input {
+    /// The buffer the products read (h when normalized).
+    fn read_buf(&self) -> DPtr {
+        self.norm.map_or(self.x, |(_, _, h)| h)
+    }
+
+    fn reads(&self, p: DPtr) -> bool {
+        p == self.x || self.norm.is_some_and(|(_, _, h)| h == p)
+    }
+}
+
+/// Collects up to three one-row products of `inp` starting at `ops[start]`; returns the
+/// ops consumed and the launch, or `None` when no product follows.
+fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, Cmd)> {
+    let src = inp.read_buf();
+    let mut segs: Vec<Seg> = Vec::new();
+    let mut j = start;
+    let mut row0 = 0i32;
+    let mut need = 0;
+    while j < ops.len() && segs.len() < 3 {
+        let Op::Matmul { w, bias, x, rows: 1, out } = ops[j] else { break };
+        if x != src || w.cols != inp.n || inp.reads(out) {
+            break;
+        }
+        let mut s = Seg { w: Planes(w.planes), ty: w.ty as i32, rows: w.rows as i32, row0, out, ..Seg::default() };
+        need |= if uses_q8k(w.ty) { 2 } else { 1 };
+        // gate/up/swiglu
+        if bias.is_none()
+            && let Some(&Op::Matmul { w: w2, bias: None, x: x2, rows: 1, out: out2 }) = ops.get(j + 1)
+            && let Some(&Op::Swiglu { gate, up, len, out: act }) = ops.get(j + 2)
+            && x2 == src
+            && w2.cols == inp.n
+            && w2.rows == w.rows
+            && gate == out
+            && up == out2
+            && len == w.rows
+            && ![out2, act].iter().any(|&p| inp.reads(p))
+            && out != out2
+            && act != out
+            && act != out2
+        {
+            s.w2 = Planes(w2.planes);
+            s.ty2 = w2.ty as i32;
+            s.out2 = out2;
+            s.out3 = act;
+            need |= if uses_q8k(w2.ty) { 2 } else { 1 };
+            segs.push(s);
+            row0 += w.rows as i32;
+            j += 3;
+            continue;
+        }
+        s.bias = bias.unwrap_or(0);
+        if let Some(&Op::Add { x: res, y, len }) = ops.get(j + 1)
+            && y == out
+            && len == w.rows
+            && !inp.reads(res)
+            && res != out
+        {
+            s.acc = res;
+            segs.push(s);
+            row0 += w.rows as i32;
+            j += 2;
+            continue;
+        }
+        segs.push(s);
+        row0 += w.rows as i32;
+        j += 1;
+    }
+    if segs.is_empty() {
+        return None;
+    }
+    // Outputs of one segment must not be inputs of another (they are all read-only here
+    // except through `acc`, which must not be another segment's output).
+    let outs: Vec<DPtr> = segs.iter().flat_map(|s| [s.out, s.out2, s.out3, s.acc]).filter(|&p| p != 0).collect();
+    for (a, pa) in outs.iter().enumerate() {
+        if outs[a + 1..].contains(pa) {
+            return None;
+        }
+    }
+    let mut p = GemvParams {
+        x: inp.x,
+        n_in: inp.n as i32,
+        total_rows: row0,
+        nseg: segs.len() as i32,
+        need,
+        ..GemvParams::default()
+    };
+    if let Some((w, eps, h)) = inp.norm {
+        p.norm_w = w;
+        p.eps = eps;
+        p.h_out = h;
+    }
+    for (k, s) in segs.into_iter().enumerate() {
+        p.seg[k] = s;
+    }
+    let smem = gemv_smem_bytes(inp.n as usize) as u32;
+    let occ = (cx.gemv_occupancy)(smem);
+    let grid = (row0 as u32).div_ceil(GEMV_WARPS).min(cx.n_sm * occ).max(1);
+    let mut args = Args::new();
+    args.push(p);
+    Some((j - start, Cmd::Launch { f: cx.k.gemv, grid: (grid, 1, 1), block: GEMV_THREADS, smem, args }))
+}
+
+fn attn_split_kernel(cx: &Ctx, head_dim: u32) -> Result<Func> {
+    match head_dim {
+        64 => Ok(cx.k.attn_decode_split_64),
+        128 => Ok(cx.k.attn_decode_split_128),
+        d => Err(CudaError::Unsupported(format!("head size {d} (the CUDA attention supports 64 and 128)"))),
+    }
+}
+
+/// Split-K attention of one query row over the cache, then the merge of the splits.
+#[allow(clippy::too_many_arguments)]
+fn decode_attention_kernels(
+    cx: &Ctx,
+    cmds: &mut Vec<Cmd>,
+    q: DPtr,
+    kc: DPtr,
+    vc: DPtr,
+    out: DPtr,
+    n_ctx: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    head_dim: u32,
+) -> Result<()> {
+    let s = decode_splits(n_ctx, n_head_kv, cx.n_sm);
+    if (n_head * s) as usize > cx.attn.cap_ms || (n_head * s * head_dim) as usize > cx.attn.cap_o {
+        return Err(CudaError::Unsupported(format!("attention of {n_head} heads × {s} splits exceeds the scratch")));
+    }
+    let group = n_head / n_head_kv;
+    if group > 8 {
+        return Err(CudaError::Unsupported(format!("{group} query heads per KV head (the CUDA decode attention supports 8)")));
+    }
+    let scale = 1.0f32 / (head_dim as f32).sqrt();
+    let mut a = Args::new();
+    a.push(q).push(kc).push(vc).push(cx.attn.pm).push(cx.attn.pl).push(cx.attn.po).push(cx.step);
+    a.push(group as i32).push((n_head_kv * head_dim) as i32).push(scale);
+    cmds.push(Cmd::Launch { f: attn_split_kernel(cx, head_dim)?, grid: (n_head_kv, s, 1), block: 128, smem: 0, args: a });
+    let mut r = Args::new();
+    r.push(cx.attn.pm).push(cx.attn.pl).push(cx.attn.po).push(out).push(head_dim as i32).push(s as i32);
+    cmds.push(Cmd::Launch { f: cx.k.attn_decode_reduce, grid: (n_head, 1, 1), block: head_dim, smem: 0, args: r });
+    Ok(())
+}
+
+/// `rope(q); rope(k); attention(q, k, v)` for one token.
+fn decode_attention(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<Option<usize>> {
+    let (
+        Some(&Op::Rope { x: q, n_head: nq, head_dim: hq, rope: rq }),
+        Some(&Op::Rope { x: k, n_head: nk, head_dim: hk, rope: rk }),
+        Some(&Op::Attention { k_cache, v_cache, n_ctx, n_head, n_head_kv, head_dim, q: aq, k: ak, v, out }),
+    ) = (ops.get(i), ops.get(i + 1), ops.get(i + 2))
+    else {
+        return Ok(None);
+    };
+    if !(aq == q && ak == k && nq == n_head && nk == n_head_kv && hq == head_dim && hk == head_dim && rq == rk)
+        || [q, k, v].contains(&out)
+    {
+        return Ok(None);
+    }
+    let mut a = Args::new();
+    a.push(q).push(k).push(v).push(k_cache).push(v_cache).push(cx.step);
+    a.push(n_head as i32).push(n_head_kv as i32).push(head_dim as i32);
+    push_rope(&mut a, &rq);
+    cmds.push(Cmd::Launch { f: cx.k.rope_qk_store, grid: (1, 1, 1), block: 256, smem: 0, args: a });
+    decode_attention_kernels(cx, cmds, q, k_cache, v_cache, out, n_ctx, n_head, n_head_kv, head_dim)?;
+    Ok(Some(3))
+}
+
+fn push_rope(a: &mut Args, r: &RopeArgs) {
+    a.push(r.n_dims as i32).push(r.neox as i32).push(r.theta_scale);
+}
+
+/// One op, unfused.
+fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
+    let n_tok = cx.n_tok as u32;
+    match *op {
+        Op::Embed { table, out } => {
+            let mut a = Args::new();
+            a.push(Planes(table.planes)).push(table.ty as i32).push(table.cols as i32).push(cx.step).push(out);
+            cmds.push(Cmd::Launch { f: cx.k.embed_rows, grid: (n_tok, 1, 1), block: 128, smem: 0, args: a });
+        }
+        Op::RmsNorm { x, w, n, rows, eps, out } => {
+            let mut a = Args::new();
+            a.push(x).push(w).push(out).push(n as i32).push(eps);
+            cmds.push(Cmd::Launch { f: cx.k.rms_norm_rows, grid: (rows, 1, 1), block: 256, smem: 0, args: a });
+        }
+        Op::Matmul { w, bias, x, rows, out } => {
+            if rows == 1 {
+                // Reached only when the group builder declined (aliasing): a one-segment GEMV.
+                let inp = Input { x, norm: None, n: w.cols };
+                let one = [Op::Matmul { w, bias, x, rows, out }];
+                match gemv_group(&one, 0, inp, cx) {
+                    Some((_, cmd)) => cmds.push(cmd),
+                    None => return Err(CudaError::Unsupported("a product whose output is its input".into())),
+                }
+            } else {
+                cmds.push(Cmd::Gemm { w, x, rows, out });
+                if let Some(b) = bias {
+                    let n = rows as u64 * w.rows as u64;
+                    let mut a = Args::new();
+                    a.push(out).push(b).push(w.rows as i32).push(n as i64);
+                    cmds.push(Cmd::Launch { f: cx.k.add_bias_rows, grid: grid_1d(n, cx.n_sm), block: 256, smem: 0, args: a });
+                }
+            }
+        }
+        Op::Rope { x, n_head, head_dim, rope } => {
+            let mut a = Args::new();
+            a.push(x).push(cx.step).push(n_head as i32).push(head_dim as i32);
+            push_rope(&mut a, &rope);
+            cmds.push(Cmd::Launch { f: cx.k.rope_rows, grid: (n_tok, 1, 1), block: 128, smem: 0, args: a });
+        }
+        Op::Attention { k_cache, v_cache, n_ctx, n_head, n_head_kv, head_dim, q, k, v, out } => {
+            let kv_dim = n_head_kv * head_dim;
+            let mut a = Args::new();
+            a.push(k).push(v).push(k_cache).push(v_cache).push(cx.step).push(kv_dim as i32);
+            cmds.push(Cmd::Launch { f: cx.k.kv_store, grid: (n_tok, 1, 1), block: 256, smem: 0, args: a });
+            if n_tok == 1 {
+                decode_attention_kernels(cx, cmds, q, k_cache, v_cache, out, n_ctx, n_head, n_head_kv, head_dim)?;
+            } else {
+                let f = match head_dim {
+                    64 => cx.k.attn_prefill_64,
+                    128 => cx.k.attn_prefill_128,
+                    d => return Err(CudaError::Unsupported(format!("head size {d} (the CUDA attention supports 64 and 128)"))),
+                };
+                let scale = 1.0f32 / (head_dim as f32).sqrt();
+                let mut a = Args::new();
+                a.push(q).push(k_cache).push(v_cache).push(out).push(cx.step).push(n_head as i32);
+                a.push((n_head / n_head_kv) as i32).push(kv_dim as i32).push(scale);
+                cmds.push(Cmd::Launch { f, grid: (n_tok.div_ceil(64), n_head, 1), block: 128, smem: 0, args: a });
+            }
+        }
+        Op::Swiglu { gate, up, len, out } => {
+            let mut a = Args::new();
+            a.push(gate).push(up).push(out).push(len as i64);
+            cmds.push(Cmd::Launch { f: cx.k.swiglu, grid: grid_1d(len as u64, cx.n_sm), block: 256, smem: 0, args: a });
+        }
+        Op::Add { x, y, len } => {
+            let mut a = Args::new();
+            a.push(x).push(y).push(len as i64);
+            cmds.push(Cmd::Launch { f: cx.k.add_inplace, grid: grid_1d(len as u64, cx.n_sm), block: 256, smem: 0, args: a });
+        }
+        Op::Copy { src, dst, len } => {
+            let mut a = Args::new();
+            a.push(src).push(dst).push(len as i64);
+            cmds.push(Cmd::Launch { f: cx.k.copy_f32, grid: grid_1d(len as u64, cx.n_sm), block: 256, smem: 0, args: a });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ds4_gguf::GgmlType;
+
+    fn mat(id: u64, ty: GgmlType, rows: u32, cols: u32) -> MatRef {
+        MatRef { planes: [id << 20, 0, 0, 0], ty, rows, cols }
+    }
+
+    /// The ops the llama family records for one step of `n` tokens (families/llama.rs).
+    fn llama_step(n: u32, layers: u32) -> Vec<Op> {
+        let (e, f, q, kv, v) = (512u32, 1536u32, 512u32, 128u32, 2048u32);
+        let [x, h, qb, kb, vb, attn, o, gate, up, act, logits] = [1u64, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11].map(|b| b << 40);
+        let rope = RopeArgs { n_dims: 64, neox: false, theta_scale: 0.5 };
+        let mut ops = vec![Op::Embed { table: mat(1, GgmlType::Q4_K, v, e), out: x }];
+        for l in 0..layers as u64 {
+            let w = |i: u64, ty, r, c| mat(100 + 10 * l + i, ty, r, c);
+            ops.push(Op::RmsNorm { x, w: 7, n: e, rows: n, eps: 1e-5, out: h });
+            ops.push(Op::Matmul { w: w(0, GgmlType::Q4_K, q, e), bias: None, x: h, rows: n, out: qb });
+            ops.push(Op::Matmul { w: w(1, GgmlType::Q4_K, kv, e), bias: None, x: h, rows: n, out: kb });
+            ops.push(Op::Matmul { w: w(2, GgmlType::Q6_K, kv, e), bias: None, x: h, rows: n, out: vb });
+            ops.push(Op::Rope { x: qb, n_head: 8, head_dim: 64, rope });
+            ops.push(Op::Rope { x: kb, n_head: 2, head_dim: 64, rope });
+            ops.push(Op::Attention { k_cache: 50 << 40, v_cache: 51 << 40, n_ctx: 64, n_head: 8, n_head_kv: 2, head_dim: 64, q: qb, k: kb, v: vb, out: attn });
+            ops.push(Op::Matmul { w: w(3, GgmlType::Q4_K, e, q), bias: None, x: attn, rows: n, out: o });
+            ops.push(Op::Add { x, y: o, len: n * e });
+            ops.push(Op::RmsNorm { x, w: 8, n: e, rows: n, eps: 1e-5, out: h });
+            ops.push(Op::Matmul { w: w(4, GgmlType::Q4_K, f, e), bias: None, x: h, rows: n, out: gate });
+            ops.push(Op::Matmul { w: w(5, GgmlType::Q4_K, f, e), bias: None, x: h, rows: n, out: up });
+            ops.push(Op::Swiglu { gate, up, len: n * f, out: act });
+            ops.push(Op::Matmul { w: w(6, GgmlType::Q6_K, e, f), bias: None, x: act, rows: n, out: o });
+            ops.push(Op::Add { x, y: o, len: n * e });
+        }
+        ops.push(Op::Copy { src: x + 4 * (n as u64 - 1) * e as u64, dst: o, len: e });
+        ops.push(Op::RmsNorm { x: o, w: 9, n: e, rows: 1, eps: 1e-5, out: h });
+        ops.push(Op::Matmul { w: mat(2, GgmlType::Q6_K, v, e), bias: None, x: h, rows: 1, out: logits });
+        ops
+    }
+
+    fn lowered(ops: &[Op], n_tok: usize, k: &Kernels) -> Vec<Cmd> {
+        let occ = |_: u32| 2;
+        let attn = AttnScratch { pm: 1 << 50, pl: 2 << 50, po: 3 << 50, cap_ms: 1 << 16, cap_o: 1 << 22 };
+        let cx = Ctx { k, n_sm: 132, gemv_occupancy: &occ, step: 99 << 40, n_tok, attn };
+        lower(ops, &cx).unwrap()
+    }
+
+    fn funcs(cmds: &[Cmd]) -> Vec<Func> {
+        cmds.iter().filter_map(|c| if let Cmd::Launch { f, .. } = c { Some(*f) } else { None }).collect()
+    }
+
+    #[test]
+    fn a_decode_step_fuses_to_seven_kernels_per_layer() {
+        let k = Kernels::fake();
+        let cmds = lowered(&llama_step(1, 3), 1, &k);
+        let f = funcs(&cmds);
+        assert_eq!(f.len(), cmds.len(), "no GEMM in a decode step");
+        let layer = [k.gemv, k.rope_qk_store, k.attn_decode_split_64, k.attn_decode_reduce, k.gemv, k.gemv, k.gemv];
+        let mut want = vec![k.embed_rows];
+        for _ in 0..3 {
+            want.extend(layer);
+        }
+        want.extend([k.copy_f32, k.gemv]);
+        assert_eq!(f, want);
+    }
+
+    #[test]
+    fn a_prefill_step_runs_op_by_op_with_gemms() {
+        let k = Kernels::fake();
+        let cmds = lowered(&llama_step(7, 1), 7, &k);
+        let gemms = cmds.iter().filter(|c| matches!(c, Cmd::Gemm { .. })).count();
+        assert_eq!(gemms, 7);
+        let f = funcs(&cmds);
+        assert!(f.contains(&k.attn_prefill_64) && f.contains(&k.kv_store) && f.contains(&k.swiglu));
+        // The single logits row still takes the fused norm + GEMV.
+        assert_eq!(f[f.len() - 2..], [k.copy_f32, k.gemv]);
+    }
+
+    #[test]
+    fn aliasing_outputs_are_not_fused() {
+        let k = Kernels::fake();
+        let x = 1u64 << 40;
+        // A product overwriting the norm's input cannot run inside the norm's launch
+        // (other blocks still read it).
+        let ops = [
+            Op::RmsNorm { x, w: 7, n: 256, rows: 1, eps: 1e-5, out: 2 << 40 },
+            Op::Matmul { w: mat(1, GgmlType::Q4_0, 256, 256), bias: None, x: 2 << 40, rows: 1, out: x },
+        ];
+        assert_eq!(funcs(&lowered(&ops, 1, &k)), [k.rms_norm_rows, k.gemv]);
+    }
+
+    #[test]
+    fn splits_cover_short_and_long_contexts() {
+        assert_eq!(decode_splits(100, 8, 132), 4);
+        assert_eq!(decode_splits(4096, 8, 132), 33);
+        assert_eq!(decode_splits(1 << 20, 1, 132), 64);
+    }
+
+    #[test]
+    fn gemv_params_match_the_kernel_layout() {
+        // kernels/gemv.cu: Seg = 2 x 32-byte Planes + 5 pointers + 4 ints = 120 bytes;
+        // GemvParams = 3 Segs + 3 pointers + 6 4-byte fields = 408 bytes.
+        assert_eq!(std::mem::size_of::<Seg>(), 120);
+        assert_eq!(std::mem::size_of::<GemvParams>(), 408);
+    }
+}

@@ -1,0 +1,91 @@
+//! The operations of one forward step as the backend records them.
+//!
+//! Backend calls do not launch kernels at once: they append an [`Op`] (device pointers
+//! and shapes, plain data) to the calling thread's [`Recording`]. When the step's
+//! results are needed (`read`, the next `step`, a snapshot) the recording is lowered to
+//! kernels ([`crate::lower`]), which fuses neighbouring operations, and either run
+//! directly (multi-token steps) or, for one-token steps, captured once as a CUDA graph
+//! and replayed while the op list stays the same ([`crate::graph`]).
+//!
+//! Ops hold raw pointers; the recording also holds references to the memory they point
+//! to (`keep`), so a buffer dropped before the flush stays alive until its kernels are
+//! enqueued (device frees are stream-ordered after that).
+
+use std::sync::Arc;
+
+use ds4_gguf::GgmlType;
+
+use crate::driver::{DPtr, DevMem};
+
+/// A quantized matrix on the device: planes (see [`crate::layout`]), type and shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatRef {
+    pub planes: [DPtr; 4],
+    pub ty: GgmlType,
+    pub rows: u32,
+    pub cols: u32,
+}
+
+/// Rotary embedding parameters as the kernels take them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeArgs {
+    pub n_dims: u32,
+    pub neox: bool,
+    /// `freq_base^(-2/n_dims)`, computed on the host as the CPU backend does.
+    pub theta_scale: f32,
+}
+
+/// One recorded operation (the `Backend` trait's operations, with device pointers).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Op {
+    Embed { table: MatRef, out: DPtr },
+    RmsNorm { x: DPtr, w: DPtr, n: u32, rows: u32, eps: f32, out: DPtr },
+    Matmul { w: MatRef, bias: Option<DPtr>, x: DPtr, rows: u32, out: DPtr },
+    Rope { x: DPtr, n_head: u32, head_dim: u32, rope: RopeArgs },
+    Attention {
+        k_cache: DPtr,
+        v_cache: DPtr,
+        n_ctx: u32,
+        n_head: u32,
+        n_head_kv: u32,
+        head_dim: u32,
+        q: DPtr,
+        k: DPtr,
+        v: DPtr,
+        out: DPtr,
+    },
+    Swiglu { gate: DPtr, up: DPtr, len: u32, out: DPtr },
+    Add { x: DPtr, y: DPtr, len: u32 },
+    Copy { src: DPtr, dst: DPtr, len: u32 },
+}
+
+/// The pending operations of one step of one thread.
+pub struct Recording {
+    /// Tokens of the step (1 for decode).
+    pub n_tok: usize,
+    /// The device copy of the step's inputs (`StepInfo` + token ids).
+    pub step_ptr: DPtr,
+    pub ops: Vec<Op>,
+    /// Memory the ops point to, held until they are enqueued.
+    pub keep: Vec<Arc<DevMem>>,
+}
+
+impl Recording {
+    pub fn push(&mut self, op: Op, keep: &[&Arc<DevMem>]) {
+        self.ops.push(op);
+        self.keep.extend(keep.iter().map(|m| (*m).clone()));
+    }
+}
+
+/// The device-side step header (`StepInfo` in `kernels/common.cuh`), followed by the
+/// token ids.
+pub fn step_bytes(tokens: &[u32], pos0: usize) -> Vec<u8> {
+    let mut b = Vec::with_capacity(16 + 4 * tokens.len());
+    b.extend_from_slice(&(pos0 as i32).to_le_bytes());
+    b.extend_from_slice(&(tokens.len() as i32).to_le_bytes());
+    b.extend_from_slice(&[0u8; 8]);
+    for t in tokens {
+        b.extend_from_slice(&t.to_le_bytes());
+    }
+    b
+}

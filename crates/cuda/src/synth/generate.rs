@@ -1,0 +1,147 @@
+//! The synthetic-weight generator, shared by the host (GGUF files) and the device
+//! (`synth_blocks` in `kernels/dequant.cu`), so that a model built in GPU memory and the
+//! same model written to a file hold identical bytes.
+//!
+//! Every byte of block `b` of a tensor comes from splitmix64 (Steele, Lea, Flood 2014)
+//! counters: `base = splitmix64(key ^ b·0xD1B54A32D192ED03)`, word `i` of the block is
+//! `splitmix64(base + i)` (little-endian, truncated to the block size), with
+//! `key = splitmix64(seed ^ fnv1a64(tensor name))`. Then the f16 scales are overwritten
+//! with finite values of a fixed exponent per type and a random mantissa (from
+//! `splitmix64(base ^ 0xA5A5…)`), chosen so that weights have a standard deviation of
+//! about 0.02, and Q6_K's int8 sub-block scales are folded into [-32, 31]. Everything is
+//! integer arithmetic, so host and device agree bit for bit.
+//!
+//! Vectors (norm weights, biases) are f32 and generated on the host only: norm weights
+//! uniform in [0.5, 1.5), biases in [-0.1, 0.1).
+
+use ds4_gguf::GgmlType;
+use rayon::prelude::*;
+
+/// splitmix64's output function of `x` (the state advanced once).
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// FNV-1a 64-bit hash of a tensor name.
+pub fn fnv1a64(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// The generator key of tensor `name` under `seed`.
+pub fn tensor_key(seed: u64, name: &str) -> u64 {
+    splitmix64(seed ^ fnv1a64(name))
+}
+
+/// f16 bits with exponent field `e` and mantissa `m`.
+fn f16_bits(e: u16, m: u16) -> [u8; 2] {
+    ((e << 10) | m).to_le_bytes()
+}
+
+/// Block `b` of a tensor of type `ty` with key `key`, written into `out` (one block).
+pub fn block(ty: GgmlType, key: u64, b: u64, out: &mut [u8]) {
+    let base = splitmix64(key ^ b.wrapping_mul(0xD1B5_4A32_D192_ED03));
+    for (i, chunk) in out.chunks_mut(8).enumerate() {
+        let r = splitmix64(base.wrapping_add(i as u64)).to_le_bytes();
+        chunk.copy_from_slice(&r[..chunk.len()]);
+    }
+    let m = (splitmix64(base ^ 0xA5A5_A5A5_A5A5_A5A5) & 0x3FF) as u16;
+    use GgmlType::*;
+    match ty {
+        Q4_0 => out[0..2].copy_from_slice(&f16_bits(7, m)),
+        Q4_1 => {
+            out[0..2].copy_from_slice(&f16_bits(7, m));
+            // min = -8·d: the sign bit set, the exponent three higher.
+            out[2..4].copy_from_slice(&(0x8000u16 | (10 << 10) | m).to_le_bytes());
+        }
+        Q5_0 => out[0..2].copy_from_slice(&f16_bits(6, m)),
+        Q8_0 => out[0..2].copy_from_slice(&f16_bits(3, m)),
+        Q4_K => {
+            out[0..2].copy_from_slice(&f16_bits(2, m));
+            out[2..4].copy_from_slice(&f16_bits(5, m));
+        }
+        Q5_K => {
+            out[0..2].copy_from_slice(&f16_bits(1, m));
+            out[2..4].copy_from_slice(&f16_bits(5, m));
+        }
+        Q6_K => {
+            for s in &mut out[192..208] {
+                *s = (*s & 0x3F).wrapping_add(224);
+            }
+            out[208..210].copy_from_slice(&f16_bits(1, m));
+        }
+        IQ2_XXS => out[0..2].copy_from_slice(&f16_bits(4, m)),
+        _ => {}
+    }
+}
+
+/// Whether [`block`] generates valid blocks of `ty`.
+pub fn supported(ty: GgmlType) -> bool {
+    crate::layout::MATRIX_TYPES.contains(&ty)
+}
+
+/// `n_blocks` blocks of `ty` for tensor key `key` (GGUF layout), generated in parallel.
+pub fn blocks(ty: GgmlType, key: u64, n_blocks: usize) -> Vec<u8> {
+    let bs = ty.type_size();
+    let mut out = vec![0u8; n_blocks * bs];
+    out.par_chunks_mut(bs * 1024).enumerate().for_each(|(c, chunk)| {
+        for (i, blk) in chunk.chunks_mut(bs).enumerate() {
+            block(ty, key, (c * 1024 + i) as u64, blk);
+        }
+    });
+    out
+}
+
+/// A synthetic f32 vector: biases (names ending in `.bias`) in [-0.1, 0.1), other
+/// vectors (norm weights) in [0.5, 1.5).
+pub fn vector(seed: u64, name: &str, len: usize) -> Vec<f32> {
+    let key = tensor_key(seed, name);
+    let bias = name.ends_with(".bias");
+    (0..len)
+        .map(|i| {
+            let r = splitmix64(key ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let u = (r >> 40) as f32 * (1.0 / 16_777_216.0);
+            if bias { (u - 0.5) * 0.2 } else { 0.5 + u }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitmix64_matches_the_reference_sequence() {
+        // Reference: the first outputs of splitmix64 seeded with 0 (Vigna's splitmix64.c:
+        // state += golden gamma, then the mix), 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4.
+        assert_eq!(splitmix64(0), 0xE220_A839_7B1D_CDAF);
+        assert_eq!(splitmix64(0x9E37_79B9_7F4A_7C15), 0x6E78_9E6A_A1B9_65F4);
+    }
+
+    #[test]
+    fn fnv1a64_matches_the_reference() {
+        // FNV-1a 64 test vectors (Fowler/Noll/Vo): "" and "a".
+        assert_eq!(fnv1a64(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64("a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn scales_are_finite_and_in_range() {
+        for ty in crate::layout::MATRIX_TYPES {
+            let data = blocks(ty, tensor_key(7, "blk.0.attn_q.weight"), 64);
+            for blk in data.chunks(ty.type_size()) {
+                let d_at = if ty == GgmlType::Q6_K { 208 } else { 0 };
+                let d = half::f16::from_le_bytes([blk[d_at], blk[d_at + 1]]).to_f32();
+                assert!(d.is_finite() && d > 0.0 && d < 0.01, "{ty}: d = {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn vectors_are_in_range() {
+        assert!(vector(1, "output_norm.weight", 1000).iter().all(|v| (0.5..1.5).contains(v)));
+        assert!(vector(1, "blk.0.attn_q.bias", 1000).iter().all(|v| (-0.1..0.1).contains(v)));
+    }
+}
