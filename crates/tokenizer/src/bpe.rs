@@ -50,7 +50,10 @@ impl BpeMerges {
         for (rank, merge) in merges.iter().enumerate() {
             // The separator is the first space after the first byte (a side may start
             // with a space-like character but never be empty).
-            let space = merge.as_bytes().get(1..).and_then(|b| b.iter().position(|&c| c == b' '));
+            let space = merge
+                .as_bytes()
+                .get(1..)
+                .and_then(|b| b.iter().position(|&c| c == b' '));
             let (left, right) = match space {
                 Some(p) => (&merge[..p + 1], &merge[p + 2..]),
                 None => ("", ""),
@@ -72,7 +75,9 @@ impl BpeMerges {
 
     /// The piece id of `s`, if it is a token or a merge string.
     fn piece(&self, s: &str, vocab: &Vocab) -> Option<u32> {
-        vocab.text_to_token(s).or_else(|| self.extra.get(s).copied())
+        vocab
+            .text_to_token(s)
+            .or_else(|| self.extra.get(s).copied())
     }
 
     /// Appends the tokens of one byte-encoded word to `out`.

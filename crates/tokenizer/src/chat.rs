@@ -232,7 +232,10 @@ impl ChatTemplate {
             ctx.insert("tools".into(), tools);
         }
         ctx.insert("datetime".into(), Json::String(strftime("%b %d %Y", now)));
-        ctx.insert("date_string".into(), Json::String(strftime("%d %b %Y", now)));
+        ctx.insert(
+            "date_string".into(),
+            Json::String(strftime("%d %b %Y", now)),
+        );
         for (k, v) in &opts.extra {
             ctx.insert(k.clone(), v.clone());
         }
@@ -297,12 +300,15 @@ fn environment(source: &str) -> Result<Environment<'static>, TokenizerError> {
     env.set_syntax(syntax);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_filter("tojson", tojson_filter);
-    env.add_function("raise_exception", |msg: String| -> Result<Value, minijinja::Error> {
-        Err(minijinja::Error::new(
-            ErrorKind::InvalidOperation,
-            format!("raise_exception: {msg}"),
-        ))
-    });
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> Result<Value, minijinja::Error> {
+            Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("raise_exception: {msg}"),
+            ))
+        },
+    );
     env.add_function(
         "strftime_now",
         |state: &minijinja::State, format: String| -> String {
@@ -310,7 +316,10 @@ fn environment(source: &str) -> Result<Environment<'static>, TokenizerError> {
                 .lookup("__now")
                 .and_then(|v| v.as_i64())
                 .unwrap_or_default();
-            strftime(&format, UNIX_EPOCH + std::time::Duration::from_secs(secs.max(0) as u64))
+            strftime(
+                &format,
+                UNIX_EPOCH + std::time::Duration::from_secs(secs.max(0) as u64),
+            )
         },
     );
     env.add_template_owned(TEMPLATE_NAME, source.to_owned())
@@ -342,7 +351,11 @@ fn render_error(e: minijinja::Error) -> TokenizerError {
 }
 
 /// One message as llama.cpp's `to_json_oaicompat` writes it.
-fn message_json(m: &ChatMessage, object_arguments: bool, index: usize) -> Result<Json, TokenizerError> {
+fn message_json(
+    m: &ChatMessage,
+    object_arguments: bool,
+    index: usize,
+) -> Result<Json, TokenizerError> {
     let mut msg = Map::new();
     msg.insert("role".into(), Json::String(m.role.clone()));
     msg.insert(
@@ -423,7 +436,11 @@ fn normalize_tools(tools: &[Json]) -> Json {
 
 /// `tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False)` as
 /// llama.cpp's Jinja engine writes it.
-fn tojson_filter(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<String, minijinja::Error> {
+fn tojson_filter(
+    value: Value,
+    args: Rest<Value>,
+    kwargs: Kwargs,
+) -> Result<String, minijinja::Error> {
     let arg = |i: usize, name: &str| -> Result<Option<Value>, minijinja::Error> {
         if kwargs.has(name) {
             return kwargs.get::<Value>(name).map(Some);
@@ -449,9 +466,8 @@ fn tojson_filter(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Stri
     let indent = indent.map(|i| i.max(0) as usize);
     let item_sep = sep(0).unwrap_or_else(|| if indent.is_none() { ", " } else { "," }.into());
     let key_sep = sep(1).unwrap_or_else(|| ": ".into());
-    let json = serde_json::to_value(&value).map_err(|e| {
-        minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}"))
-    })?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut out = String::new();
     write_json(&mut out, &json, 0, indent, &item_sep, &key_sep);
     if ensure_ascii {
@@ -473,7 +489,14 @@ fn tojson_filter(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Stri
     Ok(out)
 }
 
-fn write_json(out: &mut String, v: &Json, level: usize, indent: Option<usize>, item_sep: &str, key_sep: &str) {
+fn write_json(
+    out: &mut String,
+    v: &Json,
+    level: usize,
+    indent: Option<usize>,
+    item_sep: &str,
+    key_sep: &str,
+) {
     let pad = |out: &mut String, n: usize| {
         if let Some(i) = indent {
             out.push_str(&" ".repeat(i * n));
@@ -584,11 +607,27 @@ fn format_g6(f: f64) -> String {
 /// %A %j %%`); others are written as they are.
 fn strftime(format: &str, time: SystemTime) -> String {
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     const DAYS: [&str; 7] = [
-        "Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
     ];
     let secs = time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let days = (secs / 86_400) as i64;
@@ -670,7 +709,9 @@ fn bos_eos_pieces(file: &GgufFile) -> (String, String) {
             .and_then(GgufValue::as_u64)
             .filter(|&id| (id as usize) < tokens.len())
             .or(default);
-        let Some(text) = id.and_then(|id| tokens.get(id as usize)).and_then(GgufValue::as_str)
+        let Some(text) = id
+            .and_then(|id| tokens.get(id as usize))
+            .and_then(GgufValue::as_str)
         else {
             return String::new();
         };
@@ -700,11 +741,11 @@ mod tests {
 
     #[test]
     fn g6_matches_cpp_stream_output() {
-        // C++ `std::cout << x` with default precision.
+        // C++ `std::ostringstream << x` with default precision (checked with g++ 12).
         for (x, want) in [
             (1.0, "1"),
             (0.1, "0.1"),
-            (3.14159265, "3.14159"),
+            (1.23456789, "1.23457"),
             (123456.0, "123456"),
             (1234567.0, "1.23457e+06"),
             (0.0001, "0.0001"),
@@ -719,7 +760,8 @@ mod tests {
 
     #[test]
     fn strftime_known_dates() {
-        let t = UNIX_EPOCH + std::time::Duration::from_secs(1_709_210_096); // 2024-02-29 12:34:56 UTC
+        // Expected text from GNU `date -u -d @1709210096 "+..."`.
+        let t = UNIX_EPOCH + std::time::Duration::from_secs(1_709_210_096);
         assert_eq!(
             strftime("%Y-%m-%d %H:%M:%S %a %A %b %B %j %y %I%p %%", t),
             "2024-02-29 12:34:56 Thu Thursday Feb February 060 24 12PM %"
@@ -755,6 +797,9 @@ mod tests {
         let err = t.render(&[], &RenderOptions::default()).unwrap_err();
         assert!(err.to_string().contains("no system role"), "{err}");
         let bad = ChatTemplate::new("{% for %}", "", "").unwrap_err();
-        assert!(matches!(bad, TokenizerError::TemplateSyntax { .. }), "{bad}");
+        assert!(
+            matches!(bad, TokenizerError::TemplateSyntax { .. }),
+            "{bad}"
+        );
     }
 }

@@ -128,7 +128,11 @@ pub(crate) fn llama_visit_order(texts: &[String], has_duplicates: bool) -> Vec<u
                 buckets[b] = HEAD;
             }
             before => {
-                let after = if before == HEAD { head } else { next[before as usize] };
+                let after = if before == HEAD {
+                    head
+                } else {
+                    next[before as usize]
+                };
                 next[node as usize] = after;
                 if before == HEAD {
                     head = node;
@@ -169,7 +173,11 @@ fn rehash(head: u32, next: &mut [u32], codes: &[u64], buckets: &mut Vec<u32>, si
                 first_bucket = b;
             }
             before => {
-                let after = if before == HEAD { new_head } else { next[before as usize] };
+                let after = if before == HEAD {
+                    new_head
+                } else {
+                    next[before as usize]
+                };
                 next[p as usize] = after;
                 if before == HEAD {
                     new_head = p;

@@ -89,7 +89,10 @@ impl PreTokenizer {
                 match step {
                     Step::Gpt2 => split_gpt2(&cps, ini, end, &mut out),
                     Step::Modern(kind) => split_modern(*kind, &cps, ini, end, &mut out),
-                    Step::Regex { regex, collapsed: c } => {
+                    Step::Regex {
+                        regex,
+                        collapsed: c,
+                    } => {
                         let view = if *c {
                             collapsed.get_or_insert_with(|| View::collapsed(&cps))
                         } else {
@@ -273,7 +276,13 @@ impl View {
     }
 
     fn plain(cps: &[char]) -> View {
-        View::build(cps, |c| if !c.is_ascii() && is_whitespace(c) { '\x0B' } else { c })
+        View::build(cps, |c| {
+            if !c.is_ascii() && is_whitespace(c) {
+                '\x0B'
+            } else {
+                c
+            }
+        })
     }
 
     /// Splits code points `ini..end` into matches and the gaps between them.
@@ -448,7 +457,11 @@ fn split_modern(kind: Modern, cps: &[char], ini: usize, end: usize, out: &mut Ve
             continue;
         }
         // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-        let kind2 = if c == ' ' { p.flags(pos + 1) } else { Some(flags) };
+        let kind2 = if c == ' ' {
+            p.flags(pos + 1)
+        } else {
+            Some(flags)
+        };
         if kind2.is_none_or(other) {
             pos += usize::from(c == ' ');
             while p.is(pos, other) {
@@ -518,10 +531,31 @@ mod tests {
     #[test]
     fn every_pre_tokenizer_compiles() {
         for name in [
-            "default", "llama-bpe", "deepseek-llm", "deepseek-coder", "deepseek-v3", "falcon",
-            "starcoder", "gpt-2", "qwen2", "qwen35", "poro-chat", "viking", "tekken",
-            "chameleon", "gpt-4o", "jais-2", "bailingmoe", "seed-coder", "ufakzeka", "laguna",
-            "exaone-moe", "minicpm5", "spark2_5", "youtu", "granite-embed-multi-97m",
+            "default",
+            "llama-bpe",
+            "deepseek-llm",
+            "deepseek-coder",
+            "deepseek-v3",
+            "falcon",
+            "starcoder",
+            "gpt-2",
+            "qwen2",
+            "qwen35",
+            "poro-chat",
+            "viking",
+            "tekken",
+            "chameleon",
+            "gpt-4o",
+            "jais-2",
+            "bailingmoe",
+            "seed-coder",
+            "ufakzeka",
+            "laguna",
+            "exaone-moe",
+            "minicpm5",
+            "spark2_5",
+            "youtu",
+            "granite-embed-multi-97m",
         ] {
             let spec = crate::pre_table::pre_spec(name).unwrap();
             PreTokenizer::new(spec.regexes).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -47,10 +47,24 @@ pub(crate) fn encode(text: &str, vocab: &Vocab, out: &mut Vec<u32>) {
             symbols[next].prev = l as i32;
         }
         if symbols[l].prev >= 0 {
-            push_pair(text, vocab, &symbols, symbols[l].prev as usize, l, &mut queue);
+            push_pair(
+                text,
+                vocab,
+                &symbols,
+                symbols[l].prev as usize,
+                l,
+                &mut queue,
+            );
         }
         if symbols[l].next >= 0 {
-            push_pair(text, vocab, &symbols, l, symbols[l].next as usize, &mut queue);
+            push_pair(
+                text,
+                vocab,
+                &symbols,
+                l,
+                symbols[l].next as usize,
+                &mut queue,
+            );
         }
     }
 
@@ -72,7 +86,11 @@ pub(crate) fn encode(text: &str, vocab: &Vocab, out: &mut Vec<u32>) {
 pub(crate) fn byte_token(vocab: &Vocab, b: u8) -> Option<u32> {
     vocab
         .text_to_token(&format!("<0x{b:02X}>"))
-        .or_else(|| std::str::from_utf8(&[b]).ok().and_then(|s| vocab.text_to_token(s)))
+        .or_else(|| {
+            std::str::from_utf8(&[b])
+                .ok()
+                .and_then(|s| vocab.text_to_token(s))
+        })
         .or(vocab.special.unk)
 }
 

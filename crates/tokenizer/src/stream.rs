@@ -97,7 +97,10 @@ mod tests {
 
     #[test]
     fn matches_lossy_decoding_of_the_whole() {
-        let bytes: Vec<u8> = "héllo wörld 😀 ok".bytes().chain([0xC3, b'!', 0xE2, 0x82]).collect();
+        let bytes: Vec<u8> = "héllo wörld 😀 ok"
+            .bytes()
+            .chain([0xC3, b'!', 0xE2, 0x82])
+            .collect();
         for split in 1..bytes.len() {
             let mut d = StreamDecoder::new();
             let mut s = String::new();

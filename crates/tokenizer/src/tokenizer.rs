@@ -22,7 +22,10 @@ use crate::vocab::{Defaults, Meta, SpecialTokens, Vocab, VocabKind, attr};
 /// The algorithm that tokenizes text fragments.
 #[derive(Debug)]
 enum Algorithm {
-    Bpe { merges: BpeMerges, pre: PreTokenizer },
+    Bpe {
+        merges: BpeMerges,
+        pre: PreTokenizer,
+    },
     Spm,
 }
 
@@ -424,7 +427,10 @@ mod tests {
     fn clean_up_matches_llama_passes() {
         assert_eq!(clean("Hello , world !"), "Hello, world!");
         assert_eq!(clean("a ' b"), "a'b");
-        assert_eq!(clean("it 's I 'm we 're you 've they 'll don 't"), "it's I'm we're you've they 'll don 't");
+        assert_eq!(
+            clean("it 's I 'm we 're you 've they 'll don 't"),
+            "it's I'm we're you've they 'll don 't"
+        );
         assert_eq!(clean(""), "");
     }
 }

@@ -131,10 +131,12 @@ impl<'a> Meta<'a> {
     }
 
     pub fn strings(&self, key: &str) -> Result<Vec<&'a str>, TokenizerError> {
-        let items = self.array_opt(key)?.ok_or_else(|| TokenizerError::MissingKey {
-            file: self.label(),
-            key: key.to_owned(),
-        })?;
+        let items = self
+            .array_opt(key)?
+            .ok_or_else(|| TokenizerError::MissingKey {
+                file: self.label(),
+                key: key.to_owned(),
+            })?;
         items
             .iter()
             .map(|v| match v {
@@ -274,9 +276,13 @@ impl Vocab {
         let (mut add_bos, mut add_eos, mut add_space_prefix, clean_spaces, ignore_merges) =
             match (kind, &defaults.spec) {
                 (VocabKind::Spm, _) => (true, false, true, false, false),
-                (VocabKind::Bpe, Some(spec)) => {
-                    (spec.add_bos, false, false, spec.clean_spaces, spec.ignore_merges)
-                }
+                (VocabKind::Bpe, Some(spec)) => (
+                    spec.add_bos,
+                    false,
+                    false,
+                    spec.clean_spaces,
+                    spec.ignore_merges,
+                ),
                 (VocabKind::Bpe, None) => (false, false, false, true, false),
             };
         if let Some(v) = meta.bool_opt("tokenizer.ggml.add_space_prefix")? {
@@ -440,10 +446,13 @@ impl Vocab {
 
         // With both "<|return|>" and "<|call|>" (gpt-oss), or "<|calls|>" and "<|flush|>"
         // (solar-open), "<|end|>" only ends a message, not generation.
-        let has = |eog: &BTreeSet<u32>, text: &str| {
-            eog.iter().any(|&id| self.texts[id as usize] == text)
-        };
-        let end_id = eog.iter().rev().copied().find(|&id| self.texts[id as usize] == "<|end|>");
+        let has =
+            |eog: &BTreeSet<u32>, text: &str| eog.iter().any(|&id| self.texts[id as usize] == text);
+        let end_id = eog
+            .iter()
+            .rev()
+            .copied()
+            .find(|&id| self.texts[id as usize] == "<|end|>");
         let has_call = has(&eog, "<|call|>") || has(&eog, "<|calls|>");
         if let Some(end_id) = end_id
             && has_call
@@ -453,7 +462,11 @@ impl Vocab {
             self.attrs[end_id as usize] = attr::USER_DEFINED;
         }
         // Gemma 4 and PLaMo have an ordinary "</s>".
-        let s_id = eog.iter().rev().copied().find(|&id| self.texts[id as usize] == "</s>");
+        let s_id = eog
+            .iter()
+            .rev()
+            .copied()
+            .find(|&id| self.texts[id as usize] == "</s>");
         if let Some(s_id) = s_id
             && (has(&eog, "<|tool_response>") || has(&eog, "<|plamo:eos|>"))
         {

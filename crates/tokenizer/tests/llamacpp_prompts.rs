@@ -32,7 +32,9 @@ fn check_model(key: &str, uses_tools: bool) {
     let started = std::time::Instant::now();
     let tok = Tokenizer::from_gguf(&file).unwrap();
     let load = started.elapsed();
-    let template = ChatTemplate::from_gguf(&file).unwrap().expect("chat template");
+    let template = ChatTemplate::from_gguf(&file)
+        .unwrap()
+        .expect("chat template");
 
     assert_eq!(tok.n_vocab() as u64, model["n_vocab"].as_u64().unwrap());
     assert_eq!(tok.bos().map(u64::from), model["bos_id"].as_u64());
@@ -41,7 +43,11 @@ fn check_model(key: &str, uses_tools: bool) {
     assert_eq!(tok.add_bos(), model["add_bos_token"].as_bool().unwrap());
     let eog: Vec<u32> = tok.eog_ids().iter().copied().collect();
     assert_eq!(eog, ids(&model["eog_token_ids"]), "{key}: EOG set");
-    assert_eq!(template.uses_tools(), uses_tools, "{key}: template reads `tools`");
+    assert_eq!(
+        template.uses_tools(),
+        uses_tools,
+        "{key}: template reads `tools`"
+    );
 
     let cases = fixture["cases"].as_array().unwrap();
     let mut encode_time = std::time::Duration::ZERO;
@@ -56,7 +62,11 @@ fn check_model(key: &str, uses_tools: bool) {
                 add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
                 ..RenderOptions::default()
             };
-            assert_eq!(template.render(&messages, &opts).unwrap(), rendered, "{id}: rendering");
+            assert_eq!(
+                template.render(&messages, &opts).unwrap(),
+                rendered,
+                "{id}: rendering"
+            );
         } else {
             assert_eq!(rendered, case["raw_prompt"].as_str().unwrap());
         }
@@ -71,8 +81,16 @@ fn check_model(key: &str, uses_tools: bool) {
 
         let generated = ids(&case["generated_token_ids"]);
         let stopped = case["stop_reason"] == "eog";
-        assert_eq!(stopped, generated.last().is_some_and(|&t| tok.is_eog(t)), "{id}");
-        let body = if stopped { &generated[..generated.len() - 1] } else { &generated[..] };
+        assert_eq!(
+            stopped,
+            generated.last().is_some_and(|&t| tok.is_eog(t)),
+            "{id}"
+        );
+        let body = if stopped {
+            &generated[..generated.len() - 1]
+        } else {
+            &generated[..]
+        };
         let text = case["generated_text"].as_str().unwrap();
         assert_eq!(tok.decode(body, false), text, "{id}: generated_text");
         assert_eq!(
@@ -81,7 +99,10 @@ fn check_model(key: &str, uses_tools: bool) {
             "{id}: generated_text_with_special"
         );
         let mut stream = StreamDecoder::new();
-        let mut streamed: String = body.iter().map(|&t| stream.push(&tok.piece(t, false))).collect();
+        let mut streamed: String = body
+            .iter()
+            .map(|&t| stream.push(&tok.piece(t, false)))
+            .collect();
         streamed += &stream.flush();
         assert_eq!(streamed, text, "{id}: streamed text");
     }

@@ -34,7 +34,11 @@ fn every_fixture_case_matches_llama_cpp() {
         let inp = std::fs::read_to_string(path.with_extension("gguf.inp")).unwrap();
         let out = std::fs::read_to_string(path.with_extension("gguf.out")).unwrap();
         let mut cases: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
-        assert_eq!(cases.pop(), Some(""), "{name}: .inp must end with the separator");
+        assert_eq!(
+            cases.pop(),
+            Some(""),
+            "{name}: .inp must end with the separator"
+        );
         let expected: Vec<Vec<u32>> = out
             .lines()
             .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
@@ -45,7 +49,9 @@ fn every_fixture_case_matches_llama_cpp() {
             total += 1;
             let got = tok.encode(text, false, false);
             if &got != want {
-                failures.push(format!("{name}: {text:?}\n   want {want:?}\n    got {got:?}"));
+                failures.push(format!(
+                    "{name}: {text:?}\n   want {want:?}\n    got {got:?}"
+                ));
             }
         }
         println!(
@@ -56,6 +62,11 @@ fn every_fixture_case_matches_llama_cpp() {
         );
     }
     println!("{} of {total} cases match", total - failures.len());
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     assert_eq!(total, 372);
 }

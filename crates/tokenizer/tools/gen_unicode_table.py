@@ -41,13 +41,7 @@ print("//! `RANGES[i] = (first code point, class)`; a range ends where the next 
 print("//! Class codes: 0 unassigned, 1 letter, 2 number, 3 punctuation, 4 symbol, 5 mark,")
 print("//! 6 separator, 7 other (control, format, private use, surrogate).")
 print()
-print(f"pub(crate) const RANGES: [(u32, u8); {len(ranges)}] = [")
-line = "   "
+print(f"pub(crate) static RANGES: [(u32, u8); {len(ranges)}] = [")
 for start, c in ranges:
-    item = f" (0x{start:X}, {c}),"
-    if len(line) + len(item) > 99:
-        print(line)
-        line = "   "
-    line += item
-print(line)
+    print(f"    (0x{start:X}, {c}),")
 print("];")

@@ -14,7 +14,10 @@ pub fn fixtures(what: &str) -> Option<PathBuf> {
     if dir.is_dir() {
         Some(dir)
     } else {
-        println!("skipped: {what}: fixtures not found at {} (set DS4_FIXTURES)", dir.display());
+        println!(
+            "skipped: {what}: fixtures not found at {} (set DS4_FIXTURES)",
+            dir.display()
+        );
         None
     }
 }
@@ -22,9 +25,11 @@ pub fn fixtures(what: &str) -> Option<PathBuf> {
 /// A real model file from `$DS4_MODELS` or `~/.cache/ds4-server/models`; `None` (with a
 /// printed "skipped" line) when absent.
 pub fn model(file: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("DS4_MODELS").map(PathBuf::from).or_else(|| {
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ds4-server/models"))
-    })?;
+    let dir = std::env::var_os("DS4_MODELS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ds4-server/models"))
+        })?;
     let path = dir.join(file);
     if path.is_file() {
         Some(path)
