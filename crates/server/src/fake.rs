@@ -74,10 +74,14 @@ fn render_turn(out: &mut String, m: &ChatTurn, supports_tools: bool) -> Result<(
         (None, true) => "",
         (None, false) => return Err(BackendError::Template("can only concatenate str (not \"NoneType\") to str".into())),
     };
+    // Like Qwen 2.5's template: a turn with tool calls writes its content (if any) and
+    // each call on a new line after the role.
     out.push_str("<|im_start|>");
     out.push_str(&m.role);
-    out.push('\n');
-    out.push_str(content);
+    if m.tool_calls.is_empty() || !content.is_empty() {
+        out.push('\n');
+        out.push_str(content);
+    }
     for c in &m.tool_calls {
         out.push_str("\n<tool_call>\n{\"name\": \"");
         out.push_str(&c.name);

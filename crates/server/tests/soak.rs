@@ -1,0 +1,146 @@
+//! Soak: many mixed requests from concurrent clients on loopback — chat (plain and
+//! streamed), Anthropic messages, Responses, completions, bad requests and clients
+//! that disconnect mid-stream — bounded in request count. Every answer has the
+//! expected status and shape, and the server is healthy at the end.
+//!
+//! The normal suite runs a short soak against the toy model; `soak_long` (ignored)
+//! runs for a few minutes: `cargo test -p ds4-http --release --test soak -- --ignored`.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{client, fake_server, parse_sse};
+use ds4_http::fake::{FakeConfig, last_user_message};
+use ds4_http::{ServerConfig, ServerHandle};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+/// Sends request number `i` of the mix; panics on an unexpected answer. Returns the
+/// status.
+async fn one(base: &str, i: usize) -> u16 {
+    let c = client();
+    let user = format!("request {i}");
+    match i % 7 {
+        0 => {
+            let r = c.post(format!("{base}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": user}], "max_tokens": 24})).send().await.unwrap();
+            let status = r.status().as_u16();
+            let v: Value = r.json().await.unwrap();
+            assert!(status == 200 && v["choices"][0]["message"]["content"].is_string() || status == 429, "{status} {v}");
+            status
+        }
+        1 => {
+            let body = json!({"messages": [{"role": "user", "content": user}], "max_tokens": 24, "stream": true});
+            let r = c.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+            let status = r.status().as_u16();
+            let text = r.text().await.unwrap();
+            assert!(status == 200 && parse_sse(&text).0.last().unwrap().data == "[DONE]" || status == 429, "{status} {text}");
+            status
+        }
+        2 => {
+            let body = json!({"max_tokens": 24, "stream": i % 2 == 0, "messages": [{"role": "user", "content": user}]});
+            let r = c.post(format!("{base}/v1/messages")).json(&body).send().await.unwrap();
+            let status = r.status().as_u16();
+            assert!(status == 200 || status == 429, "{status}");
+            let _ = r.text().await.unwrap();
+            status
+        }
+        3 => {
+            let r = c.post(format!("{base}/v1/responses")).json(&json!({"input": user, "max_output_tokens": 24})).send().await.unwrap();
+            let status = r.status().as_u16();
+            let v: Value = r.json().await.unwrap();
+            assert!(status == 200 && v["object"] == "response" || status == 429, "{status} {v}");
+            status
+        }
+        4 => {
+            let r = c.post(format!("{base}/v1/completions")).json(&json!({"prompt": user, "max_tokens": 8})).send().await.unwrap();
+            let status = r.status().as_u16();
+            assert!(matches!(status, 200 | 429));
+            let _ = r.text().await.unwrap();
+            status
+        }
+        5 => {
+            // A bad request: 400 in the right shape, without touching the engine.
+            let r = c.post(format!("{base}/v1/chat/completions")).body("{\"messages\": 5}").send().await.unwrap();
+            assert_eq!(r.status(), 400);
+            let v: Value = r.json().await.unwrap();
+            assert!(v["error"]["message"].is_string());
+            400
+        }
+        _ => {
+            // A client that leaves after the first chunk.
+            let body = json!({"messages": [{"role": "user", "content": user}], "max_tokens": 200, "stream": true});
+            let r = c.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+            let status = r.status().as_u16();
+            if status == 200 {
+                let mut s = r.bytes_stream();
+                let _ = s.next().await;
+            }
+            status
+        }
+    }
+}
+
+/// Runs the mix; returns (requests sent, answered 200).
+async fn soak(server: &ServerHandle, clients: usize, requests: usize, budget: Duration) -> (usize, usize) {
+    let base = server.base_url();
+    let t0 = Instant::now();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ok = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (base, next, ok) = (base.clone(), next.clone(), ok.clone());
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= requests || t0.elapsed() > budget {
+                        return;
+                    }
+                    match one(&base, i).await {
+                        200 => {
+                            ok.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        // Back off like a client honouring Retry-After (shortened).
+                        429 => tokio::time::sleep(Duration::from_millis(50)).await,
+                        _ => {}
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let v: Value = client().get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(v["status"], "ok");
+    let r = client().post(format!("{base}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": "final"}], "max_tokens": 8})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    (next.load(std::sync::atomic::Ordering::Relaxed).min(requests), ok.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+fn toy() -> FakeConfig {
+    FakeConfig {
+        token_delay: Duration::from_micros(300),
+        responder: Arc::new(|p: &str| format!("Answer to {}.", last_user_message(p)).repeat(3)),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn soak_short() {
+    let s = fake_server(toy(), ServerConfig { queue: 4, ..Default::default() }).await;
+    let (done, ok) = soak(&s, 8, 350, Duration::from_secs(60)).await;
+    assert_eq!(done, 350);
+    assert!(ok > 200, "only {ok} of {done} answered 200");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "minutes long; run with --ignored"]
+async fn soak_long() {
+    let s = fake_server(FakeConfig { token_delay: Duration::from_millis(2), ..toy() }, ServerConfig { queue: 8, ..Default::default() }).await;
+    let (done, ok) = soak(&s, 16, 20_000, Duration::from_secs(180)).await;
+    assert!(done > 1000 && ok > done / 2, "{ok} of {done} requests answered 200 in the time budget");
+    s.shutdown().await.unwrap();
+}
