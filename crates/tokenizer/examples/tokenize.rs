@@ -27,8 +27,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t2 = Instant::now();
     let ids = tok.encode(&text, false, special);
     let t3 = Instant::now();
-    println!("{ids:?}");
-    println!("decoded: {:?}", tok.decode(&ids, true));
+    if ids.len() <= 200 {
+        println!("{ids:?}");
+        println!("decoded: {:?}", tok.decode(&ids, true));
+    }
     println!(
         "open {:.1} ms, build {:.1} ms, encode {:.3} ms ({} bytes -> {} tokens)",
         (t1 - t0).as_secs_f64() * 1e3,
