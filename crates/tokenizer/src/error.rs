@@ -2,8 +2,9 @@
 
 /// Errors from loading a vocabulary, compiling a pre-tokenizer or rendering a chat template.
 ///
-/// Loading errors name the GGUF file (its label, usually the path) and the metadata key at
-/// fault.
+/// Loading errors name the GGUF file (`file`: its label, usually the path) and the metadata
+/// key at fault (`key`).
+#[allow(missing_docs)] // the fields are named for what the messages say
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TokenizerError {

@@ -11,6 +11,8 @@
 //! - [`StreamDecoder`]: token pieces to text, never splitting a UTF-8 character.
 //! - [`chat`]: rendering a GGUF's `tokenizer.chat_template` (Jinja).
 
+#![warn(missing_docs)]
+
 mod bpe;
 pub mod chat;
 mod error;

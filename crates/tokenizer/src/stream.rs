@@ -15,6 +15,7 @@ pub struct StreamDecoder {
 }
 
 impl StreamDecoder {
+    /// An empty decoder.
     pub fn new() -> Self {
         Self::default()
     }

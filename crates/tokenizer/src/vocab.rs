@@ -39,19 +39,33 @@ pub enum VocabKind {
 /// Special token ids (`None` where the vocabulary has none).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SpecialTokens {
+    /// Beginning of sequence (`tokenizer.ggml.bos_token_id`).
     pub bos: Option<u32>,
+    /// End of sequence (`eos_token_id`).
     pub eos: Option<u32>,
+    /// End of turn (`eot_token_id`, else found by text).
     pub eot: Option<u32>,
+    /// End of message (`eom_token_id`, else `<|eom_id|>`).
     pub eom: Option<u32>,
+    /// Unknown (`unknown_token_id`).
     pub unk: Option<u32>,
+    /// Separator (`seperator_token_id`, spelled as in GGUF).
     pub sep: Option<u32>,
+    /// Padding (`padding_token_id`).
     pub pad: Option<u32>,
+    /// Mask (`mask_token_id`).
     pub mask: Option<u32>,
+    /// Fill-in-the-middle prefix (`fim_pre_token_id`, else found by text).
     pub fim_pre: Option<u32>,
+    /// Fill-in-the-middle suffix.
     pub fim_suf: Option<u32>,
+    /// Fill-in-the-middle middle.
     pub fim_mid: Option<u32>,
+    /// Fill-in-the-middle padding.
     pub fim_pad: Option<u32>,
+    /// Fill-in-the-middle repository name.
     pub fim_rep: Option<u32>,
+    /// Fill-in-the-middle file separator.
     pub fim_sep: Option<u32>,
 }
 
