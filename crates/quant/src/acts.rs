@@ -10,8 +10,10 @@
 
 use crate::GgmlType;
 use crate::error::QuantError;
-use crate::fp::{f16_to_f32, f32_to_f16};
 use crate::formats::{float, q8_0, q8_k};
+use crate::fp::{f16_to_f32, f32_to_f16};
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::{self, act_avx2};
 
 /// Elements below which quantization stays on the calling thread.
 const PARALLEL_MIN_ELEMS: usize = 1 << 15;
@@ -73,14 +75,22 @@ impl QuantizedActs {
     }
 
     /// As [`Self::new`], reporting bad arguments as errors.
-    pub fn try_new(dot_ty: GgmlType, x: &[f32], n_tokens: usize, cols: usize) -> Result<Self, QuantError> {
+    pub fn try_new(
+        dot_ty: GgmlType,
+        x: &[f32],
+        n_tokens: usize,
+        cols: usize,
+    ) -> Result<Self, QuantError> {
         use GgmlType::*;
         if !matches!(dot_ty, F32 | F16 | BF16 | Q8_0 | Q8_1 | Q8_K) {
             return Err(QuantError::NotActivationType(dot_ty));
         }
-        let block = act_block(dot_ty).max(32);
-        if cols % block != 0 || (dot_ty == Q8_K && cols % 256 != 0) {
-            return Err(QuantError::BadLength { ty: dot_ty, len: cols, block: act_block(dot_ty) });
+        if !cols.is_multiple_of(act_block(dot_ty)) {
+            return Err(QuantError::BadLength {
+                ty: dot_ty,
+                len: cols,
+                block: act_block(dot_ty),
+            });
         }
         if x.len() != n_tokens * cols {
             return Err(QuantError::ShapeMismatch {
@@ -107,7 +117,11 @@ impl QuantizedActs {
         let nsc = cols / act_block(dot_ty);
         a.qs = vec![0; n_tokens * cols];
         a.d = vec![0.0; n_tokens * nsc];
-        a.s = if dot_ty == Q8_1 { vec![0.0; n_tokens * nsc] } else { Vec::new() };
+        a.s = if dot_ty == Q8_1 {
+            vec![0.0; n_tokens * nsc]
+        } else {
+            Vec::new()
+        };
         a.sum16 = vec![0; n_tokens * cols / 16];
         a.sum32 = vec![0; n_tokens * cols / 32];
         let out = TokenRows {
@@ -145,15 +159,35 @@ impl QuantizedActs {
         let k = self.cols;
         let nsc = k / act_block(self.ty);
         fn sl(v: &[f32], t: usize, n: usize) -> &[f32] {
-            if v.is_empty() { &[] } else { &v[t * n..t * n + n] }
+            if v.is_empty() {
+                &[]
+            } else {
+                &v[t * n..t * n + n]
+            }
         }
         ActRow {
-            qs: if self.qs.is_empty() { &[] } else { &self.qs[t * k..t * k + k] },
+            qs: if self.qs.is_empty() {
+                &[]
+            } else {
+                &self.qs[t * k..t * k + k]
+            },
             d: sl(&self.d, t, nsc),
             s: sl(&self.s, t, nsc),
-            sum16: if self.sum16.is_empty() { &[] } else { &self.sum16[t * k / 16..(t + 1) * k / 16] },
-            sum32: if self.sum32.is_empty() { &[] } else { &self.sum32[t * k / 32..(t + 1) * k / 32] },
-            f: if self.f.is_empty() { &[] } else { &self.f[t * k..t * k + k] },
+            sum16: if self.sum16.is_empty() {
+                &[]
+            } else {
+                &self.sum16[t * k / 16..(t + 1) * k / 16]
+            },
+            sum32: if self.sum32.is_empty() {
+                &[]
+            } else {
+                &self.sum32[t * k / 32..(t + 1) * k / 32]
+            },
+            f: if self.f.is_empty() {
+                &[]
+            } else {
+                &self.f[t * k..t * k + k]
+            },
         }
     }
 
@@ -163,7 +197,11 @@ impl QuantizedActs {
     /// # Panics
     /// If `t >= n_tokens`.
     pub fn ggml_row(&self, t: usize) -> Vec<u8> {
-        assert!(t < self.n_tokens, "token {t} out of range ({} tokens)", self.n_tokens);
+        assert!(
+            t < self.n_tokens,
+            "token {t} out of range ({} tokens)",
+            self.n_tokens
+        );
         let r = self.row(t);
         let mut out = Vec::new();
         match self.ty {
@@ -222,42 +260,82 @@ impl TokenRows<'_> {
         let (ty, cols, nsc) = (self.ty, self.cols, self.nsc);
         let (qs0, qs1) = self.qs.split_at_mut(mid * cols);
         let (d0, d1) = self.d.split_at_mut(mid * nsc);
-        let (s0, s1) = self.s.split_at_mut(if self.s.is_empty() { 0 } else { mid * nsc });
+        let (s0, s1) = self
+            .s
+            .split_at_mut(if self.s.is_empty() { 0 } else { mid * nsc });
         let (a0, a1) = self.sum16.split_at_mut(mid * cols / 16);
         let (b0, b1) = self.sum32.split_at_mut(mid * cols / 32);
-        let left = TokenRows { ty, cols, nsc, qs: qs0, d: d0, s: s0, sum16: a0, sum32: b0 };
-        let right = TokenRows { ty, cols, nsc, qs: qs1, d: d1, s: s1, sum16: a1, sum32: b1 };
+        let left = TokenRows {
+            ty,
+            cols,
+            nsc,
+            qs: qs0,
+            d: d0,
+            s: s0,
+            sum16: a0,
+            sum32: b0,
+        };
+        let right = TokenRows {
+            ty,
+            cols,
+            nsc,
+            qs: qs1,
+            d: d1,
+            s: s1,
+            sum16: a1,
+            sum32: b1,
+        };
         let (x0, x1) = x.split_at(mid * cols);
         rayon::join(|| left.quantize(x0), || right.quantize(x1));
     }
 
     /// Quantizes token `t` of this range.
     fn quantize_token(&mut self, t: usize, x: &[f32]) {
-        let (cols, nsc) = (self.cols, self.nsc);
+        let (ty, cols, nsc) = (self.ty, self.cols, self.nsc);
         let qs = &mut self.qs[t * cols..(t + 1) * cols];
         let d = &mut self.d[t * nsc..(t + 1) * nsc];
-        match self.ty {
+        let s: &mut [f32] = if self.s.is_empty() {
+            &mut []
+        } else {
+            &mut self.s[t * nsc..(t + 1) * nsc]
+        };
+        let s16 = &mut self.sum16[t * cols / 16..(t + 1) * cols / 16];
+        let s32 = &mut self.sum32[t * cols / 32..(t + 1) * cols / 32];
+        #[cfg(target_arch = "x86_64")]
+        if kernels::isa() >= kernels::Isa::Avx2 {
+            // SAFETY: AVX2, FMA and F16C were detected on this CPU.
+            unsafe {
+                match ty {
+                    GgmlType::Q8_K => act_avx2::q8_k_row(x, qs, d, s16, s32),
+                    _ => act_avx2::q8_0_row(x, qs, d, s, s16, s32),
+                }
+            }
+            return;
+        }
+        match ty {
             GgmlType::Q8_K => {
-                for (b, (xb, qb)) in x.chunks_exact(256).zip(qs.chunks_exact_mut(256)).enumerate() {
+                for (b, (xb, qb)) in x
+                    .chunks_exact(256)
+                    .zip(qs.chunks_exact_mut(256))
+                    .enumerate()
+                {
                     d[b] = q8_k::quantize_act(xb, qb);
                 }
             }
-            ty => {
+            _ => {
                 for (b, (xb, qb)) in x.chunks_exact(32).zip(qs.chunks_exact_mut(32)).enumerate() {
                     let (dh, sum, d_exact) = q8_0::quantize_act(xb, qb);
                     d[b] = f16_to_f32(dh);
-                    if ty == GgmlType::Q8_1 {
+                    if !s.is_empty() {
                         // ggml: y.s = FP32_TO_FP16(d · Σq) with the unrounded d.
-                        self.s[t * nsc + b] = f16_to_f32(f32_to_f16(d_exact * sum as f32));
+                        s[b] = f16_to_f32(f32_to_f16(d_exact * sum as f32));
                     }
                 }
             }
         }
-        let s16 = &mut self.sum16[t * cols / 16..(t + 1) * cols / 16];
         for (o, q) in s16.iter_mut().zip(qs.chunks_exact(16)) {
             *o = q.iter().map(|&v| v as i16).sum();
         }
-        let s32 = &mut self.sum32[t * cols / 32..(t + 1) * cols / 32];
         for (o, q) in s32.iter_mut().zip(qs.chunks_exact(32)) {
             *o = q.iter().map(|&v| v as i32).sum();
         }

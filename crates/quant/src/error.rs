@@ -10,14 +10,26 @@ pub enum QuantError {
     Unsupported(GgmlType),
     /// A length is not a whole number of blocks.
     #[error("length {len} is not a multiple of the {ty} block size {block}")]
-    BadLength { ty: GgmlType, len: usize, block: usize },
+    BadLength {
+        ty: GgmlType,
+        len: usize,
+        block: usize,
+    },
     /// Two buffers that must correspond have inconsistent sizes.
     #[error("{what}: expected {expected} elements or bytes, got {got}")]
-    ShapeMismatch { what: &'static str, expected: usize, got: usize },
+    ShapeMismatch {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
     /// `QuantizedActs` needs an activation type (F32, F16, BF16, Q8_0, Q8_1, Q8_K).
     #[error("{0} is not an activation type (use vec_dot_type of the weight type)")]
     NotActivationType(GgmlType),
     /// The activations were quantized for a different weight type.
     #[error("weights of type {weights} need {expected} activations, got {got}")]
-    ActivationMismatch { weights: GgmlType, expected: GgmlType, got: GgmlType },
+    ActivationMismatch {
+        weights: GgmlType,
+        expected: GgmlType,
+        got: GgmlType,
+    },
 }

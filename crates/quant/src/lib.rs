@@ -13,6 +13,10 @@
 //! defined once (see the `formats` module) and every kernel (scalar, AVX2, AVX-512)
 //! follows it, so results are identical whatever the CPU, thread count, or batch size.
 
+// Format and kernel code indexes several arrays by the same element or block index,
+// written as ggml's definitions are; iterator chains would hide that correspondence.
+#![allow(clippy::needless_range_loop)]
+
 mod acts;
 mod error;
 mod formats;
@@ -47,7 +51,11 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
     }
     let bytes = row_bytes_checked(ty, dst.len())?;
     if src.len() != bytes {
-        return Err(QuantError::ShapeMismatch { what: "quantized row bytes", expected: bytes, got: src.len() });
+        return Err(QuantError::ShapeMismatch {
+            what: "quantized row bytes",
+            expected: bytes,
+            got: src.len(),
+        });
     }
     formats::dequantize(ty, src, dst);
     Ok(())
@@ -66,7 +74,11 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
     }
     let bytes = row_bytes_checked(ty, src.len())?;
     if dst.len() != bytes {
-        return Err(QuantError::ShapeMismatch { what: "quantized row bytes", expected: bytes, got: dst.len() });
+        return Err(QuantError::ShapeMismatch {
+            what: "quantized row bytes",
+            expected: bytes,
+            got: dst.len(),
+        });
     }
     formats::quantize(ty, src, dst);
     Ok(())
@@ -88,7 +100,11 @@ pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
 
 /// Bytes of `n` elements of `ty`, or `BadLength`.
 fn row_bytes_checked(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
-    ty.row_bytes(n).ok_or(QuantError::BadLength { ty, len: n, block: ty.block_size() })
+    ty.row_bytes(n).ok_or(QuantError::BadLength {
+        ty,
+        len: n,
+        block: ty.block_size(),
+    })
 }
 
 /// A row-major quantized matrix: `rows` rows of `cols` elements each, every row
@@ -109,7 +125,12 @@ impl<'a> QMatrix<'a> {
     /// [`QuantError::BadLength`] if `cols` is not a whole number of blocks;
     /// [`QuantError::ShapeMismatch`] if `data` is not exactly `rows` rows.
     pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, QuantError> {
-        let m = QMatrix { ty, rows, cols, data };
+        let m = QMatrix {
+            ty,
+            rows,
+            cols,
+            data,
+        };
         m.validate()?;
         Ok(m)
     }
@@ -156,7 +177,11 @@ pub fn vec_dot(ty: GgmlType, w_row: &[u8], x: &QuantizedActs, t: usize) -> Resul
     let w = QMatrix::new(ty, 1, x.cols(), w_row)?;
     matmul::check_acts(&w, x)?;
     if t >= x.n_tokens() {
-        return Err(QuantError::ShapeMismatch { what: "token index", expected: x.n_tokens(), got: t });
+        return Err(QuantError::ShapeMismatch {
+            what: "token index",
+            expected: x.n_tokens(),
+            got: t,
+        });
     }
-    Ok(kernels::dot_one(kernels::isa(), ty, w_row, &x.row(t)))
+    Ok(kernels::dot_one(kernels::isa(), ty, w_row, x, t))
 }

@@ -18,8 +18,9 @@ use crate::{QMatrix, vec_dot_type};
 
 /// From this many tokens on, quantized products use the panel kernels.
 const PANEL_MIN_TOKENS: usize = 4;
-/// Products with fewer multiply-adds than this run on the calling thread.
-const PARALLEL_MIN_MACS: usize = 1 << 16;
+/// Products with fewer multiply-adds than this run on the calling thread: below it
+/// (about 30 µs of one core's work) waking the pool costs more than it saves.
+const PARALLEL_MIN_MACS: usize = 1 << 20;
 
 /// `out[t·w.rows + r] = dot(w.row(r), x.row(t))` for every token `t` and row `r`,
 /// multi-threaded with rayon.
@@ -50,7 +51,12 @@ pub fn try_matmul(w: &QMatrix, x: &QuantizedActs, out: &mut [f32]) -> Result<(),
 /// # Errors
 /// As [`try_matmul`], with `out.len() == x.n_tokens()·rows.len()`, and
 /// [`QuantError::ShapeMismatch`] if `rows` goes past `w.rows`.
-pub fn matmul_rows(w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, out: &mut [f32]) -> Result<(), QuantError> {
+pub fn matmul_rows(
+    w: &QMatrix,
+    x: &QuantizedActs,
+    rows: Range<usize>,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
     check(w, x, &rows, out)?;
     run(w, x, rows, out, true);
     Ok(())
@@ -61,7 +67,11 @@ pub fn matmul_rows(w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, out: &mut
 ///
 /// # Errors
 /// As [`try_matmul`].
-pub fn matmul_single_thread(w: &QMatrix, x: &QuantizedActs, out: &mut [f32]) -> Result<(), QuantError> {
+pub fn matmul_single_thread(
+    w: &QMatrix,
+    x: &QuantizedActs,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
     let rows = 0..w.rows;
     check(w, x, &rows, out)?;
     run(w, x, rows, out, false);
@@ -72,23 +82,44 @@ pub fn matmul_single_thread(w: &QMatrix, x: &QuantizedActs, out: &mut [f32]) -> 
 pub(crate) fn check_acts(w: &QMatrix, x: &QuantizedActs) -> Result<(), QuantError> {
     let expected = vec_dot_type(w.ty);
     if x.dot_type() != expected {
-        return Err(QuantError::ActivationMismatch { weights: w.ty, expected, got: x.dot_type() });
+        return Err(QuantError::ActivationMismatch {
+            weights: w.ty,
+            expected,
+            got: x.dot_type(),
+        });
     }
     if x.cols() != w.cols {
-        return Err(QuantError::ShapeMismatch { what: "activation columns", expected: w.cols, got: x.cols() });
+        return Err(QuantError::ShapeMismatch {
+            what: "activation columns",
+            expected: w.cols,
+            got: x.cols(),
+        });
     }
     Ok(())
 }
 
-fn check(w: &QMatrix, x: &QuantizedActs, rows: &Range<usize>, out: &[f32]) -> Result<(), QuantError> {
+fn check(
+    w: &QMatrix,
+    x: &QuantizedActs,
+    rows: &Range<usize>,
+    out: &[f32],
+) -> Result<(), QuantError> {
     QMatrix::new(w.ty, w.rows, w.cols, w.data)?;
     check_acts(w, x)?;
     if rows.start > rows.end || rows.end > w.rows {
-        return Err(QuantError::ShapeMismatch { what: "row range end", expected: w.rows, got: rows.end });
+        return Err(QuantError::ShapeMismatch {
+            what: "row range end",
+            expected: w.rows,
+            got: rows.end,
+        });
     }
     let want = x.n_tokens() * rows.len();
     if out.len() != want {
-        return Err(QuantError::ShapeMismatch { what: "output length", expected: want, got: out.len() });
+        return Err(QuantError::ShapeMismatch {
+            what: "output length",
+            expected: want,
+            got: out.len(),
+        });
     }
     Ok(())
 }
@@ -99,7 +130,7 @@ fn run(w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, out: &mut [f32], para
     let o = Out::new(out, rows.len(), rows.start);
     let macs = rows.len() * w.cols * n_tokens;
     let parallel = parallel && macs >= PARALLEL_MIN_MACS && rayon::current_num_threads() > 1;
-    if n_tokens >= PANEL_MIN_TOKENS && kernels::has_panel(w.ty) {
+    if n_tokens >= PANEL_MIN_TOKENS && kernels::has_panel(isa, w.ty) {
         run_panels(isa, w, x, rows, &o, parallel);
     } else {
         run_rows(isa, w, x, rows, &o, parallel);
@@ -107,7 +138,14 @@ fn run(w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, out: &mut [f32], para
 }
 
 /// Panel kernels over row panels; each rayon worker reuses one panel buffer.
-fn run_panels(isa: Isa, w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, o: &Out, parallel: bool) {
+fn run_panels(
+    isa: Isa,
+    w: &QMatrix,
+    x: &QuantizedActs,
+    rows: Range<usize>,
+    o: &Out,
+    parallel: bool,
+) {
     let pr = kernels::panel_rows(isa);
     let starts: Vec<usize> = rows.clone().step_by(pr).collect();
     let job = |panel: &mut Panel, r0: usize| {
@@ -115,7 +153,9 @@ fn run_panels(isa: Isa, w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, o: &
         kernels::gemm(isa, w, x, r0, n, panel, o);
     };
     if parallel {
-        starts.into_par_iter().for_each_init(|| Panel::new(w.ty, pr), job);
+        starts
+            .into_par_iter()
+            .for_each_init(|| Panel::new(w.ty, pr), job);
     } else {
         let mut panel = Panel::new(w.ty, pr);
         starts.into_iter().for_each(|r0| job(&mut panel, r0));

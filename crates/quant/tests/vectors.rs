@@ -16,7 +16,10 @@ fn read(name: &str) -> Vec<u8> {
 }
 
 fn read_f32(name: &str) -> Vec<f32> {
-    read(name).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    read(name)
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn ty(name: &str) -> GgmlType {
@@ -41,8 +44,10 @@ fn ty(name: &str) -> GgmlType {
     }
 }
 
-const ALL: [&str; 13] =
-    ["f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq2_xxs"];
+const ALL: [&str; 13] = [
+    "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+    "iq2_xxs",
+];
 
 #[test]
 fn dequantize_matches_gguf_bit_for_bit() {
@@ -52,7 +57,11 @@ fn dequantize_matches_gguf_bit_for_bit() {
         let mut got = vec![0f32; want.len()];
         dequantize_row(ty(name), &blocks, &mut got).unwrap();
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.to_bits(), w.to_bits(), "{name} element {i}: got {g}, gguf {w}");
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{name} element {i}: got {g}, gguf {w}"
+            );
         }
     }
 }
@@ -70,7 +79,9 @@ fn quantize_matches_gguf_bit_for_bit() {
 
 #[test]
 fn quantize_matches_ggml_reference_quantizers() {
-    for name in ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"] {
+    for name in [
+        "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
+    ] {
         let x = read_f32(&format!("quant/{name}.ggml.in.f32"));
         let want = read(&format!("quant/{name}.ggml.bin"));
         let t = ty(name);
@@ -108,7 +119,9 @@ fn activation_quantization_matches_ggml_cpu() {
 /// element (a few ulps), inside the same bound.
 #[test]
 fn dot_products_match_ggml_cpu() {
-    for name in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq2_xxs"] {
+    for name in [
+        "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq2_xxs",
+    ] {
         let t = ty(name);
         let w = read(&format!("dot/{name}.w.bin"));
         let x = read_f32(&format!("dot/{name}.act.f32"));
@@ -123,18 +136,29 @@ fn dot_products_match_ggml_cpu() {
             let got = vec_dot(t, row, &acts, 0).unwrap();
             let mut wdeq = vec![0f32; n];
             dequantize_row(t, row, &mut wdeq).unwrap();
-            let mut exact: f64 = wdeq.iter().zip(&adeq).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let mut exact: f64 = wdeq
+                .iter()
+                .zip(&adeq)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum();
             if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1) {
                 // Q8_1 carries s = f16(d·Σq): the minimum term uses it, as ggml does.
                 exact = min_term_with_s(t, row, &acts.ggml_row(0), &wdeq, &adeq);
             }
-            let mag: f64 = wdeq.iter().zip(&adeq).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            let mag: f64 = wdeq
+                .iter()
+                .zip(&adeq)
+                .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                .sum();
             let tol = 1e-5 * mag + 1e-30;
             assert!(
                 (got as f64 - *want as f64).abs() <= tol,
                 "{name} row {r}: ours {got}, ggml {want}, tolerance {tol}"
             );
-            assert!((got as f64 - exact).abs() <= tol, "{name} row {r}: ours {got}, f64 {exact}, tolerance {tol}");
+            assert!(
+                (got as f64 - exact).abs() <= tol,
+                "{name} row {r}: ours {got}, f64 {exact}, tolerance {tol}"
+            );
         }
     }
 }
@@ -161,5 +185,9 @@ fn half_to_f64(h: u16) -> f64 {
     let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
     let e = ((h >> 10) & 0x1f) as i32;
     let m = (h & 0x3ff) as f64;
-    sign * if e == 0 { m * 2f64.powi(-24) } else { (1.0 + m / 1024.0) * 2f64.powi(e - 15) }
+    sign * if e == 0 {
+        m * 2f64.powi(-24)
+    } else {
+        (1.0 + m / 1024.0) * 2f64.powi(e - 15)
+    }
 }

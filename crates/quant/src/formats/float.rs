@@ -8,8 +8,8 @@
 //! are added pairwise (`l + 8`, then `l + 4`, `l + 2`, `l + 1`). Every kernel (scalar,
 //! AVX2, AVX-512) computes exactly this, so results do not depend on the CPU.
 
-use crate::fp::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, rd_u16};
 use crate::GgmlType;
+use crate::fp::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, rd_u16};
 
 /// Lanes of the striped float dot product.
 pub(crate) const LANES: usize = 16;

@@ -13,8 +13,8 @@
 //! each candidate scale. It is not bit-identical to ggml's, but its blocks are valid and
 //! decode with the format's own rule.
 
-use super::iq2_grid::IQ2XXS_GRID;
 use super::Unpacked;
+use super::iq2_grid::IQ2XXS_GRID;
 use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, rd_f16, rd_u32, wr_u16};
 
@@ -140,7 +140,9 @@ fn code_index(code: &[u8; 8]) -> Option<u8> {
     let map = MAP.get_or_init(|| {
         let mut m = vec![-1i16; 6561];
         for idx in 0..256 {
-            let key = (0..8).rev().fold(0usize, |k, j| k * 3 + level_of(grid(idx as u8, j)));
+            let key = (0..8)
+                .rev()
+                .fold(0usize, |k, j| k * 3 + level_of(grid(idx as u8, j)));
             m[key] = idx as i16;
         }
         m
@@ -159,7 +161,11 @@ struct Group32 {
 
 impl Group32 {
     fn new(x: &[f32]) -> Self {
-        let mut g = Group32 { xv: [0.0; 32], w: [0.0; 32], signs: [0; 4] };
+        let mut g = Group32 {
+            xv: [0.0; 32],
+            w: [0.0; 32],
+            signs: [0; 4],
+        };
         for k in 0..4 {
             let mut s = 0u32;
             for i in 0..8 {
@@ -216,7 +222,11 @@ impl Group32 {
                     sgg += self.w[i] * g * g;
                 }
             }
-            let s = if sgg > 0.0 && sxg > 0.0 { sxg / sgg } else { s0 };
+            let s = if sgg > 0.0 && sxg > 0.0 {
+                sxg / sgg
+            } else {
+                s0
+            };
             let (_, err) = self.assign(s);
             if err < best.1 {
                 best = (s, err);
@@ -230,7 +240,9 @@ impl Group32 {
 pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(BYTES)) {
         b.fill(0);
-        let groups: Vec<Group32> = (0..8).map(|ib| Group32::new(&x[32 * ib..32 * ib + 32])).collect();
+        let groups: Vec<Group32> = (0..8)
+            .map(|ib| Group32::new(&x[32 * ib..32 * ib + 32]))
+            .collect();
         let scales: Vec<f32> = groups.iter().map(Group32::search_scale).collect();
         let max_scale = scales.iter().fold(0.0f32, |m, &s| m.max(s));
         if max_scale <= 0.0 {
@@ -255,7 +267,11 @@ pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
             }
             let (ls, idx, _) = best;
             let aux0 = u32::from_le_bytes(idx);
-            let aux1 = g.signs[0] | (g.signs[1] << 7) | (g.signs[2] << 14) | (g.signs[3] << 21) | (ls << 28);
+            let aux1 = g.signs[0]
+                | (g.signs[1] << 7)
+                | (g.signs[2] << 14)
+                | (g.signs[3] << 21)
+                | (ls << 28);
             b[2 + 8 * ib..6 + 8 * ib].copy_from_slice(&aux0.to_le_bytes());
             b[6 + 8 * ib..10 + 8 * ib].copy_from_slice(&aux1.to_le_bytes());
         }

@@ -127,7 +127,12 @@ pub(crate) struct Qkx2 {
 
 /// `make_qkx2_quants`: asymmetric levels `0..=nmax` with a minimum; returns
 /// `(scale, min)` where `min >= 0` is subtracted (value = `scale·l - min`).
-pub(crate) fn make_qkx2_quants(p: &Qkx2, x: &[f32], weights: &[f32], l_out: &mut [u8]) -> (f32, f32) {
+pub(crate) fn make_qkx2_quants(
+    p: &Qkx2,
+    x: &[f32],
+    weights: &[f32],
+    l_out: &mut [u8],
+) -> (f32, f32) {
     let n = x.len();
     let nmax = p.nmax;
     let (mut min, mut max) = (x[0], x[0]);

@@ -74,7 +74,13 @@ pub(crate) struct Unpacked {
 
 impl Default for Unpacked {
     fn default() -> Self {
-        Unpacked { vals: [0; 256], sub: [1; 16], min: [0; 16], d: 0.0, aux: 0.0 }
+        Unpacked {
+            vals: [0; 256],
+            sub: [1; 16],
+            min: [0; 16],
+            d: 0.0,
+            aux: 0.0,
+        }
     }
 }
 
@@ -135,7 +141,21 @@ pub(crate) fn can_dequantize(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q8_1
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | Q8_K
+            | IQ2_XXS
     )
 }
 

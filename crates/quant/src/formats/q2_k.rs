@@ -6,8 +6,8 @@
 //! `qs[32·(e/128) + e % 32]`; sub-block `e/16`. Value = `d·sc·q - dmin·m`.
 //! Dot product pairs with Q8_K activations.
 
-use super::kquant_search::{Qkx2, make_qkx2_quants};
 use super::Unpacked;
+use super::kquant_search::{Qkx2, make_qkx2_quants};
 use crate::acts::ActRow;
 use crate::fp::{f16_to_f32, f32_to_f16, nearest_int, rd_f16, wr_u16};
 
@@ -38,7 +38,13 @@ pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
 /// ggml's `quantize_row_q2_K_ref`.
 pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
     const Q4SCALE: f32 = 15.0;
-    let p = Qkx2 { nmax: 3, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: true };
+    let p = Qkx2 {
+        nmax: 3,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep: 15,
+        use_mad: true,
+    };
     for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(BYTES)) {
         let mut l = [0u8; 256];
         let mut scales = [0f32; 16];
@@ -94,7 +100,8 @@ pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
         for half in 0..2 {
             let lh = &l[128 * half..];
             for k in 0..32 {
-                b[16 + 32 * half + k] = lh[k] | (lh[k + 32] << 2) | (lh[k + 64] << 4) | (lh[k + 96] << 6);
+                b[16 + 32 * half + k] =
+                    lh[k] | (lh[k + 32] << 2) | (lh[k + 64] << 4) | (lh[k + 96] << 6);
             }
         }
     }
@@ -107,7 +114,9 @@ pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
         let qa = &a.qs[256 * i..256 * i + 256];
         let (mut isum, mut msum) = (0i32, 0i32);
         for s in 0..16 {
-            let sub: i32 = (16 * s..16 * s + 16).map(|e| value(b, e) as i32 * qa[e] as i32).sum();
+            let sub: i32 = (16 * s..16 * s + 16)
+                .map(|e| value(b, e) as i32 * qa[e] as i32)
+                .sum();
             isum += (b[s] & 0x0f) as i32 * sub;
             msum += (b[s] >> 4) as i32 * a.sum16[16 * i + s] as i32;
         }

@@ -8,8 +8,8 @@
 //! from `scales[8 + s % 4]` bits `2·(s/4)`), minus 32. Value = `d·(sc - 32)·q`.
 //! Dot product pairs with Q8_K activations.
 
-use super::kquant_search::make_q3_quants;
 use super::Unpacked;
+use super::kquant_search::make_q3_quants;
 use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, nearest_int, rd_f16, wr_u16};
 
@@ -109,7 +109,9 @@ pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
         let qa = &a.qs[256 * i..256 * i + 256];
         let mut isum = 0i32;
         for s in 0..16 {
-            let sub: i32 = (16 * s..16 * s + 16).map(|e| value(b, e) as i32 * qa[e] as i32).sum();
+            let sub: i32 = (16 * s..16 * s + 16)
+                .map(|e| value(b, e) as i32 * qa[e] as i32)
+                .sum();
             isum += scale(b, s) as i32 * sub;
         }
         acc = (rd_f16(b, 108) * a.d[i]).mul_add(isum as f32, acc);

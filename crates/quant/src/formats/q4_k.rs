@@ -6,8 +6,8 @@
 //! if `e % 64 < 32` else high nibble; sub-block `e/32`.
 //! Value = `d·sc·q - dmin·m`. Dot product pairs with Q8_K activations.
 
-use super::kquant_search::{Qkx2, make_qkx2_quants, pack_scale_min_k4, scale_min_k4};
 use super::Unpacked;
+use super::kquant_search::{Qkx2, make_qkx2_quants, pack_scale_min_k4, scale_min_k4};
 use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, nearest_int, rd_f16, wr_u16};
 
@@ -47,9 +47,15 @@ pub(crate) fn store_scales_and_requantize(
     b: &mut [u8],
     l: &mut [u8; 256],
 ) {
-    let max_scale = scales.iter().fold(0.0f32, |m, &s| if s > m { s } else { m });
+    let max_scale = scales
+        .iter()
+        .fold(0.0f32, |m, &s| if s > m { s } else { m });
     let max_min = mins.iter().fold(0.0f32, |m, &s| if s > m { s } else { m });
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut ls = [0u8; 8];
     let mut lm = [0u8; 8];
@@ -94,7 +100,13 @@ pub(crate) fn search_sub_blocks(x: &[f32], p: &Qkx2, l: &mut [u8; 256]) -> ([f32
 
 /// ggml's `quantize_row_q4_K_ref`.
 pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
-    let p = Qkx2 { nmax: 15, rmin: -1.0, rdelta: 0.1, nstep: 20, use_mad: false };
+    let p = Qkx2 {
+        nmax: 15,
+        rmin: -1.0,
+        rdelta: 0.1,
+        nstep: 20,
+        use_mad: false,
+    };
     for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(BYTES)) {
         let mut l = [0u8; 256];
         let (scales, mins) = search_sub_blocks(x, &p, &mut l);
@@ -115,7 +127,9 @@ pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
         let (mut isum, mut msum) = (0i32, 0i32);
         for j in 0..8 {
             let (sc, m) = scale_min_k4(j, &b[4..16]);
-            let sub: i32 = (32 * j..32 * j + 32).map(|e| value(b, e) as i32 * qa[e] as i32).sum();
+            let sub: i32 = (32 * j..32 * j + 32)
+                .map(|e| value(b, e) as i32 * qa[e] as i32)
+                .sum();
             isum += sc as i32 * sub;
             msum += m as i32 * a.sum32[8 * i + j];
         }

@@ -66,7 +66,11 @@ pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
     let mut acc = 0.0f32;
     for (i, b) in w.chunks_exact(BYTES).enumerate() {
         let qa = &a.qs[i * 32..i * 32 + 32];
-        let isum: i32 = values(b).iter().zip(qa).map(|(&q, &y)| q as i32 * y as i32).sum();
+        let isum: i32 = values(b)
+            .iter()
+            .zip(qa)
+            .map(|(&q, &y)| q as i32 * y as i32)
+            .sum();
         acc = (rd_f16(b, 0) * a.d[i]).mul_add(isum as f32, acc);
         acc = rd_f16(b, 2).mul_add(a.s[i], acc);
     }

@@ -4,9 +4,9 @@
 //! `qs[128]`. Element `e`: low 4 bits as Q4_K (`qs` at offset 48), fifth bit = bit
 //! `e/32` of `qh[e % 32]`. Value = `d·sc·q - dmin·m`. Dot product pairs with Q8_K.
 
+use super::Unpacked;
 use super::kquant_search::{Qkx2, scale_min_k4};
 use super::q4_k::{search_sub_blocks, store_scales_and_requantize};
-use super::Unpacked;
 use crate::acts::ActRow;
 use crate::fp::rd_f16;
 
@@ -38,7 +38,13 @@ pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
 
 /// ggml's `quantize_row_q5_K_ref`.
 pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
-    let p = Qkx2 { nmax: 31, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: false };
+    let p = Qkx2 {
+        nmax: 31,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep: 15,
+        use_mad: false,
+    };
     for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(BYTES)) {
         let mut l = [0u8; 256];
         let (scales, mins) = search_sub_blocks(x, &p, &mut l);
@@ -69,7 +75,9 @@ pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
         let (mut isum, mut msum) = (0i32, 0i32);
         for j in 0..8 {
             let (sc, m) = scale_min_k4(j, &b[4..16]);
-            let sub: i32 = (32 * j..32 * j + 32).map(|e| value(b, e) as i32 * qa[e] as i32).sum();
+            let sub: i32 = (32 * j..32 * j + 32)
+                .map(|e| value(b, e) as i32 * qa[e] as i32)
+                .sum();
             isum += sc as i32 * sub;
             msum += m as i32 * a.sum32[8 * i + j];
         }

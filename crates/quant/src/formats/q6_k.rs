@@ -7,8 +7,8 @@
 //! high bits `(qh[32h + l] >> 2g) & 3`; sub-block `e/16`. Value = `d·sc·(q - 32)`.
 //! Dot product pairs with Q8_K activations.
 
-use super::kquant_search::{GROUP_MAX_EPS, make_qx_quants};
 use super::Unpacked;
+use super::kquant_search::{GROUP_MAX_EPS, make_qx_quants};
 use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, nearest_int, rd_f16, wr_u16};
 
@@ -73,7 +73,8 @@ pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
                 let q = |o: usize| lh[k + o] as u8;
                 b[64 * h + k] = (q(0) & 0x0f) | ((q(64) & 0x0f) << 4);
                 b[64 * h + k + 32] = (q(32) & 0x0f) | ((q(96) & 0x0f) << 4);
-                b[128 + 32 * h + k] = (q(0) >> 4) | ((q(32) >> 4) << 2) | ((q(64) >> 4) << 4) | ((q(96) >> 4) << 6);
+                b[128 + 32 * h + k] =
+                    (q(0) >> 4) | ((q(32) >> 4) << 2) | ((q(64) >> 4) << 4) | ((q(96) >> 4) << 6);
             }
         }
     }

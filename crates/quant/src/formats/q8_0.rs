@@ -35,20 +35,45 @@ pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
 
 /// Activation quantization as ggml's x86 CPU backend does it (`quantize_row_q8_0` in
 /// `arch/x86/quants.c`): `d = amax/127` stored as f16, multiplier `127/amax` (0 for an
-/// all-zero block), values rounded to nearest even. Returns the block's `(d, Σq)`
-/// where `d` is the stored f16 value and `Σq` the exact sum of the 32 values.
+/// all-zero block), values rounded to nearest even. Returns the stored f16 bits of `d`,
+/// the exact sum of the 32 values and the unrounded `d` (Q8_1's `s` uses it).
 pub(crate) fn quantize_act(x: &[f32], qs: &mut [i8]) -> (u16, i32, f32) {
-    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let amax = max_abs(x);
     let d = amax / 127.0;
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-    let mut sum = 0i32;
     for (q, &v) in qs.iter_mut().zip(x) {
-        // |v·id| <= 127 (up to rounding), so the cast never saturates in practice.
-        let r = (v * id).round_ties_even() as i32;
-        *q = r.clamp(-128, 127) as i8;
-        sum += *q as i32;
+        *q = round_even_small(v * id) as i8;
     }
+    let sum = qs.iter().map(|&q| q as i32).sum();
     (f32_to_f16(d), sum, d)
+}
+
+/// Largest magnitude of `x` (written as 8 independent maxima so it vectorizes; `max`
+/// does not depend on the order).
+#[inline]
+pub(crate) fn max_abs(x: &[f32]) -> f32 {
+    let mut m = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            m[i] = m[i].max(c[i].abs());
+        }
+    }
+    let mut r = m.iter().fold(0f32, |a, &b| a.max(b));
+    for v in tail {
+        r = r.max(v.abs());
+    }
+    r
+}
+
+/// Rounds to the nearest integer, ties to even, for |v| < 2^22 (exactly what
+/// `_mm256_round_ps(v, _MM_ROUND_NEAREST)` does there), clamped to the i8 range as the
+/// saturating packs of ggml's kernel do.
+#[inline]
+pub(crate) fn round_even_small(v: f32) -> i32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (((v + MAGIC) - MAGIC) as i32).clamp(-128, 127)
 }
 
 /// Reference dot product with Q8_0 activations.
@@ -56,7 +81,11 @@ pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
     let mut acc = 0.0f32;
     for (i, b) in w.chunks_exact(BYTES).enumerate() {
         let qa = &a.qs[i * 32..i * 32 + 32];
-        let isum: i32 = b[2..].iter().zip(qa).map(|(&q, &y)| q as i8 as i32 * y as i32).sum();
+        let isum: i32 = b[2..]
+            .iter()
+            .zip(qa)
+            .map(|(&q, &y)| q as i8 as i32 * y as i32)
+            .sum();
         acc = (rd_f16(b, 0) * a.d[i]).mul_add(isum as f32, acc);
     }
     acc

@@ -22,17 +22,13 @@ pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
 /// `iscale = -127/max`, values `min(127, nearest_int(iscale·x))`, `d = 1/iscale`.
 /// Returns `d` (0 for an all-zero block, whose values are all 0).
 pub(crate) fn quantize_act(x: &[f32], qs: &mut [i8]) -> f32 {
-    let (mut max, mut amax) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let amax = super::q8_0::max_abs(x);
     if amax == 0.0 {
         qs.fill(0);
         return 0.0;
     }
+    // The first value whose magnitude is the maximum (ggml's strict `>` scan).
+    let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
     let iscale = -127.0 / max;
     for (q, &v) in qs.iter_mut().zip(x) {
         *q = nearest_int(iscale * v).min(127) as i8;

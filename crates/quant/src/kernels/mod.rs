@@ -6,13 +6,25 @@
 //! weight rows is reused across all tokens). All compute the accumulation order of the
 //! `formats` definition, so their results are bit-identical.
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod act_avx2;
+#[cfg(target_arch = "x86_64")]
+mod float_kernels;
+#[cfg(target_arch = "x86_64")]
+mod gemm_avx512;
+#[cfg(target_arch = "x86_64")]
+mod gemv_q;
 pub(crate) mod out;
 pub(crate) mod panel;
+#[cfg(target_arch = "x86_64")]
+mod panel_fill;
+#[cfg(target_arch = "x86_64")]
+mod rowfmt;
 
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use crate::acts::{ActRow, QuantizedActs};
+use crate::acts::QuantizedActs;
 use crate::formats;
 use crate::{GgmlType, QMatrix};
 
@@ -54,9 +66,29 @@ fn detect() -> Isa {
     Isa::Scalar
 }
 
-/// Dot product of one weight row with one token.
-pub(crate) fn dot_one(_isa: Isa, ty: GgmlType, w_row: &[u8], a: &ActRow) -> f32 {
-    formats::dot(ty, w_row, a)
+/// Dot product of one weight row with token `t` (lengths checked by the caller).
+pub(crate) fn dot_one(isa: Isa, ty: GgmlType, w_row: &[u8], x: &QuantizedActs, t: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        // SAFETY: `isa` was detected on this CPU.
+        if let Some(v) = unsafe { gemv_q::dot_one(isa == Isa::Avx512, ty, w_row, x, t) } {
+            return v;
+        }
+        if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            let m = QMatrix {
+                ty,
+                rows: 1,
+                cols: x.cols(),
+                data: w_row,
+            };
+            let mut v = [0f32];
+            let out = Out::new(&mut v, 1, 0).starting_at_token(t);
+            gemv(isa, &m, x, 0..1, t..t + 1, &out);
+            return v[0];
+        }
+    }
+    let _ = isa;
+    formats::dot(ty, w_row, &x.row(t))
 }
 
 /// Rows per panel of the panel kernels.
@@ -67,26 +99,85 @@ pub(crate) fn panel_rows(isa: Isa) -> usize {
     }
 }
 
-/// Whether the panel kernels handle `ty`.
-pub(crate) fn has_panel(ty: GgmlType) -> bool {
-    formats::layout(ty).is_some()
+/// Whether the panel kernels handle `ty` well with this instruction set. (AVX2 has no
+/// panel kernel yet: its row kernels are faster than the portable panel kernel.)
+pub(crate) fn has_panel(isa: Isa, ty: GgmlType) -> bool {
+    isa != Isa::Avx2 && formats::layout(ty).is_some()
 }
 
 /// Row-streaming product: rows `rows` of `w` with tokens `tokens` of `x`.
-pub(crate) fn gemv(isa: Isa, w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, tokens: Range<usize>, out: &Out) {
+pub(crate) fn gemv(
+    isa: Isa,
+    w: &QMatrix,
+    x: &QuantizedActs,
+    rows: Range<usize>,
+    tokens: Range<usize>,
+    out: &Out,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        // SAFETY: `isa` was detected on this CPU; ranges are checked by matmul.
+        if unsafe { gemv_q::gemv(isa == Isa::Avx512, w, x, rows.clone(), tokens.clone(), out) } {
+            return;
+        }
+        // SAFETY: as above.
+        if unsafe {
+            float_kernels::gemm(isa == Isa::Avx512, w, x, rows.clone(), tokens.clone(), out)
+        } {
+            return;
+        }
+    }
+    gemv_scalar(w, x, rows, tokens, out);
+}
+
+/// Scalar row kernel: the reference dot product per (row, token).
+pub(crate) fn gemv_scalar(
+    w: &QMatrix,
+    x: &QuantizedActs,
+    rows: Range<usize>,
+    tokens: Range<usize>,
+    out: &Out,
+) {
     for r in rows {
         let wr = w.row(r);
         for t in tokens.clone() {
-            let v = dot_one(isa, w.ty, wr, &x.row(t));
+            let v = formats::dot(w.ty, wr, &x.row(t));
             // SAFETY: the caller gives each thread its own rows.
             unsafe { out.set(t, r, v) };
         }
     }
 }
 
-/// Panel product: rows `r0..r0 + nrows` (`nrows <= panel_rows(isa)`) with all tokens.
-pub(crate) fn gemm(isa: Isa, w: &QMatrix, x: &QuantizedActs, r0: usize, nrows: usize, panel: &mut Panel, out: &Out) {
+/// Decodes rows `r0..r0 + nrows` of `w` into `panel` with the best instruction set.
+pub(crate) fn fill_panel(isa: Isa, panel: &mut Panel, w: &QMatrix, r0: usize, nrows: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `isa` was detected on this CPU.
+    if isa >= Isa::Avx2 && unsafe { panel_fill::fill(panel, w, r0, nrows) } {
+        return;
+    }
+    let _ = isa;
     panel.fill(w, r0, nrows);
+}
+
+/// Panel product: rows `r0..r0 + nrows` (`nrows <= panel_rows(isa)`) with all tokens.
+pub(crate) fn gemm(
+    isa: Isa,
+    w: &QMatrix,
+    x: &QuantizedActs,
+    r0: usize,
+    nrows: usize,
+    panel: &mut Panel,
+    out: &Out,
+) {
+    fill_panel(isa, panel, w, r0, nrows);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        gemm_avx512::gemm(panel, r0, x, out);
+        return;
+    }
     let _ = isa;
     panel::gemm_scalar(panel, r0, x, 0..x.n_tokens(), out);
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

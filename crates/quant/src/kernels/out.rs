@@ -1,4 +1,4 @@
-//! A shared view of a matrix-product output, `out[t·stride + (r - r0)]`, that threads
+//! A shared view of a matrix-product output, `out[(t - t0)·stride + (r - r0)]`, that threads
 //! working on disjoint row ranges write into concurrently.
 
 use std::marker::PhantomData;
@@ -10,6 +10,7 @@ pub(crate) struct Out<'a> {
     len: usize,
     stride: usize,
     r0: usize,
+    t0: usize,
     _buf: PhantomData<&'a mut [f32]>,
 }
 
@@ -22,7 +23,19 @@ unsafe impl Sync for Out<'_> {}
 impl<'a> Out<'a> {
     /// Wraps `buf` (`n_tokens × stride`), whose column 0 is weight row `r0`.
     pub(crate) fn new(buf: &'a mut [f32], stride: usize, r0: usize) -> Self {
-        Out { ptr: buf.as_mut_ptr(), len: buf.len(), stride, r0, _buf: PhantomData }
+        Out {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            stride,
+            r0,
+            t0: 0,
+            _buf: PhantomData,
+        }
+    }
+
+    /// The same buffer with token `t0` as its first token.
+    pub(crate) fn starting_at_token(self, t0: usize) -> Self {
+        Out { t0, ..self }
     }
 
     /// Writes `v` for token `t` and weight row `r`.
@@ -32,8 +45,12 @@ impl<'a> Out<'a> {
     /// bounds-checked.)
     #[inline]
     pub(crate) unsafe fn set(&self, t: usize, r: usize, v: f32) {
-        let i = t * self.stride + (r - self.r0);
-        assert!(i < self.len, "output index {i} out of bounds ({})", self.len);
+        let i = (t - self.t0) * self.stride + (r - self.r0);
+        assert!(
+            i < self.len,
+            "output index {i} out of bounds ({})",
+            self.len
+        );
         // SAFETY: in bounds (checked above); exclusivity is the caller's contract.
         unsafe { *self.ptr.add(i) = v };
     }

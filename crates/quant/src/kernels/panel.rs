@@ -33,7 +33,17 @@ impl Panel {
     /// An empty panel of `pr` lanes for weight type `ty` (which must have a layout).
     pub(crate) fn new(ty: GgmlType, pr: usize) -> Self {
         let layout = formats::layout(ty).expect("panel for a type without integer layout");
-        Panel { pr, nrows: 0, nblk: 0, layout, vals: Vec::new(), sub: Vec::new(), min: Vec::new(), d: Vec::new(), aux: Vec::new() }
+        Panel {
+            pr,
+            nrows: 0,
+            nblk: 0,
+            layout,
+            vals: Vec::new(),
+            sub: Vec::new(),
+            min: Vec::new(),
+            d: Vec::new(),
+            aux: Vec::new(),
+        }
     }
 
     /// Sub-blocks per scale block.
@@ -42,12 +52,12 @@ impl Panel {
         self.layout.block / self.layout.sub
     }
 
-    /// Decodes rows `r0..r0 + nrows` (`nrows <= pr`) of `w`.
-    pub(crate) fn fill(&mut self, w: &QMatrix, r0: usize, nrows: usize) {
+    /// Sizes the panel for `nrows` rows of `w`, all entries zero (so lanes past the
+    /// last row contribute nothing).
+    pub(crate) fn prepare(&mut self, w: &QMatrix, nrows: usize) {
         let (pr, lay) = (self.pr, self.layout);
         let nblk = w.cols / lay.block;
         let nsub = lay.block / lay.sub;
-        let groups = lay.block / 4;
         self.nrows = nrows;
         self.nblk = nblk;
         self.vals.clear();
@@ -60,6 +70,14 @@ impl Panel {
             v.clear();
             v.resize(nblk * pr, 0.0);
         }
+    }
+
+    /// Decodes rows `r0..r0 + nrows` (`nrows <= pr`) of `w` (portable version).
+    pub(crate) fn fill(&mut self, w: &QMatrix, r0: usize, nrows: usize) {
+        self.prepare(w, nrows);
+        let (pr, lay, nblk) = (self.pr, self.layout, self.nblk);
+        let nsub = lay.block / lay.sub;
+        let groups = lay.block / 4;
         let bytes = w.ty.type_size();
         let mut u = Unpacked::default();
         for lane in 0..nrows {
@@ -86,14 +104,24 @@ impl Panel {
     #[inline]
     pub(crate) fn act_sum(&self, sum16: &[i16], sum32: &[i32], b: usize, j: usize) -> i32 {
         let nsub = self.nsub();
-        if self.layout.sub == 16 { sum16[b * nsub + j] as i32 } else { sum32[b * nsub + j] }
+        if self.layout.sub == 16 {
+            sum16[b * nsub + j] as i32
+        } else {
+            sum32[b * nsub + j]
+        }
     }
 }
 
 /// Scalar panel kernel: every (row, token) of the panel, straight from the definition.
 /// The fallback for CPUs without AVX2 and the reference the SIMD panel kernels are
 /// tested against.
-pub(crate) fn gemm_scalar(p: &Panel, r0: usize, x: &QuantizedActs, tokens: std::ops::Range<usize>, out: &Out) {
+pub(crate) fn gemm_scalar(
+    p: &Panel,
+    r0: usize,
+    x: &QuantizedActs,
+    tokens: std::ops::Range<usize>,
+    out: &Out,
+) {
     let lay = p.layout;
     let nsub = p.nsub();
     for t in tokens {
