@@ -7,6 +7,8 @@
 //! gpu_check gen                       device generator == host generator, every type
 //! gpu_check parity SPEC...            CUDA vs CPU logits on synthetic models (SHAPE:QUANT)
 //! gpu_check bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants]
+//! gpu_check gemv                      single-matrix GEMV bandwidth (llama3-8b shapes)
+//! gpu_check warm-cache [ARCH]         compile the kernels into $DS4_CUDA_CACHE (no GPU needed)
 //! ```
 //!
 //! Lines starting with `RESULT ` are JSON for the benchmark notes. Exit status 1 when a
@@ -32,6 +34,8 @@ fn main() {
         Some("gen") => gen_check(),
         Some("parity") => parity(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("gemv") => gemv_bench(),
+        Some("warm-cache") => warm_cache(args.get(1).map_or("sm_90a", String::as_str)),
         _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants]".into()),
     };
     if let Err(e) = r {
@@ -49,6 +53,14 @@ fn info() -> Res<()> {
     let bw = copy_bandwidth(g, b.kernels(), 1 << 30, 10)?;
     println!("copy bandwidth: {:.3} TB/s (median of {}, runs {:?})", bw.bytes_per_s / 1e12, bw.runs.len(), tb(&bw.runs));
     println!("RESULT {{\"kind\":\"copy\",\"bytes_per_s\":{:.6e},\"runs\":{:?}}}", bw.bytes_per_s, bw.runs);
+    Ok(())
+}
+
+fn warm_cache(arch: &str) -> Res<()> {
+    for s in ds4_cuda::compile::SOURCES {
+        let bin = ds4_cuda::compile::cubin(s.file, s.text, arch)?;
+        println!("{}: {} bytes for {arch}", s.file, bin.len());
+    }
     Ok(())
 }
 
@@ -106,12 +118,26 @@ fn parity_one(name: &str, dir: &std::path::Path, gpu: &Arc<CudaBackend>) -> Res<
     let cpu = ds4_engine::loader::load_model(&file, &path)?;
     let cuda = load_model(gpu.clone(), &file, &path)?;
     let n_vocab = cpu.info().n_vocab;
-    let tokens = test_tokens(40, n_vocab, 42);
-    let rep = compare(&cpu, &cuda, &tokens, 8, 16)?;
+    // The f64 reference costs O(parameters × tokens) on the host: fewer tokens for
+    // large models.
+    let big = spec.weight_bytes() > 200_000_000;
+    let tokens = test_tokens(if big { 20 } else { 40 }, n_vocab, 42);
+    let rep = compare(&cpu, &cuda, &tokens, 16, Some(&file))?;
     // The synthetic model built in GPU memory must equal the file's, bit for bit.
     let synth = load_synthetic(name, 0)?.model;
     let same = decode_logits(&synth, &tokens[..12])? == decode_logits(&cuda, &tokens[..12])?;
     let ok = print_report(name, &rep, same, t0.elapsed().as_secs_f64());
+    if !ok {
+        // Localize: the same comparison without graphs and programmatic launch.
+        gpu.set_graphs(false);
+        gpu.set_pdl(false);
+        let plain = compare(&cpu, &cuda, &tokens, 16, None);
+        gpu.set_graphs(true);
+        gpu.set_pdl(true);
+        if let Ok(r) = plain {
+            print_report(&format!("{name} (no graphs, no PDL)"), &r, same, t0.elapsed().as_secs_f64());
+        }
+    }
     std::fs::remove_file(&path)?;
     Ok(ok)
 }
@@ -127,16 +153,28 @@ fn decode_logits(m: &Arc<dyn Model>, tokens: &[u32]) -> Res<Vec<f32>> {
 
 fn print_report(name: &str, r: &Report, synth_same: bool, secs: f64) -> bool {
     let ok = r.passes() && synth_same;
+    let refs = r.reference.map_or(String::new(), |x| {
+        format!(
+            " | vs f64 reference (median/max): cpu {:.2e}/{:.2e} gpu-prefill {:.2e}/{:.2e} gpu-decode {:.2e}/{:.2e}",
+            x.cpu.median, x.cpu.max, x.gpu_prefill.median, x.gpu_prefill.max, x.gpu_decode.median, x.gpu_decode.max
+        )
+    });
     println!(
-        "{name}: {} | decode nrmse max {:.2e} med {:.2e} maxabs {:.2e} argmax-miss {}/{} | prefill nrmse max {:.2e} med {:.2e} maxabs {:.2e} argmax-miss {}/{} | greedy {}/{} (gap at divergence {:?}) | deterministic {} | synthetic==file {} | {:.1}s",
+        "{name}: {} | gpu vs cpu: decode nrmse med {:.2e} max {:.2e} maxabs {:.2e} argmax-miss {}/{}; prefill nrmse med {:.2e} max {:.2e} argmax-miss {}/{}{refs} | greedy {}/{} (cpu gap at divergence {:?}) | deterministic {} | synthetic==file {} | {:.1}s",
         if ok { "PASS" } else { "FAIL" },
-        r.decode.max_nrmse, r.decode.median_nrmse, r.decode.max_abs, r.decode.argmax_mismatch, r.decode.rows,
-        r.prefill.max_nrmse, r.prefill.median_nrmse, r.prefill.max_abs, r.prefill.argmax_mismatch, r.prefill.rows,
+        r.decode.median_nrmse, r.decode.max_nrmse, r.decode.max_abs, r.decode.argmax_mismatch, r.decode.rows,
+        r.prefill.median_nrmse, r.prefill.max_nrmse, r.prefill.argmax_mismatch, r.prefill.rows,
         r.greedy_common(), r.greedy_cpu.len(), r.greedy_divergence_gap, r.deterministic, synth_same, secs
     );
+    let rj = r.reference.map_or("null".to_string(), |x| {
+        format!(
+            "{{\"cpu_median\":{:.3e},\"cpu_max\":{:.3e},\"gpu_prefill_median\":{:.3e},\"gpu_prefill_max\":{:.3e},\"gpu_decode_median\":{:.3e},\"gpu_decode_max\":{:.3e}}}",
+            x.cpu.median, x.cpu.max, x.gpu_prefill.median, x.gpu_prefill.max, x.gpu_decode.median, x.gpu_decode.max
+        )
+    });
     println!(
-        "RESULT {{\"kind\":\"parity\",\"model\":\"{name}\",\"pass\":{ok},\"decode_max_nrmse\":{:.3e},\"decode_median_nrmse\":{:.3e},\"decode_max_abs\":{:.3e},\"prefill_max_nrmse\":{:.3e},\"prefill_median_nrmse\":{:.3e},\"prefill_max_abs\":{:.3e},\"greedy_common\":{},\"greedy_len\":{},\"deterministic\":{},\"synthetic_equal\":{}}}",
-        r.decode.max_nrmse, r.decode.median_nrmse, r.decode.max_abs, r.prefill.max_nrmse, r.prefill.median_nrmse, r.prefill.max_abs,
+        "RESULT {{\"kind\":\"parity\",\"model\":\"{name}\",\"pass\":{ok},\"decode_median_nrmse\":{:.3e},\"decode_max_nrmse\":{:.3e},\"prefill_median_nrmse\":{:.3e},\"prefill_max_nrmse\":{:.3e},\"reference\":{rj},\"greedy_common\":{},\"greedy_len\":{},\"deterministic\":{},\"synthetic_equal\":{}}}",
+        r.decode.median_nrmse, r.decode.max_nrmse, r.prefill.median_nrmse, r.prefill.max_nrmse,
         r.greedy_common(), r.greedy_cpu.len(), r.deterministic, synth_same
     );
     ok
@@ -147,11 +185,12 @@ struct BenchOpts {
     decode: usize,
     prefill: Vec<usize>,
     variants: bool,
+    profile: bool,
 }
 
 fn bench(args: &[String]) -> Res<()> {
     let name = args.first().ok_or("bench needs a synthetic model name")?;
-    let mut o = BenchOpts { runs: 5, decode: 128, prefill: vec![512, 4096], variants: false };
+    let mut o = BenchOpts { runs: 5, decode: 128, prefill: vec![512, 4096], variants: false, profile: false };
     let mut i = 1;
     while i < args.len() {
         let v = args.get(i + 1).cloned().unwrap_or_default();
@@ -161,6 +200,11 @@ fn bench(args: &[String]) -> Res<()> {
             "--prefill" => o.prefill = v.split(',').filter(|s| !s.is_empty()).map(str::parse).collect::<Result<_, _>>()?,
             "--variants" => {
                 o.variants = true;
+                i += 1;
+                continue;
+            }
+            "--profile" => {
+                o.profile = true;
                 i += 1;
                 continue;
             }
@@ -203,6 +247,35 @@ fn bench(args: &[String]) -> Res<()> {
         "RESULT {{\"kind\":\"decode\",\"model\":\"{name}\",\"tokens\":{},\"tps_median\":{:.2},\"tps_runs\":{:?},\"weight_bytes\":{},\"achieved_bytes_per_s\":{:.4e},\"copy_bytes_per_s\":{:.4e},\"fraction\":{:.4},\"kernels_per_token\":{},\"graph_replays\":{replays}}}",
         o.decode, fig.tokens_per_s, round1(&dec), info.decode_weight_bytes, fig.achieved_bytes_per_s, bw.bytes_per_s, fig.fraction_of_copy, after.decode_kernels
     );
+    let st = backend.stats();
+    if st.graph_timed > 0 {
+        let gpu_ms = st.graph_gpu_ms / st.graph_timed as f64;
+        println!(
+            "decode step: {:.3} ms on the device per graph replay ({} timed) vs {:.3} ms wall per token",
+            gpu_ms, st.graph_timed, 1e3 / fig.tokens_per_s
+        );
+        println!("RESULT {{\"kind\":\"decode_gpu_time\",\"model\":\"{name}\",\"graph_ms\":{gpu_ms:.4},\"wall_ms\":{:.4}}}", 1e3 / fig.tokens_per_s);
+    }
+    if o.profile {
+        backend.set_graphs(false);
+        backend.set_profile(true);
+        backend.take_profile();
+        let n = 16;
+        decode_run(n)?;
+        backend.set_profile(false);
+        backend.set_graphs(true);
+        let mut rows = backend.take_profile();
+        rows.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+        let total: f64 = rows.iter().map(|r| r.ms).sum();
+        println!("profile of {n} eager decode steps (events around each kernel, no PDL): {:.3} ms/token in kernels", total / n as f64);
+        for r in &rows {
+            let bw = if r.bytes > 0 { format!("{:.2} TB/s", r.bytes as f64 / (r.ms / 1e3) / 1e12) } else { String::new() };
+            println!(
+                "  {:<32} {:>6.1} launches/token {:>9.1} us/token {:>8.2} us/launch {bw}",
+                r.label, r.launches as f64 / n as f64, 1e3 * r.ms / n as f64, 1e3 * r.ms / r.launches as f64
+            );
+        }
+    }
     if o.variants {
         for (label, graphs, pdl) in [("no-pdl", true, false), ("no-graph", false, true), ("no-graph-no-pdl", false, false)] {
             backend.set_graphs(graphs);
@@ -230,6 +303,50 @@ fn bench(args: &[String]) -> Res<()> {
         let v: Vec<f64> = (0..o.runs.min(3)).map(|_| run()).collect::<Res<_>>()?;
         println!("prefill {n} tok: median {:.0} tok/s (min {:.0}, max {:.0}, runs {:?})", median(&v), min(&v), max(&v), round1(&v));
         println!("RESULT {{\"kind\":\"prefill\",\"model\":\"{name}\",\"tokens\":{n},\"tps_median\":{:.1},\"tps_runs\":{:?}}}", median(&v), round1(&v));
+    }
+    Ok(())
+}
+
+/// Single-matrix GEMV bandwidth for the llama3-8b shapes (eager launches timed with
+/// events, 20 per matrix after a warm-up).
+fn gemv_bench() -> Res<()> {
+    use ds4_engine::backend::Backend;
+    use ds4_gguf::GgmlType::{Q4_K, Q6_K, Q8_0};
+    let b = CudaBackend::new(0)?;
+    b.set_pdl(false);
+    b.set_profile(true);
+    for (rows, cols, ty, pf) in [
+        (4096, 4096, Q4_K, 0),
+        (4096, 4096, Q4_K, 2),
+        (14336, 4096, Q4_K, 0),
+        (14336, 4096, Q4_K, 2),
+        (14336, 4096, Q4_K, 4),
+        (4096, 14336, Q6_K, 0),
+        (4096, 14336, Q6_K, 2),
+        (128256, 4096, Q6_K, 2),
+        (14336, 4096, Q8_0, 2),
+    ] {
+        b.set_prefetch(pf);
+        let w = b.synthetic_matrix("bench.weight", rows, cols, ty, 1)?;
+        let x = b.buf(cols);
+        let mut out = b.buf(rows);
+        let mut v = Vec::new();
+        for i in 0..21 {
+            if i == 1 {
+                b.take_profile();
+            }
+            b.step(&[0], 0);
+            b.matmul(&w, None, &x, 1, &mut out);
+            v.clear();
+            b.read(&out, 0, 1, &mut v);
+        }
+        let p = b.take_profile();
+        let r = &p[0];
+        let bytes = (cols / ty.block_size() * ty.type_size() * rows) as f64;
+        println!(
+            "gemv {ty} {rows}x{cols} prefetch {pf}: {:.2} us/launch, {:.2} TB/s ({:.1} MB)",
+            1e3 * r.ms / r.launches as f64, bytes * r.launches as f64 / (r.ms / 1e3) / 1e12, bytes / 1e6
+        );
     }
     Ok(())
 }

@@ -47,7 +47,7 @@ struct GemvParams {
     i32 nseg;
     i32 need;             // NEED_A32 | NEED_AK
     float eps;
-    i32 pad;
+    i32 prefetch;         // rows each warp prefetches into L2 ahead of the one it computes
 };
 
 // The activation in shared memory.
@@ -372,6 +372,15 @@ __device__ __forceinline__ int find_seg(const GemvParams& P, int gr) {
     return s;
 }
 
+// Prefetches global row `gr` (both matrices of a pair) into L2.
+__device__ void prefetch_global_row(const GemvParams& P, int gr, int n) {
+    if (gr >= P.total_rows) return;
+    const Seg& s = P.seg[find_seg(P, gr)];
+    const int r = gr - s.row0;
+    prefetch_row(s.type, s.w, r, n);
+    if (s.out3) prefetch_row(s.type2, s.w2, r, n);
+}
+
 // Shared-memory bytes for an input of n values (the host computes the same).
 __device__ __forceinline__ int act_smem_offsets(int n, int* o) {
     o[0] = 0;                          // q32: n bytes
@@ -390,13 +399,11 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv(const GemvPar
     const int gwarp = blockIdx.x * GEMV_WARPS + warp, nwarps = gridDim.x * GEMV_WARPS;
     const int n = P.n_in;
 
-    // Weights do not depend on earlier kernels: start pulling this warp's first row.
-    if (lane == 0 && gwarp < P.total_rows) {
-        const Seg& s = P.seg[find_seg(P, gwarp)];
-        const int r = gwarp - s.row0;
-        prefetch_row(s.type, s.w, r, n);
-        if (s.out3) prefetch_row(s.type2, s.w2, r, n);
-    }
+    // Weights do not depend on earlier kernels: start pulling this warp's first rows
+    // into L2 (bulk prefetches cost one instruction per plane and keep many bytes in
+    // flight without holding registers).
+    if (lane == 0)
+        for (int k = 0; k < max(1, P.prefetch); ++k) prefetch_global_row(P, gwarp + k * nwarps, n);
     pdl_wait();
     pdl_trigger();
 
@@ -500,6 +507,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv(const GemvPar
     a.q32 = q32; a.qk = qk; a.d32 = d32; a.s32 = s32; a.dk = dk; a.bs = bs;
 
     for (int gr = gwarp; gr < P.total_rows; gr += nwarps) {
+        if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + P.prefetch * nwarps, n);
         const Seg& s = P.seg[find_seg(P, gr)];
         const int r = gr - s.row0;
         float v = row_dot(s.type, s.w, r, n, a, lane);

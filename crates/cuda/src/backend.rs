@@ -12,7 +12,7 @@
 //! within a context anyway); loading returns errors normally.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
@@ -20,7 +20,7 @@ use ds4_engine::backend::{AttnShape, Backend, Rope};
 use ds4_engine::{EngineError, Result as EngineResult};
 use ds4_gguf::{GgufFile, TensorInfo};
 
-use crate::driver::{Args, DPtr, DevMem, Gpu};
+use crate::driver::{Args, DPtr, DevMem, Event, Gpu};
 use crate::error::{CudaError, Result};
 use crate::gemm::Blas;
 use crate::graph::GraphCache;
@@ -62,7 +62,7 @@ pub struct CudaStep {
 }
 
 /// Counters of what the backend ran, for `bench`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Stats {
     /// Decode steps served by replaying a captured graph.
     pub graph_replays: u64,
@@ -76,6 +76,20 @@ pub struct Stats {
     pub eager_launches: u64,
     /// cuBLAS GEMMs run.
     pub gemms: u64,
+    /// Device time of timed graph replays (ms) and how many were timed.
+    pub graph_gpu_ms: f64,
+    pub graph_timed: u64,
+}
+
+/// One line of a kernel profile (see [`CudaBackend::set_profile`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileRow {
+    pub label: &'static str,
+    pub launches: u64,
+    /// Device time in ms, from events around each launch.
+    pub ms: f64,
+    /// Weight bytes read (GEMV launches).
+    pub bytes: u64,
 }
 
 struct State {
@@ -89,6 +103,28 @@ struct State {
     _attn_mem: [DevMem; 3],
     attn: AttnScratch,
     stats: Stats,
+    /// Host copy target of `read` (page-locked).
+    pinned: Option<Pinned>,
+    /// Events around the last graph launch, read after the next synchronization.
+    graph_events: Option<(Event, Event, bool)>,
+    profile: Vec<ProfileRow>,
+    profile_events: Vec<Event>,
+}
+
+/// Page-locked host memory.
+struct Pinned {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+// SAFETY: plain host memory, used under the state lock.
+unsafe impl Send for Pinned {}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAllocHost in `read`.
+        let _ = unsafe { cudarc::driver::result::free_host(self.ptr as *mut std::ffi::c_void) };
+    }
 }
 
 /// The CUDA backend on one device.
@@ -99,6 +135,8 @@ pub struct CudaBackend {
     synthetic: Option<u64>,
     graphs: AtomicBool,
     pdl: AtomicBool,
+    profile: AtomicBool,
+    prefetch: AtomicU32,
 }
 
 fn fail(e: CudaError) -> ! {
@@ -108,6 +146,9 @@ fn fail(e: CudaError) -> ! {
 fn engine_err(e: CudaError) -> EngineError {
     EngineError::Config(format!("CUDA backend: {e}"))
 }
+
+/// Rows a GEMV warp prefetches into L2 ahead of the one it computes.
+const DEFAULT_PREFETCH: u32 = 2;
 
 /// Heads × splits and floats of the decode-attention scratch.
 const ATTN_MS: usize = 1 << 16;
@@ -124,7 +165,8 @@ impl CudaBackend {
     /// Opens device `ordinal`, compiling (or loading cached) kernels.
     ///
     /// `DS4_CUDA_GRAPHS=0` disables graph capture and `DS4_CUDA_PDL=0` programmatic
-    /// dependent launch (both on by default), for comparisons.
+    /// dependent launch (both on by default), for comparisons; `DS4_CUDA_PREFETCH=N`
+    /// sets the GEMV's L2 prefetch distance in rows (default 2).
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         let gpu = Gpu::new(ordinal)?;
         let k = Kernels::load(&gpu)?;
@@ -146,11 +188,19 @@ impl CudaBackend {
                 _attn_mem: [pm, pl, po],
                 attn,
                 stats: Stats::default(),
+                pinned: None,
+                graph_events: None,
+                profile: Vec::new(),
+                profile_events: Vec::new(),
             }),
             gpu,
             synthetic: None,
             graphs: AtomicBool::new(env_flag("DS4_CUDA_GRAPHS", true)),
             pdl: AtomicBool::new(env_flag("DS4_CUDA_PDL", true)),
+            profile: AtomicBool::new(false),
+            prefetch: AtomicU32::new(
+                std::env::var("DS4_CUDA_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_PREFETCH),
+            ),
         })
     }
 
@@ -183,10 +233,35 @@ impl CudaBackend {
         self.lock().graphs.clear();
     }
 
+    /// Sets how many rows ahead each GEMV warp prefetches into L2 (0: only its first).
+    pub fn set_prefetch(&self, rows: u32) {
+        self.prefetch.store(rows, Ordering::Relaxed);
+        self.lock().graphs.clear();
+    }
+
     /// Turns programmatic dependent launch on or off.
     pub fn set_pdl(&self, on: bool) {
         self.pdl.store(on, Ordering::Relaxed);
         self.lock().graphs.clear();
+    }
+
+    /// A synthetic quantized matrix (`rows × cols` of `ty`, generated on the device from
+    /// `seed` and `name`), for kernel benchmarks.
+    pub fn synthetic_matrix(&self, name: &str, rows: usize, cols: usize, ty: ds4_gguf::GgmlType, seed: u64) -> Result<CudaWeight> {
+        let info = TensorInfo { name: name.into(), dims: vec![cols as u64, rows as u64], dtype: ty, offset: 0 };
+        let mut st = self.lock();
+        load(&self.gpu, &self.k, &mut st.staging, Source::Synthetic(seed), &info)
+    }
+
+    /// Times every kernel of eager steps with events (turn graphs off to profile decode
+    /// steps); [`CudaBackend::take_profile`] returns the totals per label.
+    pub fn set_profile(&self, on: bool) {
+        self.profile.store(on, Ordering::Relaxed);
+    }
+
+    /// The profile collected so far (and resets it).
+    pub fn take_profile(&self) -> Vec<ProfileRow> {
+        std::mem::take(&mut self.lock().profile)
     }
 
     /// Waits for all enqueued work.
@@ -220,7 +295,7 @@ impl CudaBackend {
         let pdl = self.pdl.load(Ordering::Relaxed);
         if rec.n_tok == 1 && self.graphs.load(Ordering::Relaxed) {
             if let Some(i) = st.graphs.find(&rec.ops, rec.step_ptr) {
-                st.graphs.launch(&self.gpu, i)?;
+                self.timed_graph_launch(st, i)?;
                 st.stats.graph_replays += 1;
                 st.stats.decode_kernels = st.graphs.get(i).kernels;
                 return Ok(());
@@ -233,8 +308,8 @@ impl CudaBackend {
                     let cmds_ref = &cmds;
                     st.graphs.capture(&self.gpu, &rec.ops, rec.step_ptr, n, || {
                         for c in cmds_ref {
-                            if let Cmd::Launch { f, grid, block, smem, args } = c {
-                                gpu.launch(*f, *grid, *block, *smem, args, pdl)?;
+                            if let Cmd::Launch(l) = c {
+                                gpu.launch(l.f, l.grid, l.block, l.smem, &l.args, pdl)?;
                             }
                         }
                         Ok(())
@@ -242,7 +317,7 @@ impl CudaBackend {
                 };
                 match captured {
                     Ok(i) => {
-                        st.graphs.launch(&self.gpu, i)?;
+                        self.timed_graph_launch(st, i)?;
                         st.stats.graph_captures += 1;
                         st.stats.decode_kernels = n;
                         tracing::debug!(kernels = n, "captured a decode graph");
@@ -270,6 +345,7 @@ impl CudaBackend {
             k: &self.k,
             n_sm: self.gpu.n_sm,
             gemv_occupancy: &occ,
+            gemv_prefetch: self.prefetch.load(Ordering::Relaxed),
             step: rec.step_ptr,
             n_tok: rec.n_tok,
             attn: st.attn,
@@ -277,17 +353,76 @@ impl CudaBackend {
         lower(&rec.ops, &cx)
     }
 
+    fn timed_graph_launch(&self, st: &mut State, i: usize) -> Result<()> {
+        if st.graph_events.is_none() {
+            st.graph_events = Some((self.gpu.event()?, self.gpu.event()?, false));
+        }
+        let (a, b, pending) = st.graph_events.as_mut().expect("created");
+        // One timing at a time: skip while the previous one has not been read.
+        let time = !*pending;
+        if time {
+            a.record()?;
+        }
+        st.graphs.launch(&self.gpu, i)?;
+        if time {
+            b.record()?;
+            *pending = true;
+        }
+        Ok(())
+    }
+
+    /// Accounts the last timed graph launch (after a synchronization).
+    fn read_graph_timing(st: &mut State) {
+        if let Some((a, b, pending)) = st.graph_events.as_mut()
+            && *pending
+        {
+            if let Ok(ms) = a.elapsed_ms(b) {
+                st.stats.graph_gpu_ms += ms as f64;
+                st.stats.graph_timed += 1;
+            }
+            *pending = false;
+        }
+    }
+
     fn run_eager(&self, st: &mut State, cmds: Vec<Cmd>, pdl: bool, n_tok: usize) -> Result<()> {
+        let profile = self.profile.load(Ordering::Relaxed);
+        let n_launch = cmds.iter().filter(|c| matches!(c, Cmd::Launch(_))).count();
+        if profile {
+            while st.profile_events.len() < 2 * n_launch {
+                st.profile_events.push(self.gpu.event()?);
+            }
+        }
         let mut launches = 0;
+        let mut timed = Vec::new();
         for c in &cmds {
             match c {
-                Cmd::Launch { f, grid, block, smem, args } => {
-                    self.gpu.launch(*f, *grid, *block, *smem, args, pdl)?;
+                Cmd::Launch(l) => {
+                    if profile {
+                        st.profile_events[2 * timed.len()].record()?;
+                    }
+                    self.gpu.launch(l.f, l.grid, l.block, l.smem, &l.args, pdl && !profile)?;
+                    if profile {
+                        st.profile_events[2 * timed.len() + 1].record()?;
+                        timed.push((l.label, l.bytes));
+                    }
                     launches += 1;
                 }
                 Cmd::Gemm { w, x, rows, out } => {
                     self.gemm(st, w, *x, *rows as usize, *out, pdl)?;
                     launches += 3;
+                }
+            }
+        }
+        if profile {
+            for (k, (label, bytes)) in timed.into_iter().enumerate() {
+                let ms = st.profile_events[2 * k].elapsed_ms(&st.profile_events[2 * k + 1])? as f64;
+                match st.profile.iter_mut().find(|r| r.label == label) {
+                    Some(r) => {
+                        r.launches += 1;
+                        r.ms += ms;
+                        r.bytes += bytes;
+                    }
+                    None => st.profile.push(ProfileRow { label, launches: 1, ms, bytes }),
                 }
             }
         }
@@ -490,14 +625,26 @@ impl Backend for CudaBackend {
     fn read(&self, buf: &CudaBuf, off: usize, len: usize, out: &mut Vec<f32>) {
         let p = self.buf_of(buf, off + len, "read") + 4 * off as u64;
         let tid = std::thread::current().id();
-        {
-            let mut st = self.lock();
-            self.flush(&mut st, tid).unwrap_or_else(|e| fail(e));
+        let mut st = self.lock();
+        self.flush(&mut st, tid).unwrap_or_else(|e| fail(e));
+        let bytes = len * 4;
+        if st.pinned.as_ref().is_none_or(|h| h.bytes < bytes) {
+            st.pinned = None;
+            // SAFETY: a plain page-locked allocation, freed by `Pinned::drop`.
+            let ptr = unsafe { cudarc::driver::result::malloc_host(bytes.max(1 << 20), 0) }
+                .unwrap_or_else(|e| fail(CudaError::driver("cuMemAllocHost", e)));
+            st.pinned = Some(Pinned { ptr: ptr as *mut u8, bytes: bytes.max(1 << 20) });
         }
+        let h = st.pinned.as_ref().expect("allocated");
+        // SAFETY: the pinned buffer holds at least `bytes` bytes and nothing else uses it
+        // while the state lock is held.
+        let host = unsafe { std::slice::from_raw_parts_mut(h.ptr, bytes) };
+        self.gpu.dtoh(host, p).unwrap_or_else(|e| fail(e));
+        Self::read_graph_timing(&mut st);
         let start = out.len();
         out.resize(start + len, 0.0);
         // SAFETY: viewing the f32 tail as bytes for the copy.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(out[start..].as_mut_ptr() as *mut u8, len * 4) };
-        self.gpu.dtoh(bytes, p).unwrap_or_else(|e| fail(e));
+        let dst = unsafe { std::slice::from_raw_parts_mut(out[start..].as_mut_ptr() as *mut u8, bytes) };
+        dst.copy_from_slice(host);
     }
 }

@@ -249,6 +249,9 @@ pub struct Event {
     gpu: Arc<Gpu>,
 }
 
+// SAFETY: event handles are usable from any thread of the context.
+unsafe impl Send for Event {}
+
 impl Event {
     /// Records the event on the stream.
     pub fn record(&self) -> Result<()> {

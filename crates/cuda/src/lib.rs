@@ -29,13 +29,14 @@ pub mod layout;
 pub mod lower;
 pub mod ops;
 pub mod parity;
+pub mod reference;
 pub mod synth;
 pub mod weights;
 
 use std::path::Path;
 use std::sync::Arc;
 
-pub use backend::{CudaBackend, Stats};
+pub use backend::{CudaBackend, ProfileRow, Stats};
 pub use error::{CudaError, Result};
 
 use ds4_engine::Model;

@@ -23,9 +23,22 @@ use crate::kernels::Kernels;
 use crate::layout::{gemv_smem_bytes, uses_q8k};
 use crate::ops::{MatRef, Op, RopeArgs};
 
+/// A kernel launch.
+pub struct Launch {
+    pub f: Func,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub smem: u32,
+    pub args: Args,
+    /// What it does, for profiles.
+    pub label: &'static str,
+    /// Weight bytes it reads (GEMV), for profiles.
+    pub bytes: u64,
+}
+
 /// One enqueued unit of work.
 pub enum Cmd {
-    Launch { f: Func, grid: (u32, u32, u32), block: u32, smem: u32, args: Args },
+    Launch(Launch),
     /// `out = x · wᵀ` for `rows` rows: the backend dequantizes `w` to bf16, converts `x`
     /// and calls cuBLAS.
     Gemm { w: MatRef, x: DPtr, rows: u32, out: DPtr },
@@ -50,6 +63,8 @@ pub struct Ctx<'a> {
     pub n_sm: u32,
     /// GEMV blocks that fit on one multiprocessor with this many bytes of shared memory.
     pub gemv_occupancy: &'a dyn Fn(u32) -> u32,
+    /// Rows each GEMV warp prefetches into L2 ahead of the one it computes.
+    pub gemv_prefetch: u32,
     pub step: DPtr,
     pub n_tok: usize,
     pub attn: AttnScratch,
@@ -87,7 +102,7 @@ struct GemvParams {
     nseg: i32,
     need: i32,
     eps: f32,
-    pad: i32,
+    prefetch: i32,
 }
 
 /// Threads of a GEMV block (kernels/gemv.cu GEMV_WARPS × 32).
@@ -160,6 +175,8 @@ impl Input {
 fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, Cmd)> {
     let src = inp.read_buf();
     let mut segs: Vec<Seg> = Vec::new();
+    let mut seg_bytes: Vec<u64> = Vec::new();
+    let row_bytes = |m: &MatRef| (m.cols as usize / m.ty.block_size() * m.ty.type_size()) as u64 * m.rows as u64;
     let mut j = start;
     let mut row0 = 0i32;
     let mut need = 0;
@@ -190,6 +207,7 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
             s.out2 = out2;
             s.out3 = act;
             need |= if uses_q8k(w2.ty) { 2 } else { 1 };
+            seg_bytes.push(row_bytes(&w) + row_bytes(&w2));
             segs.push(s);
             row0 += w.rows as i32;
             j += 3;
@@ -203,11 +221,13 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
             && res != out
         {
             s.acc = res;
+            seg_bytes.push(row_bytes(&w));
             segs.push(s);
             row0 += w.rows as i32;
             j += 2;
             continue;
         }
+        seg_bytes.push(row_bytes(&w));
         segs.push(s);
         row0 += w.rows as i32;
         j += 1;
@@ -229,6 +249,7 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
         total_rows: row0,
         nseg: segs.len() as i32,
         need,
+        prefetch: cx.gemv_prefetch as i32,
         ..GemvParams::default()
     };
     if let Some((w, eps, h)) = inp.norm {
@@ -239,12 +260,21 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
     for (k, s) in segs.into_iter().enumerate() {
         p.seg[k] = s;
     }
+    let label = match (p.seg[0].out3 != 0, inp.norm.is_some(), p.seg[0].acc != 0, p.nseg) {
+        (true, true, _, _) => "gemv norm + gate/up + swiglu",
+        (true, false, _, _) => "gemv gate/up + swiglu",
+        (false, true, _, n) if n > 1 => "gemv norm + q/k/v",
+        (false, true, _, _) => "gemv norm + 1 matrix",
+        (false, false, true, _) => "gemv + residual",
+        _ => "gemv",
+    };
+    let bytes = seg_bytes.iter().sum();
     let smem = gemv_smem_bytes(inp.n as usize) as u32;
     let occ = (cx.gemv_occupancy)(smem);
     let grid = (row0 as u32).div_ceil(GEMV_WARPS).min(cx.n_sm * occ).max(1);
     let mut args = Args::new();
     args.push(p);
-    Some((j - start, Cmd::Launch { f: cx.k.gemv, grid: (grid, 1, 1), block: GEMV_THREADS, smem, args }))
+    Some((j - start, Cmd::Launch(Launch { f: cx.k.gemv, grid: (grid, 1, 1), block: GEMV_THREADS, smem, args, label, bytes })))
 }
 
 fn attn_split_kernel(cx: &Ctx, head_dim: u32) -> Result<Func> {
@@ -281,10 +311,10 @@ fn decode_attention_kernels(
     let mut a = Args::new();
     a.push(q).push(kc).push(vc).push(cx.attn.pm).push(cx.attn.pl).push(cx.attn.po).push(cx.step);
     a.push(group as i32).push((n_head_kv * head_dim) as i32).push(scale);
-    cmds.push(Cmd::Launch { f: attn_split_kernel(cx, head_dim)?, grid: (n_head_kv, s, 1), block: 128, smem: 0, args: a });
+    cmds.push(Cmd::Launch(Launch { f: attn_split_kernel(cx, head_dim)?, grid: (n_head_kv, s, 1), block: 128, smem: 0, args: a, label: "attention split", bytes: 0 }));
     let mut r = Args::new();
     r.push(cx.attn.pm).push(cx.attn.pl).push(cx.attn.po).push(out).push(head_dim as i32).push(s as i32);
-    cmds.push(Cmd::Launch { f: cx.k.attn_decode_reduce, grid: (n_head, 1, 1), block: head_dim, smem: 0, args: r });
+    cmds.push(Cmd::Launch(Launch { f: cx.k.attn_decode_reduce, grid: (n_head, 1, 1), block: head_dim, smem: 0, args: r, label: "attention merge", bytes: 0 }));
     Ok(())
 }
 
@@ -307,7 +337,7 @@ fn decode_attention(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Resu
     a.push(q).push(k).push(v).push(k_cache).push(v_cache).push(cx.step);
     a.push(n_head as i32).push(n_head_kv as i32).push(head_dim as i32);
     push_rope(&mut a, &rq);
-    cmds.push(Cmd::Launch { f: cx.k.rope_qk_store, grid: (1, 1, 1), block: 256, smem: 0, args: a });
+    cmds.push(Cmd::Launch(Launch { f: cx.k.rope_qk_store, grid: (1, 1, 1), block: 256, smem: 0, args: a, label: "rope q,k + kv store", bytes: 0 }));
     decode_attention_kernels(cx, cmds, q, k_cache, v_cache, out, n_ctx, n_head, n_head_kv, head_dim)?;
     Ok(Some(3))
 }
@@ -323,12 +353,12 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         Op::Embed { table, out } => {
             let mut a = Args::new();
             a.push(Planes(table.planes)).push(table.ty as i32).push(table.cols as i32).push(cx.step).push(out);
-            cmds.push(Cmd::Launch { f: cx.k.embed_rows, grid: (n_tok, 1, 1), block: 128, smem: 0, args: a });
+            cmds.push(Cmd::Launch(Launch { f: cx.k.embed_rows, grid: (n_tok, 1, 1), block: 128, smem: 0, args: a, label: "embed", bytes: 0 }));
         }
         Op::RmsNorm { x, w, n, rows, eps, out } => {
             let mut a = Args::new();
             a.push(x).push(w).push(out).push(n as i32).push(eps);
-            cmds.push(Cmd::Launch { f: cx.k.rms_norm_rows, grid: (rows, 1, 1), block: 256, smem: 0, args: a });
+            cmds.push(Cmd::Launch(Launch { f: cx.k.rms_norm_rows, grid: (rows, 1, 1), block: 256, smem: 0, args: a, label: "rms_norm", bytes: 0 }));
         }
         Op::Matmul { w, bias, x, rows, out } => {
             if rows == 1 {
@@ -345,7 +375,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
                     let n = rows as u64 * w.rows as u64;
                     let mut a = Args::new();
                     a.push(out).push(b).push(w.rows as i32).push(n as i64);
-                    cmds.push(Cmd::Launch { f: cx.k.add_bias_rows, grid: grid_1d(n, cx.n_sm), block: 256, smem: 0, args: a });
+                    cmds.push(Cmd::Launch(Launch { f: cx.k.add_bias_rows, grid: grid_1d(n, cx.n_sm), block: 256, smem: 0, args: a, label: "bias", bytes: 0 }));
                 }
             }
         }
@@ -353,13 +383,13 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
             let mut a = Args::new();
             a.push(x).push(cx.step).push(n_head as i32).push(head_dim as i32);
             push_rope(&mut a, &rope);
-            cmds.push(Cmd::Launch { f: cx.k.rope_rows, grid: (n_tok, 1, 1), block: 128, smem: 0, args: a });
+            cmds.push(Cmd::Launch(Launch { f: cx.k.rope_rows, grid: (n_tok, 1, 1), block: 128, smem: 0, args: a, label: "rope", bytes: 0 }));
         }
         Op::Attention { k_cache, v_cache, n_ctx, n_head, n_head_kv, head_dim, q, k, v, out } => {
             let kv_dim = n_head_kv * head_dim;
             let mut a = Args::new();
             a.push(k).push(v).push(k_cache).push(v_cache).push(cx.step).push(kv_dim as i32);
-            cmds.push(Cmd::Launch { f: cx.k.kv_store, grid: (n_tok, 1, 1), block: 256, smem: 0, args: a });
+            cmds.push(Cmd::Launch(Launch { f: cx.k.kv_store, grid: (n_tok, 1, 1), block: 256, smem: 0, args: a, label: "kv store", bytes: 0 }));
             if n_tok == 1 {
                 decode_attention_kernels(cx, cmds, q, k_cache, v_cache, out, n_ctx, n_head, n_head_kv, head_dim)?;
             } else {
@@ -372,23 +402,23 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
                 let mut a = Args::new();
                 a.push(q).push(k_cache).push(v_cache).push(out).push(cx.step).push(n_head as i32);
                 a.push((n_head / n_head_kv) as i32).push(kv_dim as i32).push(scale);
-                cmds.push(Cmd::Launch { f, grid: (n_tok.div_ceil(64), n_head, 1), block: 128, smem: 0, args: a });
+                cmds.push(Cmd::Launch(Launch { f, grid: (n_tok.div_ceil(64), n_head, 1), block: 128, smem: 0, args: a, label: "attention prefill", bytes: 0 }));
             }
         }
         Op::Swiglu { gate, up, len, out } => {
             let mut a = Args::new();
             a.push(gate).push(up).push(out).push(len as i64);
-            cmds.push(Cmd::Launch { f: cx.k.swiglu, grid: grid_1d(len as u64, cx.n_sm), block: 256, smem: 0, args: a });
+            cmds.push(Cmd::Launch(Launch { f: cx.k.swiglu, grid: grid_1d(len as u64, cx.n_sm), block: 256, smem: 0, args: a, label: "swiglu", bytes: 0 }));
         }
         Op::Add { x, y, len } => {
             let mut a = Args::new();
             a.push(x).push(y).push(len as i64);
-            cmds.push(Cmd::Launch { f: cx.k.add_inplace, grid: grid_1d(len as u64, cx.n_sm), block: 256, smem: 0, args: a });
+            cmds.push(Cmd::Launch(Launch { f: cx.k.add_inplace, grid: grid_1d(len as u64, cx.n_sm), block: 256, smem: 0, args: a, label: "add", bytes: 0 }));
         }
         Op::Copy { src, dst, len } => {
             let mut a = Args::new();
             a.push(src).push(dst).push(len as i64);
-            cmds.push(Cmd::Launch { f: cx.k.copy_f32, grid: grid_1d(len as u64, cx.n_sm), block: 256, smem: 0, args: a });
+            cmds.push(Cmd::Launch(Launch { f: cx.k.copy_f32, grid: grid_1d(len as u64, cx.n_sm), block: 256, smem: 0, args: a, label: "copy", bytes: 0 }));
         }
     }
     Ok(())
@@ -436,12 +466,12 @@ mod tests {
     fn lowered(ops: &[Op], n_tok: usize, k: &Kernels) -> Vec<Cmd> {
         let occ = |_: u32| 2;
         let attn = AttnScratch { pm: 1 << 50, pl: 2 << 50, po: 3 << 50, cap_ms: 1 << 16, cap_o: 1 << 22 };
-        let cx = Ctx { k, n_sm: 132, gemv_occupancy: &occ, step: 99 << 40, n_tok, attn };
+        let cx = Ctx { k, n_sm: 132, gemv_occupancy: &occ, gemv_prefetch: 2, step: 99 << 40, n_tok, attn };
         lower(ops, &cx).unwrap()
     }
 
     fn funcs(cmds: &[Cmd]) -> Vec<Func> {
-        cmds.iter().filter_map(|c| if let Cmd::Launch { f, .. } = c { Some(*f) } else { None }).collect()
+        cmds.iter().filter_map(|c| if let Cmd::Launch(l) = c { Some(l.f) } else { None }).collect()
     }
 
     #[test]
