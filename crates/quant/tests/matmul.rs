@@ -1,6 +1,8 @@
 //! Public matrix-product API: exact integer results, batch and thread invariance, row
 //! selection, and errors instead of panics for bad arguments.
 
+#![allow(clippy::needless_range_loop)] // rows and tokens index several buffers at once
+
 use ds4_quant::{
     GgmlType, QMatrix, QuantError, QuantizedActs, dequantize_row, matmul, matmul_rows,
     matmul_single_thread, quantize_row, try_matmul, vec_dot, vec_dot_type,
