@@ -74,6 +74,7 @@ impl Tokenizer {
     /// Errors: missing or mistyped keys, an unsupported model or pre-tokenizer; each names
     /// the file and the key.
     pub fn from_gguf(file: &GgufFile) -> Result<Self, TokenizerError> {
+        let _span = tracing::info_span!("tokenizer_load", file = file.label()).entered();
         let meta = Meta { file };
         let model_key = "tokenizer.ggml.model";
         let model = meta
@@ -119,6 +120,13 @@ impl Tokenizer {
             }
         };
         let pieces = PieceTable::new(&vocab);
+        tracing::debug!(
+            model,
+            pre = pre_name,
+            n_vocab = vocab.n_tokens(),
+            eog = ?vocab.eog,
+            "tokenizer loaded"
+        );
         Ok(Tokenizer {
             vocab,
             algorithm,
