@@ -1,6 +1,7 @@
-//! Chat-template rendering with tools, tool calls, tool results and null content, for the
-//! two real models' templates (`tests/data/chat_cases.json`, see its README). Needs the
-//! model files; skips with a message when absent.
+//! Chat-template rendering with tools, tool calls, tool results and null content
+//! (`tests/data/chat_cases.json`, expected prompts from llama.cpp, see its README): the two
+//! real models' templates (skipped with a message when the models are absent) and the Qwen2
+//! template of the `ggml-vocab-qwen2.gguf` fixture.
 
 mod common;
 
@@ -8,8 +9,8 @@ use ds4_gguf::GgufFile;
 use ds4_tokenizer::{ChatMessage, ChatTemplate, RenderOptions};
 use serde_json::Value;
 
-fn check(key: &str, object_arguments: bool) {
-    let Some(path) = common::model(&format!("{key}.gguf")) else {
+fn check(key: &str, path: Option<std::path::PathBuf>, object_arguments: bool) {
+    let Some(path) = path else {
         return;
     };
     let data: Value = serde_json::from_str(include_str!("data/chat_cases.json")).unwrap();
@@ -36,12 +37,21 @@ fn check(key: &str, object_arguments: bool) {
 
 #[test]
 fn smollm2_chat_template() {
-    check("smollm2-135m-instruct-q4_1", false);
+    let key = "smollm2-135m-instruct-q4_1";
+    check(key, common::model(&format!("{key}.gguf")), false);
 }
 
 #[test]
 fn qwen25_chat_template_with_tools() {
-    check("qwen2.5-coder-0.5b-instruct-q4_k_m", true);
+    let key = "qwen2.5-coder-0.5b-instruct-q4_k_m";
+    check(key, common::model(&format!("{key}.gguf")), true);
+}
+
+#[test]
+fn qwen2_fixture_chat_template() {
+    let path = common::fixtures("tokenizer fixtures")
+        .map(|root| root.join("tokenizer/ggml-vocab-qwen2.gguf"));
+    check("ggml-vocab-qwen2", path, false);
 }
 
 #[test]
