@@ -392,21 +392,26 @@ __device__ __forceinline__ int act_smem_offsets(int n, int* o) {
     return o[5] + 4 * (n / 16);
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv(const GemvParams P) {
-    extern __shared__ __align__(16) u8 smem[];
-    __shared__ double red[GEMV_WARPS];
+// Writes row r's results: a pair's gate, up and silu(gate)·up; otherwise the value
+// (+bias), also added to `acc` when the launch fuses the residual add.
+__device__ __forceinline__ void epilogue(const Seg& s, int r, float v, float u) {
+    if (s.out3) {
+        s.out[r] = v;
+        s.out2[r] = u;
+        s.out3[r] = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
+    } else {
+        if (s.bias) v = __fadd_rn(v, s.bias[r]);
+        s.out[r] = v;
+        if (s.acc) s.acc[r] = __fadd_rn(s.acc[r], v);
+    }
+}
+
+// The shared-memory activation: the input (RMS-normalized when the launch fuses a
+// norm) quantized to the formats the segments' types need. Block 0 writes the
+// normalized input to `h_out`. Ends with a block barrier.
+__device__ Act build_act(const GemvParams& P, u8* smem, double* red) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int gwarp = blockIdx.x * GEMV_WARPS + warp, nwarps = gridDim.x * GEMV_WARPS;
     const int n = P.n_in;
-
-    // Weights do not depend on earlier kernels: start pulling this warp's first rows
-    // into L2 (bulk prefetches cost one instruction per plane and keep many bytes in
-    // flight without holding registers).
-    if (lane == 0)
-        for (int k = 0; k < max(1, P.prefetch); ++k) prefetch_global_row(P, gwarp + k * nwarps, n);
-    pdl_wait();
-    pdl_trigger();
-
     int off[6];
     act_smem_offsets(n, off);
     i8* q32 = (i8*)(smem + off[0]);
@@ -505,23 +510,243 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv(const GemvPar
 
     Act a;
     a.q32 = q32; a.qk = qk; a.d32 = d32; a.s32 = s32; a.dk = dk; a.bs = bs;
+    return a;
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv(const GemvParams P) {
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ double red[GEMV_WARPS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gwarp = blockIdx.x * GEMV_WARPS + warp, nwarps = gridDim.x * GEMV_WARPS;
+    const int n = P.n_in;
+
+    // Weights do not depend on earlier kernels: start pulling this warp's first rows
+    // into L2 (bulk prefetches cost one instruction per plane and keep many bytes in
+    // flight without holding registers).
+    if (lane == 0)
+        for (int k = 0; k < max(1, P.prefetch); ++k) prefetch_global_row(P, gwarp + k * nwarps, n);
+    pdl_wait();
+    pdl_trigger();
+
+    const Act a = build_act(P, smem, red);
 
     for (int gr = gwarp; gr < P.total_rows; gr += nwarps) {
         if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + P.prefetch * nwarps, n);
         const Seg& s = P.seg[find_seg(P, gr)];
         const int r = gr - s.row0;
-        float v = row_dot(s.type, s.w, r, n, a, lane);
-        if (s.out3) {
-            const float u = row_dot(s.type2, s.w2, r, n, a, lane);
-            if (lane == 0) {
-                s.out[r] = v;
-                s.out2[r] = u;
-                s.out3[r] = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
-            }
-        } else if (lane == 0) {
-            if (s.bias) v = __fadd_rn(v, s.bias[r]);
-            s.out[r] = v;
-            if (s.acc) s.acc[r] = __fadd_rn(s.acc[r], v);
-        }
+        const float v = row_dot(s.type, s.w, r, n, a, lane);
+        const float u = s.out3 ? row_dot(s.type2, s.w2, r, n, a, lane) : 0.f;
+        if (lane == 0) epilogue(s, r, v, u);
     }
+}
+
+// ---- the pipelined variant: weights stream through shared memory with cp.async
+//
+// Each thread keeps GEMV_PIPE units in flight in its own shared-memory slots (one unit:
+// the 16-32 quant bytes plus the block's scale words), so the bytes in flight per SM
+// are bounded by shared memory instead of registers. A warp walks its rows as one
+// sequence of steps (each step: one unit per lane; a row is ceil(n/1024) steps, a pair
+// row twice that), issuing step s + GEMV_PIPE - 1 before computing step s. The first
+// steps are issued before waiting for the previous kernel, overlapping the activation
+// prologue with the first weight loads.
+
+#define GEMV_PIPE 6
+#define GEMV_SLOT 64
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp8(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp4(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_pipe() { asm volatile("cp.async.wait_group %0;" ::"n"(GEMV_PIPE - 1) : "memory"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// The aligned word holding block gb's 2-byte field, and the field from it.
+__device__ __forceinline__ const u8* half_word(const u8* plane, i64 gb) { return plane + ((gb * 2) & ~3ll); }
+__device__ __forceinline__ u16 pick_half(u32 w, i64 gb) { return (gb & 1) ? (u16)(w >> 16) : (u16)(w & 0xFFFF); }
+
+// Copies unit (gb, u) into the slot at shared address dst (layouts: see slot_dot).
+__device__ void issue_unit(int ty, const Planes& w, i64 gb, int u, u32 dst) {
+    switch (ty) {
+    case T_Q4_0: cp16(dst, w.p[1] + gb * 16); cp4(dst + 16, half_word(w.p[0], gb)); break;
+    case T_Q4_1: cp16(dst, w.p[1] + gb * 16); cp4(dst + 16, w.p[0] + gb * 4); break;
+    case T_Q5_0:
+        cp16(dst, w.p[2] + gb * 16);
+        cp4(dst + 16, w.p[1] + gb * 4);
+        cp4(dst + 20, half_word(w.p[0], gb));
+        break;
+    case T_Q8_0:
+        cp16(dst, w.p[1] + gb * 32);
+        cp16(dst + 16, w.p[1] + gb * 32 + 16);
+        cp4(dst + 32, half_word(w.p[0], gb));
+        break;
+    case T_Q4_K: {
+        const u8* sc = w.p[1] + gb * 12;
+        cp16(dst, w.p[2] + gb * 128 + 16 * u);
+        cp4(dst + 16, w.p[0] + gb * 4);
+        cp4(dst + 20, sc); cp4(dst + 24, sc + 4); cp4(dst + 28, sc + 8);
+        break;
+    }
+    case T_Q5_K: {
+        const u8* sc = w.p[1] + gb * 12;
+        cp16(dst, w.p[3] + gb * 128 + 16 * u);
+        cp16(dst + 16, w.p[2] + gb * 32 + 16 * (u & 1));
+        cp4(dst + 32, w.p[0] + gb * 4);
+        cp4(dst + 36, sc); cp4(dst + 40, sc + 4); cp4(dst + 44, sc + 8);
+        break;
+    }
+    case T_Q6_K: {
+        const int n = u >> 2, t = u & 3;
+        cp16(dst, w.p[0] + gb * 128 + 64 * n + 16 * t);
+        cp16(dst + 16, w.p[1] + gb * 64 + 32 * n + 16 * (t & 1));
+        cp16(dst + 32, w.p[2] + gb * 16);
+        cp4(dst + 48, half_word(w.p[3], gb));
+        break;
+    }
+    case T_IQ2_XXS: cp8(dst, w.p[1] + gb * 64 + 8 * u); cp4(dst + 8, half_word(w.p[0], gb)); break;
+    default: break;
+    }
+}
+
+// The dot product of a unit in slot `s` (b: block within the row, for the activation).
+__device__ float slot_dot(int ty, const u8* s, i64 gb, int b, int u, const Act& a) {
+    switch (ty) {
+    case T_Q4_0: { UQ4_0 x; x.q = *(const uint4*)s; x.d = pick_half(*(const u32*)(s + 16), gb); return x.dot(a, b); }
+    case T_Q4_1: { UQ4_1 x; x.q = *(const uint4*)s; x.dm = *(const u32*)(s + 16); return x.dot(a, b); }
+    case T_Q5_0: {
+        UQ5_0 x;
+        x.q = *(const uint4*)s; x.qh = *(const u32*)(s + 16); x.d = pick_half(*(const u32*)(s + 20), gb);
+        return x.dot(a, b);
+    }
+    case T_Q8_0: {
+        UQ8_0 x;
+        x.q0 = *(const uint4*)s; x.q1 = *(const uint4*)(s + 16); x.d = pick_half(*(const u32*)(s + 32), gb);
+        return x.dot(a, b);
+    }
+    case T_Q4_K: {
+        UQ4_K x;
+        x.q = *(const uint4*)s; x.dm = *(const u32*)(s + 16);
+        x.s0 = *(const u32*)(s + 20); x.s1 = *(const u32*)(s + 24); x.s2 = *(const u32*)(s + 28);
+        return x.dot(a, b, u);
+    }
+    case T_Q5_K: {
+        UQ5_K x;
+        x.q = *(const uint4*)s; x.qh = *(const uint4*)(s + 16); x.dm = *(const u32*)(s + 32);
+        x.s0 = *(const u32*)(s + 36); x.s1 = *(const u32*)(s + 40); x.s2 = *(const u32*)(s + 44);
+        return x.dot(a, b, u);
+    }
+    case T_Q6_K: {
+        UQ6_K x;
+        const int n = u >> 2, t = u & 3;
+        const int e = 128 * n + 32 * (t >> 1) + 16 * (t & 1);
+        const i8* sc = (const i8*)(s + 32);
+        x.ql = *(const uint4*)s; x.qh = *(const uint4*)(s + 16);
+        x.sc0 = sc[e >> 4]; x.sc1 = sc[(e + 64) >> 4];
+        x.d = pick_half(*(const u32*)(s + 48), gb);
+        return x.dot(a, b, u);
+    }
+    case T_IQ2_XXS: {
+        UIQ2_XXS x;
+        const uint2 v = *(const uint2*)s;
+        x.aux0 = v.x; x.aux1 = v.y; x.d = pick_half(*(const u32*)(s + 8), gb);
+        return x.dot(a, b, u);
+    }
+    default: return 0.f;
+    }
+}
+
+// A position in a warp's step sequence: global row, part (0; 1 = a pair's second
+// matrix) and step within the row.
+struct Cursor {
+    int gr, part, k;
+};
+
+// The unit lane `lane` handles at cursor c: its type, matrix, global block, block in
+// the row and sub-unit; false when the lane has no unit there (ragged rows).
+__device__ __forceinline__ bool unit_at(const GemvParams& P, const Cursor& c, int lane, int units, int* ty,
+                                        const Planes** w, i64* gb, int* b, int* u) {
+    const Seg& s = P.seg[find_seg(P, c.gr)];
+    const int r = c.gr - s.row0;
+    *ty = c.part ? s.type2 : s.type;
+    *w = c.part ? &s.w2 : &s.w;
+    const int ui = lane + 32 * c.k;
+    if (ui >= units) return false;
+    if (block_elems(*ty) == 32) {
+        *b = ui; *u = 0; *gb = (i64)r * units + ui;
+    } else {
+        *b = ui >> 3; *u = ui & 7; *gb = (i64)r * (units / 8) + *b;
+    }
+    return true;
+}
+
+__device__ __forceinline__ void advance(const GemvParams& P, Cursor& c, int steps, int nwarps) {
+    if (++c.k < steps) return;
+    c.k = 0;
+    if (P.seg[find_seg(P, c.gr)].out3 && c.part == 0) {
+        c.part = 1;
+    } else {
+        c.part = 0;
+        c.gr += nwarps;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_pipe(const GemvParams P) {
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ double red[GEMV_WARPS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gwarp = blockIdx.x * GEMV_WARPS + warp, nwarps = gridDim.x * GEMV_WARPS;
+    const int n = P.n_in, units = n / 32, steps = (units + 31) / 32;
+    int off[6];
+    u8* pipe = smem + ((act_smem_offsets(n, off) + 15) & ~15);
+    u8* my = pipe + tid * GEMV_SLOT;  // slot of stage k: my + k * blockDim.x * GEMV_SLOT
+    const int stage_stride = blockDim.x * GEMV_SLOT;
+
+    Cursor is = {gwarp, 0, 0};
+    // Issues the next step into `stage` (an empty group past the end keeps counts even).
+    auto issue = [&](int stage) {
+        if (is.gr < P.total_rows) {
+            int ty, b, u;
+            const Planes* w;
+            i64 gb;
+            if (unit_at(P, is, lane, units, &ty, &w, &gb, &b, &u)) issue_unit(ty, *w, gb, u, smem_addr(my + stage * stage_stride));
+            advance(P, is, steps, nwarps);
+        }
+        cp_commit();
+    };
+    for (int st = 0; st < GEMV_PIPE - 1; ++st) issue(st);
+    pdl_wait();
+    pdl_trigger();
+    const Act a = build_act(P, smem, red);
+
+    Cursor cs = {gwarp, 0, 0};
+    float acc = 0.f, first = 0.f;
+    int stage = 0;
+    while (cs.gr < P.total_rows) {
+        issue((stage + GEMV_PIPE - 1) % GEMV_PIPE);
+        cp_wait_pipe();
+        int ty, b, u;
+        const Planes* w;
+        i64 gb;
+        if (unit_at(P, cs, lane, units, &ty, &w, &gb, &b, &u)) acc += slot_dot(ty, my + stage * stage_stride, gb, b, u, a);
+        stage = stage + 1 == GEMV_PIPE ? 0 : stage + 1;
+        if (cs.k + 1 == steps) {
+            const float v = warp_sum(acc);
+            acc = 0.f;
+            const Seg& s = P.seg[find_seg(P, cs.gr)];
+            if (s.out3 && cs.part == 0) {
+                first = v;
+            } else if (lane == 0) {
+                const int r = cs.gr - s.row0;
+                if (s.out3) epilogue(s, r, first, v); else epilogue(s, r, v, 0.f);
+            }
+        }
+        advance(P, cs, steps, nwarps);
+    }
+    cp_wait_all();
 }

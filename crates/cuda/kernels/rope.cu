@@ -49,7 +49,9 @@ extern "C" __global__ void kv_store(const float* k, const float* v, u16* kc, u16
     }
 }
 
-// Decode (one token): RoPE on q and k in place, then k and v stored in the cache.
+// Decode (one token): RoPE on q and k in place, and k and v stored in the cache. One
+// thread per rotated pair of q or k, then one per element of v (which also stores the
+// unrotated dims of k, if any).
 extern "C" __global__ void rope_qk_store(float* q, float* k, const float* v, u16* kc, u16* vc, const StepInfo* step,
                                         int n_head, int n_head_kv, int head_dim, int n_dims, int neox,
                                         float theta_scale) {
@@ -57,20 +59,21 @@ extern "C" __global__ void rope_qk_store(float* q, float* k, const float* v, u16
     pdl_trigger();
     const int half = n_dims / 2;
     const float pos = (float)step->pos0;
-    const int nq = n_head * half, nk = n_head_kv * half;
-    for (int p = threadIdx.x; p < nq + nk; p += blockDim.x) {
-        if (p < nq) {
-            rotate(q + (p / half) * head_dim, p % half, half, neox, pos, theta_scale);
-        } else {
-            const int pk = p - nq;
-            rotate(k + (pk / half) * head_dim, pk % half, half, neox, pos, theta_scale);
-        }
-    }
-    __syncthreads();
-    const int kv_dim = n_head_kv * head_dim;
+    const int nq = n_head * half, nk = n_head_kv * half, kv_dim = n_head_kv * head_dim;
     const i64 dst = (i64)step->pos0 * kv_dim;
-    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-        kc[dst + i] = f2h(k[i]);
-        vc[dst + i] = f2h(v[i]);
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p < nq) {
+        rotate(q + (p / half) * head_dim, p % half, half, neox, pos, theta_scale);
+    } else if (p < nq + nk) {
+        const int pk = p - nq, h = pk / half, i = pk % half;
+        float* head = k + h * head_dim;
+        rotate(head, i, half, neox, pos, theta_scale);
+        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        kc[dst + h * head_dim + a] = f2h(head[a]);
+        kc[dst + h * head_dim + b] = f2h(head[b]);
+    } else if (p < nq + nk + kv_dim) {
+        const int j = p - nq - nk;
+        vc[dst + j] = f2h(v[j]);
+        if (j % head_dim >= n_dims) kc[dst + j] = f2h(k[j]);
     }
 }

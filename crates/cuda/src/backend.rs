@@ -137,6 +137,7 @@ pub struct CudaBackend {
     pdl: AtomicBool,
     profile: AtomicBool,
     prefetch: AtomicU32,
+    gemv_pipe: AtomicBool,
 }
 
 fn fail(e: CudaError) -> ! {
@@ -198,6 +199,7 @@ impl CudaBackend {
             graphs: AtomicBool::new(env_flag("DS4_CUDA_GRAPHS", true)),
             pdl: AtomicBool::new(env_flag("DS4_CUDA_PDL", true)),
             profile: AtomicBool::new(false),
+            gemv_pipe: AtomicBool::new(std::env::var("DS4_CUDA_GEMV").map_or(true, |v| v != "plain")),
             prefetch: AtomicU32::new(
                 std::env::var("DS4_CUDA_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_PREFETCH),
             ),
@@ -236,6 +238,12 @@ impl CudaBackend {
     /// Sets how many rows ahead each GEMV warp prefetches into L2 (0: only its first).
     pub fn set_prefetch(&self, rows: u32) {
         self.prefetch.store(rows, Ordering::Relaxed);
+        self.lock().graphs.clear();
+    }
+
+    /// Chooses the pipelined GEMV (default) or the plain one (`DS4_CUDA_GEMV=plain`).
+    pub fn set_gemv_pipe(&self, on: bool) {
+        self.gemv_pipe.store(on, Ordering::Relaxed);
         self.lock().graphs.clear();
     }
 
@@ -340,12 +348,13 @@ impl CudaBackend {
     }
 
     fn lower(&self, st: &State, rec: &Recording) -> Result<Vec<Cmd>> {
-        let occ = |smem: u32| self.gpu.occupancy(self.k.gemv, GEMV_THREADS, smem);
+        let occ = |f, smem: u32| self.gpu.occupancy(f, GEMV_THREADS, smem);
         let cx = Ctx {
             k: &self.k,
             n_sm: self.gpu.n_sm,
             gemv_occupancy: &occ,
             gemv_prefetch: self.prefetch.load(Ordering::Relaxed),
+            gemv_pipe: self.gemv_pipe.load(Ordering::Relaxed),
             step: rec.step_ptr,
             n_tok: rec.n_tok,
             attn: st.attn,

@@ -26,7 +26,7 @@ pub struct Source {
 
 /// Every kernel module.
 pub const SOURCES: &[Source] = &[
-    Source { file: "gemv.cu", text: include_str!("../kernels/gemv.cu"), kernels: &["gemv"] },
+    Source { file: "gemv.cu", text: include_str!("../kernels/gemv.cu"), kernels: &["gemv", "gemv_pipe"] },
     Source {
         file: "elementwise.cu",
         text: include_str!("../kernels/elementwise.cu"),

@@ -12,6 +12,7 @@ use crate::error::{CudaError, Result};
 /// Every kernel the backend launches.
 pub struct Kernels {
     pub gemv: Func,
+    pub gemv_pipe: Func,
     pub rms_norm_rows: Func,
     pub add_inplace: Func,
     pub swiglu: Func,
@@ -39,7 +40,7 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 /// Largest dynamic shared memory the GEMV may use (its activation: ~2.6 bytes per input).
-pub const GEMV_MAX_SMEM: u32 = 160 * 1024;
+pub const GEMV_MAX_SMEM: u32 = 200 * 1024;
 
 impl Kernels {
     /// Compiles (or loads from the cache) and loads every module for `gpu`.
@@ -67,6 +68,7 @@ impl Kernels {
         };
         let k = Kernels {
             gemv: get("gemv")?,
+            gemv_pipe: get("gemv_pipe")?,
             rms_norm_rows: get("rms_norm_rows")?,
             add_inplace: get("add_inplace")?,
             swiglu: get("swiglu")?,
@@ -88,15 +90,17 @@ impl Kernels {
             modules,
         };
         let smem = GEMV_MAX_SMEM.min(gpu.max_smem_optin);
-        // SAFETY: a valid function handle; the value is within the device's limit.
-        unsafe {
-            result::function::set_function_attribute(
-                k.gemv.0,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
+        for f in [k.gemv, k.gemv_pipe] {
+            // SAFETY: a valid function handle; the value is within the device's limit.
+            unsafe {
+                result::function::set_function_attribute(
+                    f.0,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+            }
+            .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
         }
-        .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
         Ok(k)
     }
 }
@@ -112,6 +116,7 @@ impl Kernels {
         };
         Kernels {
             gemv: f(),
+            gemv_pipe: f(),
             rms_norm_rows: f(),
             add_inplace: f(),
             swiglu: f(),

@@ -20,7 +20,7 @@
 use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
 use crate::kernels::Kernels;
-use crate::layout::{gemv_smem_bytes, uses_q8k};
+use crate::layout::{gemv_pipe_smem_bytes, gemv_smem_bytes, uses_q8k};
 use crate::ops::{MatRef, Op, RopeArgs};
 
 /// A kernel launch.
@@ -62,9 +62,11 @@ pub struct Ctx<'a> {
     /// Streaming multiprocessors.
     pub n_sm: u32,
     /// GEMV blocks that fit on one multiprocessor with this many bytes of shared memory.
-    pub gemv_occupancy: &'a dyn Fn(u32) -> u32,
-    /// Rows each GEMV warp prefetches into L2 ahead of the one it computes.
+    pub gemv_occupancy: &'a dyn Fn(Func, u32) -> u32,
+    /// Rows each GEMV warp prefetches into L2 ahead of the one it computes (plain GEMV).
     pub gemv_prefetch: u32,
+    /// Use the pipelined GEMV (`gemv_pipe`).
+    pub gemv_pipe: bool,
     pub step: DPtr,
     pub n_tok: usize,
     pub attn: AttnScratch,
@@ -269,12 +271,16 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
         _ => "gemv",
     };
     let bytes = seg_bytes.iter().sum();
-    let smem = gemv_smem_bytes(inp.n as usize) as u32;
-    let occ = (cx.gemv_occupancy)(smem);
+    let (f, smem) = if cx.gemv_pipe {
+        (cx.k.gemv_pipe, gemv_pipe_smem_bytes(inp.n as usize, GEMV_THREADS as usize) as u32)
+    } else {
+        (cx.k.gemv, gemv_smem_bytes(inp.n as usize) as u32)
+    };
+    let occ = (cx.gemv_occupancy)(f, smem);
     let grid = (row0 as u32).div_ceil(GEMV_WARPS).min(cx.n_sm * occ).max(1);
     let mut args = Args::new();
     args.push(p);
-    Some((j - start, Cmd::Launch(Launch { f: cx.k.gemv, grid: (grid, 1, 1), block: GEMV_THREADS, smem, args, label, bytes })))
+    Some((j - start, Cmd::Launch(Launch { f, grid: (grid, 1, 1), block: GEMV_THREADS, smem, args, label, bytes })))
 }
 
 fn attn_split_kernel(cx: &Ctx, head_dim: u32) -> Result<Func> {
@@ -337,7 +343,16 @@ fn decode_attention(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Resu
     a.push(q).push(k).push(v).push(k_cache).push(v_cache).push(cx.step);
     a.push(n_head as i32).push(n_head_kv as i32).push(head_dim as i32);
     push_rope(&mut a, &rq);
-    cmds.push(Cmd::Launch(Launch { f: cx.k.rope_qk_store, grid: (1, 1, 1), block: 256, smem: 0, args: a, label: "rope q,k + kv store", bytes: 0 }));
+    let items = n_head * (rq.n_dims / 2) + n_head_kv * (rq.n_dims / 2) + n_head_kv * head_dim;
+    cmds.push(Cmd::Launch(Launch {
+        f: cx.k.rope_qk_store,
+        grid: (items.div_ceil(128), 1, 1),
+        block: 128,
+        smem: 0,
+        args: a,
+        label: "rope q,k + kv store",
+        bytes: 0,
+    }));
     decode_attention_kernels(cx, cmds, q, k_cache, v_cache, out, n_ctx, n_head, n_head_kv, head_dim)?;
     Ok(Some(3))
 }
@@ -464,9 +479,9 @@ mod tests {
     }
 
     fn lowered(ops: &[Op], n_tok: usize, k: &Kernels) -> Vec<Cmd> {
-        let occ = |_: u32| 2;
+        let occ = |_: Func, _: u32| 2;
         let attn = AttnScratch { pm: 1 << 50, pl: 2 << 50, po: 3 << 50, cap_ms: 1 << 16, cap_o: 1 << 22 };
-        let cx = Ctx { k, n_sm: 132, gemv_occupancy: &occ, gemv_prefetch: 2, step: 99 << 40, n_tok, attn };
+        let cx = Ctx { k, n_sm: 132, gemv_occupancy: &occ, gemv_prefetch: 2, gemv_pipe: true, step: 99 << 40, n_tok, attn };
         lower(ops, &cx).unwrap()
     }
 
@@ -480,12 +495,13 @@ mod tests {
         let cmds = lowered(&llama_step(1, 3), 1, &k);
         let f = funcs(&cmds);
         assert_eq!(f.len(), cmds.len(), "no GEMM in a decode step");
-        let layer = [k.gemv, k.rope_qk_store, k.attn_decode_split_64, k.attn_decode_reduce, k.gemv, k.gemv, k.gemv];
+        let g = k.gemv_pipe;
+        let layer = [g, k.rope_qk_store, k.attn_decode_split_64, k.attn_decode_reduce, g, g, g];
         let mut want = vec![k.embed_rows];
         for _ in 0..3 {
             want.extend(layer);
         }
-        want.extend([k.copy_f32, k.gemv]);
+        want.extend([k.copy_f32, g]);
         assert_eq!(f, want);
     }
 
@@ -498,7 +514,7 @@ mod tests {
         let f = funcs(&cmds);
         assert!(f.contains(&k.attn_prefill_64) && f.contains(&k.kv_store) && f.contains(&k.swiglu));
         // The single logits row still takes the fused norm + GEMV.
-        assert_eq!(f[f.len() - 2..], [k.copy_f32, k.gemv]);
+        assert_eq!(f[f.len() - 2..], [k.copy_f32, k.gemv_pipe]);
     }
 
     #[test]
@@ -511,7 +527,7 @@ mod tests {
             Op::RmsNorm { x, w: 7, n: 256, rows: 1, eps: 1e-5, out: 2 << 40 },
             Op::Matmul { w: mat(1, GgmlType::Q4_0, 256, 256), bias: None, x: 2 << 40, rows: 1, out: x },
         ];
-        assert_eq!(funcs(&lowered(&ops, 1, &k)), [k.rms_norm_rows, k.gemv]);
+        assert_eq!(funcs(&lowered(&ops, 1, &k)), [k.rms_norm_rows, k.gemv_pipe]);
     }
 
     #[test]

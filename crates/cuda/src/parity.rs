@@ -68,9 +68,19 @@ fn top2(v: &[f32]) -> ((usize, f32), (usize, f32)) {
     (a, b)
 }
 
-/// Index of the largest value (the first on ties).
+/// Index of the largest value (the first on ties; NaN never wins). Two passes that
+/// vectorize: the maximum, then its first position.
 pub fn argmax(v: &[f32]) -> usize {
-    top2(v).0.0
+    let mut m = [f32::NEG_INFINITY; 16];
+    let chunks = v.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..16 {
+            m[i] = m[i].max(c[i]);
+        }
+    }
+    let max = tail.iter().fold(m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)), |a, &b| a.max(b));
+    v.iter().position(|&x| x == max).unwrap_or(0)
 }
 
 /// The worst and typical differences over many rows.
@@ -259,5 +269,10 @@ mod tests {
         assert!(d.argmax_agree);
         assert!((d.cpu_gap - 1.0).abs() < 1e-9);
         assert!(!row_diff(&[0.0, 0.0, 5.0, 0.0], &cpu).argmax_agree);
+        let mut long: Vec<f32> = (0..1000).map(|i| (i % 17) as f32).collect();
+        long[500] = 99.0;
+        long[700] = 99.0;
+        assert_eq!(argmax(&long), 500);
+        assert_eq!(argmax(&[1.0, f32::NAN, 3.0]), 2);
     }
 }
