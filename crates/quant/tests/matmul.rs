@@ -215,8 +215,8 @@ proptest! {
 /// Relative RMS error of quantizing Gaussian-like data: a regression guard that also
 /// documents each format's accuracy (measured: Q8_0 0.005, Q6_K 0.017, Q5_0 0.041,
 /// Q5_1 0.037, Q5_K 0.035, Q4_0 0.082, Q4_1 0.076, Q4_K 0.069, Q3_K 0.146, Q2_K 0.288,
-/// IQ2_XXS 0.497). IQ2_XXS has no ggml counterpart without an importance matrix; ours
-/// minimizes the x²-weighted error (0.175 relative, against 0.221 for the same search
+/// IQ2_XXS 0.492). IQ2_XXS has no ggml counterpart without an importance matrix; ours
+/// minimizes the x²-weighted error (0.176 relative, against 0.221 for the same search
 /// with uniform weights, which reaches 0.329 plain RMS), so it gets that bound too.
 #[test]
 fn quantization_error_is_within_expected_bounds() {
@@ -264,8 +264,8 @@ fn quantization_error_is_within_expected_bounds() {
             let wnorm: f64 = x.iter().map(|a| (*a as f64).powi(4)).sum();
             let wrel = (werr / wnorm).sqrt();
             assert!(
-                wrel < 0.19,
-                "{ty}: x²-weighted relative error {wrel:.4} above 0.19"
+                wrel < 0.185,
+                "{ty}: x²-weighted relative error {wrel:.4} above 0.185"
             );
         }
     }

@@ -92,8 +92,12 @@ pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
 }
 
 /// Best codebook point for one group of 8 targets `xv` (signs already folded in) at
-/// scale `s`, minimizing `Σ w·(s·g - xv)²`. Returns `(index, error)`.
-fn best_point(xv: &[f32], w: &[f32], s: f32) -> (u8, f32) {
+/// scale `s`, minimizing `Σ w·(s·g - xv)²`. Returns `(index, error)`. When the
+/// per-element best levels form a codebook point, that point is the exact optimum;
+/// otherwise `exact` searches all 256 points (split into two halves of 4 elements,
+/// whose 81 level patterns each are costed once), and the fast search only the points
+/// nearest to that level pattern (the two closest distances, as ggml's IQ2 quantizer).
+fn best_point(xv: &[f32], w: &[f32], s: f32, exact: bool) -> (u8, f32) {
     let mut cost = [[0f32; 3]; 8];
     let mut code = [0u8; 8];
     for j in 0..8 {
@@ -107,18 +111,49 @@ fn best_point(xv: &[f32], w: &[f32], s: f32) -> (u8, f32) {
         }
         code[j] = best as u8;
     }
-    if let Some(idx) = code_index(&code) {
-        let err = (0..8).map(|j| cost[j][code[j] as usize]).sum();
-        return (idx, err);
+    let t = tables();
+    let key = code_key(&code);
+    let err_of = |idx: u8| -> f32 {
+        (0..8)
+            .map(|j| cost[j][t.levels[idx as usize][j] as usize])
+            .sum()
+    };
+    if t.index[key] >= 0 {
+        let idx = t.index[key] as u8;
+        return (idx, err_of(idx));
     }
-    let mut best = (0u8, f32::INFINITY);
-    for idx in 0..256 {
-        let mut err = 0.0;
-        for (j, c) in cost.iter().enumerate() {
-            err += c[level_of(grid(idx as u8, j))];
+    if exact {
+        // half[h][p]: cost of elements 4h..4h+4 at level pattern p (base 3, element
+        // 4h least significant), built digit by digit.
+        let mut half = [[0f32; 81]; 2];
+        for (h, costs) in half.iter_mut().enumerate() {
+            costs[..3].copy_from_slice(&cost[4 * h]);
+            let mut n = 3;
+            for j in 1..4 {
+                for p in (0..3 * n).rev() {
+                    costs[p] = costs[p % n] + cost[4 * h + j][p / n];
+                }
+                n *= 3;
+            }
         }
+        let mut best = (0u8, f32::INFINITY);
+        for idx in 0..256 {
+            let err = half[0][t.halves[idx][0] as usize] + half[1][t.halves[idx][1] as usize];
+            if err < best.1 {
+                best = (idx as u8, err);
+            }
+        }
+        return (best.0, err_of(best.0));
+    }
+    let (lo, hi) = (
+        t.neighbours_at[key] as usize,
+        t.neighbours_at[key + 1] as usize,
+    );
+    let mut best = (0u8, f32::INFINITY);
+    for &idx in &t.neighbours[lo..hi] {
+        let err = err_of(idx);
         if err < best.1 {
-            best = (idx as u8, err);
+            best = (idx, err);
         }
     }
     best
@@ -126,7 +161,7 @@ fn best_point(xv: &[f32], w: &[f32], s: f32) -> (u8, f32) {
 
 /// Level (0, 1, 2) of a codebook magnitude byte.
 #[inline]
-fn level_of(g: u8) -> usize {
+fn level_of(g: u8) -> u8 {
     match g {
         0x08 => 0,
         0x19 => 1,
@@ -134,21 +169,73 @@ fn level_of(g: u8) -> usize {
     }
 }
 
-/// Codebook index of a level pattern, if the pattern is a codebook point.
-fn code_index(code: &[u8; 8]) -> Option<u8> {
-    static MAP: std::sync::OnceLock<Vec<i16>> = std::sync::OnceLock::new();
-    let map = MAP.get_or_init(|| {
-        let mut m = vec![-1i16; 6561];
+/// Base-3 key of a level pattern (0..6561).
+#[inline]
+fn code_key(code: &[u8; 8]) -> usize {
+    code.iter().rev().fold(0usize, |k, &c| k * 3 + c as usize)
+}
+
+/// Search tables, built once: the level pattern of every codebook point, the point of
+/// every on-grid pattern, and for every other pattern its nearest points.
+struct Tables {
+    levels: [[u8; 8]; 256],
+    /// Base-3 keys of elements 0..4 and 4..8 of each point.
+    halves: [[u8; 2]; 256],
+    index: Vec<i16>,
+    neighbours_at: Vec<u32>,
+    neighbours: Vec<u8>,
+}
+
+fn tables() -> &'static Tables {
+    static T: std::sync::OnceLock<Tables> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let mut levels = [[0u8; 8]; 256];
+        let mut halves = [[0u8; 2]; 256];
+        let mut index = vec![-1i16; 6561];
         for idx in 0..256 {
-            let key = (0..8)
-                .rev()
-                .fold(0usize, |k, j| k * 3 + level_of(grid(idx as u8, j)));
-            m[key] = idx as i16;
+            for j in 0..8 {
+                levels[idx][j] = level_of(grid(idx as u8, j));
+            }
+            let key = code_key(&levels[idx]);
+            index[key] = idx as i16;
+            halves[idx] = [(key % 81) as u8, (key / 81) as u8];
         }
-        m
-    });
-    let key = code.iter().rev().fold(0usize, |k, &c| k * 3 + c as usize);
-    (map[key] >= 0).then(|| map[key] as u8)
+        let mut neighbours_at = Vec::with_capacity(6562);
+        let mut neighbours = Vec::new();
+        for key in 0..6561usize {
+            neighbours_at.push(neighbours.len() as u32);
+            if index[key] >= 0 {
+                continue;
+            }
+            let mut code = [0u8; 8];
+            let mut k = key;
+            for c in code.iter_mut() {
+                *c = (k % 3) as u8;
+                k /= 3;
+            }
+            let dist = |idx: usize| -> u32 {
+                (0..8)
+                    .map(|j| {
+                        let d = LEVELS[levels[idx][j] as usize] - LEVELS[code[j] as usize];
+                        (d * d) as u32
+                    })
+                    .sum()
+            };
+            let mut d: Vec<(u32, u8)> = (0..256).map(|i| (dist(i), i as u8)).collect();
+            d.sort_unstable();
+            let first = d[0].0;
+            let second = d.iter().map(|e| e.0).find(|&x| x > first).unwrap_or(first);
+            neighbours.extend(d.iter().take_while(|e| e.0 <= second).map(|e| e.1));
+        }
+        neighbours_at.push(neighbours.len() as u32);
+        Tables {
+            levels,
+            halves,
+            index,
+            neighbours_at,
+            neighbours,
+        }
+    })
 }
 
 /// One 32-weight group prepared for the search: targets with signs folded in, weights,
@@ -190,12 +277,18 @@ impl Group32 {
         g
     }
 
-    /// Codebook points for scale `s` and the total weighted error.
-    fn assign(&self, s: f32) -> ([u8; 4], f32) {
+    /// Codebook points for scale `s` and the total weighted error (`exact`: see
+    /// [`best_point`]).
+    fn assign(&self, s: f32, exact: bool) -> ([u8; 4], f32) {
         let mut idx = [0u8; 4];
         let mut err = 0.0;
         for k in 0..4 {
-            let (i, e) = best_point(&self.xv[8 * k..8 * k + 8], &self.w[8 * k..8 * k + 8], s);
+            let (i, e) = best_point(
+                &self.xv[8 * k..8 * k + 8],
+                &self.w[8 * k..8 * k + 8],
+                s,
+                exact,
+            );
             idx[k] = i;
             err += e;
         }
@@ -209,9 +302,9 @@ impl Group32 {
             return 0.0;
         }
         let mut best = (0.0f32, f32::INFINITY);
-        for step in 0..=24 {
-            let s0 = max / (24.0 + step as f32);
-            let (idx, _) = self.assign(s0);
+        for step in 0..=12 {
+            let s0 = max / (24.0 + 2.0 * step as f32);
+            let (idx, _) = self.assign(s0, false);
             // Least-squares scale for this assignment.
             let (mut sxg, mut sgg) = (0.0f32, 0.0f32);
             for k in 0..4 {
@@ -227,7 +320,7 @@ impl Group32 {
             } else {
                 s0
             };
-            let (_, err) = self.assign(s);
+            let (_, err) = self.assign(s, false);
             if err < best.1 {
                 best = (s, err);
             }
@@ -260,7 +353,7 @@ pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
             let mut best = (0u32, [0u8; 4], f32::INFINITY);
             for ls in (center - 1).max(0)..=(center + 1).min(15) {
                 let s = d * (0.5 + ls as f32) * 0.25;
-                let (idx, err) = g.assign(s);
+                let (idx, err) = g.assign(s, true);
                 if err < best.2 {
                     best = (ls as u32, idx, err);
                 }
