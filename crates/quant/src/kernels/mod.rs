@@ -11,6 +11,8 @@ pub(crate) mod act_avx2;
 #[cfg(target_arch = "x86_64")]
 mod float_kernels;
 #[cfg(target_arch = "x86_64")]
+mod gemm_avx2;
+#[cfg(target_arch = "x86_64")]
 mod gemm_avx512;
 #[cfg(target_arch = "x86_64")]
 mod gemv_q;
@@ -42,10 +44,20 @@ pub enum Isa {
     Avx512,
 }
 
-/// The best instruction set of this CPU (detected once).
+/// The instruction set the kernels use: the best this CPU has (detected once), or a
+/// lower one named by the environment variable `DS4_QUANT_ISA` (`scalar`, `avx2`,
+/// `avx512`) for testing and benchmarking the fallbacks. Results do not depend on it.
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(detect)
+    *ISA.get_or_init(|| {
+        let best = detect();
+        let wanted = match std::env::var("DS4_QUANT_ISA").as_deref() {
+            Ok("scalar") => Isa::Scalar,
+            Ok("avx2") => Isa::Avx2,
+            _ => best,
+        };
+        wanted.min(best)
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -99,10 +111,10 @@ pub(crate) fn panel_rows(isa: Isa) -> usize {
     }
 }
 
-/// Whether the panel kernels handle `ty` well with this instruction set. (AVX2 has no
-/// panel kernel yet: its row kernels are faster than the portable panel kernel.)
+/// Whether the panel kernels handle `ty`.
 pub(crate) fn has_panel(isa: Isa, ty: GgmlType) -> bool {
-    isa != Isa::Avx2 && formats::layout(ty).is_some()
+    let _ = isa;
+    formats::layout(ty).is_some()
 }
 
 /// Row-streaming product: rows `rows` of `w` with tokens `tokens` of `x`.
@@ -171,9 +183,10 @@ pub(crate) fn gemm(
 ) {
     fill_panel(isa, panel, w, r0, nrows);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        gemm_avx512::gemm(panel, r0, x, out);
-        return;
+    match isa {
+        Isa::Avx512 => return gemm_avx512::gemm(panel, r0, x, out),
+        Isa::Avx2 => return gemm_avx2::gemm(panel, r0, x, out),
+        Isa::Scalar => {}
     }
     let _ = isa;
     panel::gemm_scalar(panel, r0, x, 0..x.n_tokens(), out);
