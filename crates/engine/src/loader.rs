@@ -13,7 +13,7 @@ use crate::model::Model;
 use crate::{EngineError, Result};
 
 /// Architectures this build can run.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "glm5next", "glm5-next"];
 
 /// Loads the model in `file` on the CPU backend.
 pub fn load_model(file: &Arc<GgufFile>, path: &Path) -> Result<Arc<dyn Model>> {
@@ -32,6 +32,7 @@ pub fn load_model_with<B: Backend>(backend: Arc<B>, file: &Arc<GgufFile>, path: 
     let model: Arc<dyn Model> = match hp.arch() {
         "llama" => Arc::new(Llama::load(backend, file, Variant::Llama, name)?),
         "qwen2" => Arc::new(Llama::load(backend, file, Variant::Qwen2, name)?),
+        "glm5next" | "glm5-next" => Arc::new(crate::families::glm5_next::Glm5Next::load(file, name)?),
         other => return Err(EngineError::UnknownArchitecture(other.to_string())),
     };
     Ok(model)

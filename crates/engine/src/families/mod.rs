@@ -1,3 +1,4 @@
 //! Model families, one file each, readable beside the reference they follow.
 
+pub mod glm5_next;
 pub mod llama;

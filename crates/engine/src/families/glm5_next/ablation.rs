@@ -1,0 +1,152 @@
+//! Test switches: one feature of the model turned off or changed at a time, named as the
+//! sensitivity table of `tools/reference/README.md` names the same perturbation of the
+//! reference. Tests show that each broken variant fails the fixture comparison by about
+//! the margin the reference itself moves; normal use never sets one.
+
+/// One deliberate deviation from the reference (see the module header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ablation {
+    /// Sinkhorn stopped after the softmax and one column normalisation.
+    HcSinkhorn1,
+    /// Sinkhorn with one iteration fewer than configured.
+    HcSinkhorn19,
+    /// Residual mixing with `C` instead of `Cᵀ`.
+    HcCombTransposed,
+    /// `post` weights forced to 1.
+    HcPostOnes,
+    /// `pre` weights replaced by `1 / hc_mult`.
+    HcPreMean,
+    /// No RMS normalisation of the flattened streams before `fn`.
+    HcInputNormOff,
+    /// `hc_eps = 0`.
+    HcEps0,
+    /// The final collapse takes stream 0 instead of the mean.
+    HcHeadFirstStream,
+    /// Depthwise conv replaced by identity (SiLU kept).
+    KdaConvIdentity,
+    /// No SiLU after the conv.
+    KdaConvNoSilu,
+    /// Recurrent state not carried across 64-token chunks within a call.
+    KdaChunkStateReset,
+    /// Conv state zeroed before every decode step.
+    KdaDecodeConvStateZeroed,
+    /// Recurrent state zeroed before every decode step.
+    KdaDecodeStateZeroed,
+    /// The other forget-gate form (lower bound ↔ softplus).
+    KdaGateOtherForm,
+    /// `A_log = 0`.
+    KdaALogZero,
+    /// `dt_bias = 0`.
+    KdaDtBiasZero,
+    /// `beta = 1`.
+    KdaBetaOne,
+    /// q/k not L2-normalised.
+    KdaQkL2normOff,
+    /// Gated output norm without the sigmoid gate.
+    KdaOutputGateOff,
+    /// Gated output norm weight = 1.
+    KdaONormWeightOnes,
+    /// No `q_a_layernorm`.
+    MlaQANormOff,
+    /// No `kv_a_layernorm` (latent not normalised).
+    MlaKvANormOff,
+    /// Softmax scale `1/sqrt(v_head_dim)`.
+    MlaScaleVHeadDim,
+    /// Every causal token selected (dense attention).
+    DsaDense,
+    /// The incomplete kpool tail not appended.
+    DsaNoTail,
+    /// Pooled key = plain mean (no gate, no ape).
+    DsaPoolPlainMean,
+    /// kpool ape zero.
+    DsaApeOff,
+    /// Head scores not ReLU'd.
+    DsaReluOff,
+    /// Head weights replaced by 1.
+    DsaHeadWeightsOnes,
+    /// No indexer `k_norm`.
+    DsaKNormOff,
+    /// `shared` layers attend to every causal token.
+    DsaSharedDense,
+    /// Router correction bias ignored.
+    MoeBiasOff,
+    /// Routing weights from the biased scores.
+    MoeWeightsWithBias,
+    /// Group-limited selection disabled.
+    MoeGroupsOff,
+    /// `norm_topk_prob` flipped.
+    MoeRenormFlipped,
+    /// `routed_scaling_factor = 1`.
+    MoeRoutedScaling1,
+    /// Shared expert dropped.
+    MoeSharedExpertOff,
+    /// No SwiGLU clamp.
+    SwigluClampOff,
+    /// Gate also clamped below at `-limit`.
+    SwigluGateClampedBelow,
+    /// Final RMSNorm removed.
+    FinalNormOff,
+}
+
+impl Ablation {
+    /// Every switch, with the name the reference's sensitivity table uses.
+    pub const ALL: &[(Ablation, &'static str)] = &[
+        (Ablation::HcSinkhorn1, "hc_sinkhorn_1"),
+        (Ablation::HcSinkhorn19, "hc_sinkhorn_19"),
+        (Ablation::HcCombTransposed, "hc_comb_transposed"),
+        (Ablation::HcPostOnes, "hc_post_ones"),
+        (Ablation::HcPreMean, "hc_pre_mean"),
+        (Ablation::HcInputNormOff, "hc_input_norm_off"),
+        (Ablation::HcEps0, "hc_eps_0"),
+        (Ablation::HcHeadFirstStream, "hc_head_first_stream"),
+        (Ablation::KdaConvIdentity, "kda_conv_identity"),
+        (Ablation::KdaConvNoSilu, "kda_conv_no_silu"),
+        (Ablation::KdaChunkStateReset, "kda_chunk_state_reset"),
+        (Ablation::KdaDecodeConvStateZeroed, "kda_decode_conv_state_zeroed"),
+        (Ablation::KdaDecodeStateZeroed, "kda_decode_state_zeroed"),
+        (Ablation::KdaGateOtherForm, "kda_gate_other_form"),
+        (Ablation::KdaALogZero, "kda_A_log_zero"),
+        (Ablation::KdaDtBiasZero, "kda_dt_bias_zero"),
+        (Ablation::KdaBetaOne, "kda_beta_one"),
+        (Ablation::KdaQkL2normOff, "kda_qk_l2norm_off"),
+        (Ablation::KdaOutputGateOff, "kda_output_gate_off"),
+        (Ablation::KdaONormWeightOnes, "kda_o_norm_weight_ones"),
+        (Ablation::MlaQANormOff, "mla_q_a_norm_off"),
+        (Ablation::MlaKvANormOff, "mla_kv_a_norm_off"),
+        (Ablation::MlaScaleVHeadDim, "mla_scale_v_head_dim"),
+        (Ablation::DsaDense, "dsa_dense"),
+        (Ablation::DsaNoTail, "dsa_no_tail"),
+        (Ablation::DsaPoolPlainMean, "dsa_pool_plain_mean"),
+        (Ablation::DsaApeOff, "dsa_ape_off"),
+        (Ablation::DsaReluOff, "dsa_relu_off"),
+        (Ablation::DsaHeadWeightsOnes, "dsa_head_weights_ones"),
+        (Ablation::DsaKNormOff, "dsa_k_norm_off"),
+        (Ablation::DsaSharedDense, "dsa_shared_dense"),
+        (Ablation::MoeBiasOff, "moe_bias_off"),
+        (Ablation::MoeWeightsWithBias, "moe_weights_with_bias"),
+        (Ablation::MoeGroupsOff, "moe_groups_off"),
+        (Ablation::MoeRenormFlipped, "moe_renorm_flipped"),
+        (Ablation::MoeRoutedScaling1, "moe_routed_scaling_1"),
+        (Ablation::MoeSharedExpertOff, "moe_shared_expert_off"),
+        (Ablation::SwigluClampOff, "swiglu_clamp_off"),
+        (Ablation::SwigluGateClampedBelow, "swiglu_gate_clamped_below"),
+        (Ablation::FinalNormOff, "final_norm_off"),
+    ];
+
+    /// The reference's name of this switch.
+    pub fn name(self) -> &'static str {
+        Self::ALL.iter().find(|(a, _)| *a == self).map_or("?", |(_, n)| n)
+    }
+}
+
+/// The switch in force (none in normal use).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Switches(pub Option<Ablation>);
+
+impl Switches {
+    /// Whether `a` is on.
+    #[inline]
+    pub fn on(self, a: Ablation) -> bool {
+        self.0 == Some(a)
+    }
+}
