@@ -5,9 +5,9 @@
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
+use crate::Result;
 use crate::sampler::{Rng, SamplerParams, sample};
 use crate::session::{Session, SyncStats};
-use crate::Result;
 
 /// Settings of one generation.
 #[derive(Debug, Clone, Copy)]
@@ -87,7 +87,9 @@ pub fn generate(
     progress: &mut dyn FnMut(usize, usize),
     on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
 ) -> Result<GenerateStats> {
-    let SyncStats { reused, eval_time, .. } = session.sync(prompt, progress)?;
+    let SyncStats {
+        reused, eval_time, ..
+    } = session.sync(prompt, progress)?;
     let mut rng = Rng(params.seed);
     let mut stats = GenerateStats {
         prompt_tokens: prompt.len(),

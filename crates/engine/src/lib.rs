@@ -8,11 +8,14 @@ pub mod backend;
 mod error;
 pub mod families;
 pub mod generate;
+pub mod loaded;
 pub mod loader;
+pub mod logprobs;
 pub mod model;
 pub mod sampler;
 pub mod session;
 
 pub use error::{EngineError, Result};
+pub use loaded::LoadedModel;
 pub use model::{Cache, Logits, Model, ModelInfo};
 pub use session::Session;

@@ -51,7 +51,12 @@ impl Session {
     /// A new empty session holding up to `n_ctx` tokens.
     pub fn new(model: Arc<dyn Model>, n_ctx: usize) -> Result<Self> {
         let cache = model.new_cache(n_ctx)?;
-        Ok(Session { model, cache, tokens: Vec::new(), logits: Vec::new() })
+        Ok(Session {
+            model,
+            cache,
+            tokens: Vec::new(),
+            logits: Vec::new(),
+        })
     }
 
     pub fn model(&self) -> &Arc<dyn Model> {
@@ -77,7 +82,10 @@ impl Session {
     fn check_room(&self, extra: usize) -> Result<()> {
         let needed = self.tokens.len() + extra;
         if needed > self.n_ctx() {
-            return Err(EngineError::ContextFull { needed, n_ctx: self.n_ctx() });
+            return Err(EngineError::ContextFull {
+                needed,
+                n_ctx: self.n_ctx(),
+            });
         }
         Ok(())
     }
@@ -85,16 +93,25 @@ impl Session {
     /// Appends `tokens`, calling `progress(done, total)` after each chunk, and returns
     /// the logits after the last one. The whole prompt is checked against the context
     /// size before anything is evaluated.
-    pub fn prefill(&mut self, tokens: &[u32], progress: &mut dyn FnMut(usize, usize)) -> Result<&[f32]> {
+    pub fn prefill(
+        &mut self,
+        tokens: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<&[f32]> {
         self.check_room(tokens.len())?;
         if tokens.is_empty() {
-            return self.logits().ok_or(EngineError::Rewind { target: self.tokens.len(), reason: "no logits".into() });
+            return self.logits().ok_or(EngineError::Rewind {
+                target: self.tokens.len(),
+                reason: "no logits".into(),
+            });
         }
         let mut done = 0;
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             let last = done + chunk.len() == tokens.len();
             let mode = if last { Logits::Last } else { Logits::None };
-            let r = self.model.forward(&mut *self.cache, chunk, mode, &mut self.logits);
+            let r = self
+                .model
+                .forward(&mut *self.cache, chunk, mode, &mut self.logits);
             if let Err(e) = r {
                 // Keep the session consistent with what was evaluated.
                 let _ = self.cache.truncate(self.tokens.len());
@@ -118,7 +135,8 @@ impl Session {
     pub fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         self.check_room(tokens.len())?;
         let mut all = Vec::new();
-        self.model.forward(&mut *self.cache, tokens, Logits::All, &mut all)?;
+        self.model
+            .forward(&mut *self.cache, tokens, Logits::All, &mut all)?;
         self.tokens.extend_from_slice(tokens);
         let n_vocab = self.model.info().n_vocab;
         self.logits.clear();
@@ -150,7 +168,11 @@ impl Session {
 
     /// A copy of the state.
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot { tokens: self.tokens.clone(), cache: self.cache.snapshot(), logits: self.logits.clone() }
+        Snapshot {
+            tokens: self.tokens.clone(),
+            cache: self.cache.snapshot(),
+            logits: self.logits.clone(),
+        }
     }
 
     /// Returns to a snapshot taken from this session (or another of the same model and
@@ -164,17 +186,29 @@ impl Session {
 
     /// The number of leading tokens `tokens` shares with the frontier.
     pub fn common_prefix(&self, tokens: &[u32]) -> usize {
-        self.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count()
+        self.tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
     }
 
     /// Makes the session hold exactly `tokens` with known logits after the last one:
     /// keeps the longest common prefix, rewinds past it and evaluates the rest. When
     /// the whole request is already held but its logits are not, the last token is
     /// evaluated again.
-    pub fn sync(&mut self, tokens: &[u32], progress: &mut dyn FnMut(usize, usize)) -> Result<SyncStats> {
+    pub fn sync(
+        &mut self,
+        tokens: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<SyncStats> {
         if tokens.is_empty() {
             self.reset()?;
-            return Ok(SyncStats { reused: 0, evaluated: 0, eval_time: None });
+            return Ok(SyncStats {
+                reused: 0,
+                evaluated: 0,
+                eval_time: None,
+            });
         }
         self.check_room_for(tokens.len())?;
         let mut keep = self.common_prefix(tokens);
@@ -184,16 +218,27 @@ impl Session {
         self.rewind(keep)?;
         let rest = &tokens[keep..];
         if rest.is_empty() {
-            return Ok(SyncStats { reused: keep, evaluated: 0, eval_time: None });
+            return Ok(SyncStats {
+                reused: keep,
+                evaluated: 0,
+                eval_time: None,
+            });
         }
         let t0 = Instant::now();
         self.prefill(rest, progress)?;
-        Ok(SyncStats { reused: keep, evaluated: rest.len(), eval_time: Some(t0.elapsed()) })
+        Ok(SyncStats {
+            reused: keep,
+            evaluated: rest.len(),
+            eval_time: Some(t0.elapsed()),
+        })
     }
 
     fn check_room_for(&self, total: usize) -> Result<()> {
         if total > self.n_ctx() {
-            return Err(EngineError::ContextFull { needed: total, n_ctx: self.n_ctx() });
+            return Err(EngineError::ContextFull {
+                needed: total,
+                n_ctx: self.n_ctx(),
+            });
         }
         Ok(())
     }

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use ds4_gguf::{GgmlType, GgufFile, TensorInfo};
+use ds4_gguf::{GgufFile, TensorInfo};
 use ds4_quant::{QMatrix, QuantizedActs};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -38,7 +38,12 @@ pub enum CpuWeight {
 impl CpuWeight {
     fn matrix(&self) -> QMatrix<'_> {
         match self {
-            CpuWeight::Matrix { file, info, rows, cols } => QMatrix {
+            CpuWeight::Matrix {
+                file,
+                info,
+                rows,
+                cols,
+            } => QMatrix {
                 ty: info.dtype,
                 rows: *rows,
                 cols: *cols,
@@ -70,13 +75,6 @@ pub struct CpuStep {
     pos0: usize,
 }
 
-/// ggml's supported matrix types on this backend.
-fn supported_matrix_type(ty: GgmlType) -> bool {
-    // TODO(lead): use ds4_quant::is_supported once the quant crate lands.
-    use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ2_XXS)
-}
-
 impl Backend for CpuBackend {
     type Weight = CpuWeight;
     type Buf = Vec<f32>;
@@ -92,7 +90,7 @@ impl Backend for CpuBackend {
             name: info.name.clone(),
             ty: info.dtype,
         };
-        if !supported_matrix_type(info.dtype) {
+        if !ds4_quant::is_supported(info.dtype) {
             return Err(unsupported());
         }
         let cols = info.dims[0] as usize;
@@ -117,8 +115,12 @@ impl Backend for CpuBackend {
 
     fn kv(&self, n_layer: usize, n_ctx: usize, kv_dim: usize) -> CpuKv {
         CpuKv {
-            k: (0..n_layer).map(|_| vec![f16::ZERO; n_ctx * kv_dim]).collect(),
-            v: (0..n_layer).map(|_| vec![f16::ZERO; n_ctx * kv_dim]).collect(),
+            k: (0..n_layer)
+                .map(|_| vec![f16::ZERO; n_ctx * kv_dim])
+                .collect(),
+            v: (0..n_layer)
+                .map(|_| vec![f16::ZERO; n_ctx * kv_dim])
+                .collect(),
             kv_dim,
         }
     }
@@ -187,7 +189,12 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) {
         let m = w.matrix();
-        let acts = QuantizedActs::new(ds4_quant::vec_dot_type(m.ty), &x[..rows * m.cols], rows, m.cols);
+        let acts = QuantizedActs::new(
+            ds4_quant::vec_dot_type(m.ty),
+            &x[..rows * m.cols],
+            rows,
+            m.cols,
+        );
         ds4_quant::matmul(&m, &acts, &mut out[..rows * m.rows]);
         if let Some(b) = bias {
             let b = b.vector();
@@ -203,7 +210,10 @@ impl Backend for CpuBackend {
         let row_len = n_head * head_dim;
         let theta_scale = rope.freq_base.powf(-2.0 / rope.n_dims as f32);
         let half = rope.n_dims / 2;
-        for (i, row) in x[..step.tokens.len() * row_len].chunks_mut(row_len).enumerate() {
+        for (i, row) in x[..step.tokens.len() * row_len]
+            .chunks_mut(row_len)
+            .enumerate()
+        {
             // cos/sin per pair, as ggml's rope cache: theta advances by f32 products.
             let mut cs = Vec::with_capacity(half);
             let mut theta = (step.pos0 + i) as f32;
@@ -213,7 +223,11 @@ impl Backend for CpuBackend {
             }
             for head in row.chunks_mut(head_dim) {
                 for (j, &(c, s)) in cs.iter().enumerate() {
-                    let (a, b) = if rope.neox { (j, j + half) } else { (2 * j, 2 * j + 1) };
+                    let (a, b) = if rope.neox {
+                        (j, j + half)
+                    } else {
+                        (2 * j, 2 * j + 1)
+                    };
                     let (x0, x1) = (head[a], head[b]);
                     head[a] = x0 * c - x1 * s;
                     head[b] = x0 * s + x1 * c;

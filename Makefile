@@ -1,0 +1,29 @@
+# DS4Server — the two commands a new user needs:
+#   make chat   build the release binary, fetch the default model if absent, start a chat
+#   make test   fetch the test models if absent, then run the whole test suite
+.PHONY: chat build models test-models test lint
+
+BIN := target/release/ds4-server
+
+build:
+	cargo build --release --bin ds4-server
+
+chat: build
+	$(BIN) pull smollm2-135m
+	$(BIN) chat
+
+# The default model (SmolLM2-135M-Instruct, Apache-2.0) for users.
+models: build
+	$(BIN) pull smollm2-135m
+
+# The real models the tests compare against llama.cpp (see ../shared/fixtures/llamacpp).
+test-models:
+	scripts/fetch-test-models.sh
+
+test: test-models
+	cargo nextest run --workspace --release --no-fail-fast
+	cargo test --workspace --release --doc
+
+lint:
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings

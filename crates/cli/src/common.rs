@@ -1,0 +1,175 @@
+//! Options and helpers shared by the subcommands: model resolution and loading,
+//! threads, sampling flags, the stats line and progress bars.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use ds4_engine::LoadedModel;
+use ds4_engine::generate::GenerateStats;
+use ds4_engine::sampler::SamplerParams;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// The model to load and how to run it.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file (default: the cached default model, smollm2-135m).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Context size in tokens.
+    #[arg(long = "ctx", default_value_t = 4096)]
+    pub ctx: usize,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+}
+
+/// Sampling flags, with ds4's defaults (temperature 1, top-p 1, min-p 0.05, top-k off).
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 1.0)]
+    pub temp: f32,
+    /// Keep the k most likely tokens (0: off).
+    #[arg(long = "top-k", default_value_t = 0)]
+    pub top_k: i32,
+    /// Nucleus sampling threshold (1: off).
+    #[arg(long = "top-p", default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min-p × the top token's probability.
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// RNG seed (default: from the clock).
+    #[arg(long = "seed")]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplerParams {
+        SamplerParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+        }
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed.unwrap_or_else(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            t.as_nanos() as u64 | 1
+        })
+    }
+}
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Sets rayon's global pool size.
+pub fn init_threads(threads: Option<usize>) -> Result<()> {
+    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .context("starting the thread pool")?;
+    Ok(())
+}
+
+/// Resolves the model path: `-m FILE`, else the cached default model.
+pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
+    if let Some(p) = &args.model {
+        if !p.exists() {
+            bail!("model file {} does not exist", p.display());
+        }
+        return Ok(p.clone());
+    }
+    let name = crate::pull::DEFAULT_MODEL;
+    match crate::pull::model_path(name) {
+        Some(p) => Ok(p),
+        None => bail!(
+            "no model given and the default model is not in {} — run `ds4-server pull {name}` (or `make chat`), or pass -m FILE",
+            crate::pull::cache_dir().display()
+        ),
+    }
+}
+
+/// Loads the model named by `args`, with a spinner on a terminal.
+pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
+    init_threads(args.threads)?;
+    let path = model_path(args)?;
+    let bar = spinner(&format!("loading {}", path.display()));
+    let loaded = LoadedModel::open(&path).with_context(|| format!("loading {}", path.display()));
+    bar.finish_and_clear();
+    let loaded = loaded?;
+    if args.ctx == 0 {
+        bail!("--ctx must be at least 1");
+    }
+    Ok(loaded)
+}
+
+fn spinner(msg: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner().with_message(msg.to_string());
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}
+
+/// A progress bar for prefills long enough to notice (shown on a terminal only).
+pub struct PrefillProgress {
+    bar: Option<ProgressBar>,
+}
+
+impl PrefillProgress {
+    /// Tokens below which no bar is shown.
+    const MIN_TOKENS: usize = 1024;
+
+    pub fn new() -> Self {
+        PrefillProgress { bar: None }
+    }
+
+    /// The callback for [`ds4_engine::Session::sync`] and friends.
+    pub fn update(&mut self, done: usize, total: usize) {
+        if total < Self::MIN_TOKENS || !std::io::stderr().is_terminal() {
+            return;
+        }
+        let bar = self.bar.get_or_insert_with(|| {
+            let b = ProgressBar::new(total as u64);
+            b.set_style(
+                ProgressStyle::with_template("prefill {bar:30} {pos}/{len} tokens {per_sec}")
+                    .expect("static template"),
+            );
+            b
+        });
+        bar.set_position(done as u64);
+        if done == total {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// The one-line summary printed on stderr after each answer.
+pub fn stats_line(s: &GenerateStats) -> String {
+    let rate = |r: Option<f64>| r.map_or_else(|| "-".to_string(), |r| format!("{r:.1}"));
+    format!(
+        "[prompt {} tokens ({} cached), prefill {} tok/s, generated {} tokens, decode {} tok/s, stop: {}]",
+        s.prompt_tokens,
+        s.cached_tokens,
+        rate(s.prefill_tps()),
+        s.generated_tokens,
+        rate(s.decode_tps()),
+        s.stop.as_str()
+    )
+}
