@@ -406,28 +406,116 @@ __device__ __forceinline__ void epilogue(const Seg& s, int r, float v, float u) 
     }
 }
 
+// Quantizes chunk c (elements 256c .. 256c+255; lane l holds 8l .. 8l+7) of the
+// input, optionally normalized, into the formats the launch needs; block 0 writes the
+// normalized values to h_out.
+__device__ __forceinline__ void quantize_chunk(const GemvParams& P, const Act& a, int c, int lane, const float4* xa,
+                                               const float4* wa, float scale, bool write_h) {
+    const int n = P.n_in;
+    const int i0 = c * 256 + lane * 8;
+    const bool valid = i0 < n;
+    float v[8] = {xa[0].x, xa[0].y, xa[0].z, xa[0].w, xa[1].x, xa[1].y, xa[1].z, xa[1].w};
+    if (P.norm_w) {
+        const float w[8] = {wa[0].x, wa[0].y, wa[0].z, wa[0].w, wa[1].x, wa[1].y, wa[1].z, wa[1].w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = __fmul_rn(__fmul_rn(v[k], scale), w[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = valid ? v[k] : 0.f;
+    if (write_h && valid) {
+        *(float4*)(P.h_out + i0) = make_float4(v[0], v[1], v[2], v[3]);
+        *(float4*)(P.h_out + i0 + 4) = make_float4(v[4], v[5], v[6], v[7]);
+    }
+    if (P.need & NEED_A32) {
+        // ggml's x86 quantize_row_q8_0/q8_1 over blocks of 32 (4 lanes): multiplier
+        // 127/amax, ties to even.
+        float am = 0.f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) am = fmaxf(am, fabsf(v[k]));
+        am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
+        am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
+        const float d = am / 127.f;
+        const float id = am != 0.f ? 127.f / am : 0.f;
+        int sum = 0;
+        u32 packed[2] = {0, 0};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int q = max(-128, min(127, __float2int_rn(__fmul_rn(v[k], id))));
+            sum += q;
+            packed[k >> 2] |= (u32)(q & 0xFF) << (8 * (k & 3));
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (valid) {
+            *(uint2*)(a.q32 + i0) = make_uint2(packed[0], packed[1]);
+            if ((lane & 3) == 0) {
+                ((float*)a.d32)[i0 / 32] = round_f16(d);
+                ((float*)a.s32)[i0 / 32] = round_f16(__fmul_rn((float)sum, d));
+            }
+        }
+    }
+    if (P.need & NEED_AK) {
+        // ggml's quantize_row_q8_K_ref over the chunk: the first element of largest
+        // magnitude gives the scale.
+        float amax = 0.f, mx = 0.f;
+        int idx = 0x7fffffff;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float ax = fabsf(v[k]);
+            if (ax > amax) { amax = ax; mx = v[k]; idx = lane * 8 + k; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float oa = __shfl_xor_sync(0xffffffffu, amax, o);
+            const float om = __shfl_xor_sync(0xffffffffu, mx, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (oa > amax || (oa == amax && oi < idx)) { amax = oa; mx = om; idx = oi; }
+        }
+        int sum = 0;
+        u32 packed[2] = {0, 0};
+        if (amax != 0.f) {
+            const float iscale = -127.f / mx;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const int q = min(127, __float2int_rn(__fmul_rn(iscale, v[k])));
+                sum += q;
+                packed[k >> 2] |= (u32)(q & 0xFF) << (8 * (k & 3));
+            }
+            if (lane == 0) ((float*)a.dk)[c] = 1.0f / iscale;
+        } else if (lane == 0) {
+            ((float*)a.dk)[c] = 0.f;
+        }
+        *(uint2*)(a.qk + i0) = make_uint2(packed[0], packed[1]);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        if ((lane & 1) == 0) ((i32*)a.bs)[c * 16 + (lane >> 1)] = sum;
+    }
+}
+
 // The shared-memory activation: the input (RMS-normalized when the launch fuses a
-// norm) quantized to the formats the segments' types need. Block 0 writes the
-// normalized input to `h_out`. Ends with a block barrier.
+// norm) quantized to the formats the segments' types need. Loads are issued for up to
+// four chunks per warp before any is processed, so the prologue costs one or two
+// memory round trips. Ends with a block barrier.
 __device__ Act build_act(const GemvParams& P, u8* smem, double* red) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = P.n_in;
     int off[6];
     act_smem_offsets(n, off);
-    i8* q32 = (i8*)(smem + off[0]);
-    i8* qk = (i8*)(smem + off[1]);
-    float* d32 = (float*)(smem + off[2]);
-    float* s32 = (float*)(smem + off[3]);
-    float* dk = (float*)(smem + off[4]);
-    i32* bs = (i32*)(smem + off[5]);
+    Act a;
+    a.q32 = (const i8*)(smem + off[0]);
+    a.qk = (const i8*)(smem + off[1]);
+    a.d32 = (const float*)(smem + off[2]);
+    a.s32 = (const float*)(smem + off[3]);
+    a.dk = (const float*)(smem + off[4]);
+    a.bs = (const i32*)(smem + off[5]);
 
     // RMSNorm scale (f64 sum of f32 squares, as the CPU backend).
     float scale = 1.f;
     if (P.norm_w) {
         double ss = 0.0;
-        for (int i = tid; i < n; i += blockDim.x) {
-            const float v = P.x[i];
-            ss += (double)__fmul_rn(v, v);
+        for (int i = 4 * tid; i < n; i += 4 * blockDim.x) {
+            const float4 v = *(const float4*)(P.x + i);
+            ss += (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
+                  (double)__fmul_rn(v.w, v.w);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -443,77 +531,59 @@ __device__ Act build_act(const GemvParams& P, u8* smem, double* red) {
         scale = 1.0f / sqrtf(mean + P.eps);
     }
     const bool write_h = P.h_out && blockIdx.x == 0;
-
-    if (P.need & NEED_A32) {
-        for (int b = warp; b < n / 32; b += GEMV_WARPS) {
-            const int i = b * 32 + lane;
-            float v = P.x[i];
-            if (P.norm_w) v = __fmul_rn(__fmul_rn(v, scale), P.norm_w[i]);
-            if (write_h) P.h_out[i] = v;
-            // ggml's x86 quantize_row_q8_0/q8_1: multiplier 127/amax, ties to even.
-            const float amax = warp_max(fabsf(v));
-            const float d = amax / 127.f;
-            const float id = amax != 0.f ? 127.f / amax : 0.f;
-            const int q = max(-128, min(127, __float2int_rn(__fmul_rn(v, id))));
-            q32[i] = (i8)q;
-            const int sum = warp_sum_i(q);
-            if (lane == 0) {
-                d32[b] = round_f16(d);
-                s32[b] = round_f16(__fmul_rn((float)sum, d));
-            }
-        }
-    }
-    if (P.need & NEED_AK) {
-        const bool h_here = write_h && !(P.need & NEED_A32);
-        for (int b = warp; b < n / 256; b += GEMV_WARPS) {
-            float v[8];
-            float amax = 0.f, mx = 0.f;
-            int idx = 0x7fffffff;
+    const int nch = (n + 255) / 256;
+    for (int base = warp; base < nch; base += 4 * GEMV_WARPS) {
+        float4 xa[4][2], wa[4][2];
 #pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                const int i = b * 256 + lane * 8 + k;
-                float t = P.x[i];
-                if (P.norm_w) t = __fmul_rn(__fmul_rn(t, scale), P.norm_w[i]);
-                if (h_here) P.h_out[i] = t;
-                v[k] = t;
-                const float ax = fabsf(t);
-                if (ax > amax) { amax = ax; mx = t; idx = lane * 8 + k; }
-            }
-            // The first element of largest magnitude wins, as in ggml's serial scan.
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float oa = __shfl_xor_sync(0xffffffffu, amax, o);
-                const float om = __shfl_xor_sync(0xffffffffu, mx, o);
-                const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-                if (oa > amax || (oa == amax && oi < idx)) { amax = oa; mx = om; idx = oi; }
-            }
-            int sum = 0;
-            if (amax == 0.f) {
-#pragma unroll
-                for (int k = 0; k < 8; ++k) qk[b * 256 + lane * 8 + k] = 0;
-                if (lane == 0) dk[b] = 0.f;
-            } else {
-                const float iscale = -127.f / mx;
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const int q = min(127, __float2int_rn(__fmul_rn(iscale, v[k])));
-                    qk[b * 256 + lane * 8 + k] = (i8)q;
-                    sum += q;
+        for (int k = 0; k < 4; ++k) {
+            const int i = (base + k * GEMV_WARPS) * 256 + lane * 8;
+            xa[k][0] = xa[k][1] = wa[k][0] = wa[k][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (base + k * GEMV_WARPS < nch && i < n) {
+                xa[k][0] = *(const float4*)(P.x + i);
+                xa[k][1] = *(const float4*)(P.x + i + 4);
+                if (P.norm_w) {
+                    wa[k][0] = *(const float4*)(P.norm_w + i);
+                    wa[k][1] = *(const float4*)(P.norm_w + i + 4);
                 }
-                if (lane == 0) dk[b] = 1.0f / iscale;
             }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            if ((lane & 1) == 0) bs[b * 16 + (lane >> 1)] = sum;
         }
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (base + k * GEMV_WARPS < nch) quantize_chunk(P, a, base + k * GEMV_WARPS, lane, xa[k], wa[k], scale, write_h);
     }
     __syncthreads();
-
-    Act a;
-    a.q32 = q32; a.qk = qk; a.d32 = d32; a.s32 = s32; a.dk = dk; a.bs = bs;
     return a;
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv(const GemvParams P) {
+// Row dot of one type known at compile time (a specialized kernel keeps only the
+// register footprint of its types).
+template <int T>
+__device__ __forceinline__ float row_dot_one(const Planes& w, i64 row, int n, const Act& a, int lane) {
+    if constexpr (T == T_Q4_0) return row_dot32<UQ4_0>(w, row, n / 32, a, lane);
+    else if constexpr (T == T_Q4_1) return row_dot32<UQ4_1>(w, row, n / 32, a, lane);
+    else if constexpr (T == T_Q5_0) return row_dot32<UQ5_0>(w, row, n / 32, a, lane);
+    else if constexpr (T == T_Q8_0) return row_dot32<UQ8_0>(w, row, n / 32, a, lane);
+    else if constexpr (T == T_Q4_K) return row_dotk<UQ4_K>(w, row, n / 256, a, lane);
+    else if constexpr (T == T_Q5_K) return row_dotk<UQ5_K>(w, row, n / 256, a, lane);
+    else if constexpr (T == T_Q6_K) return row_dotk<UQ6_K>(w, row, n / 256, a, lane);
+    else return row_dotk<UIQ2_XXS>(w, row, n / 256, a, lane);
+}
+
+// Types TA and TB (TA < 0: any type, through a switch).
+template <int TA, int TB>
+__device__ __forceinline__ float row_dot_t(int ty, const Planes& w, i64 row, int n, const Act& a, int lane) {
+    if constexpr (TA < 0) {
+        return row_dot(ty, w, row, n, a, lane);
+    } else {
+        float v;
+        if (TB == TA || ty == TA) v = row_dot_one<TA>(w, row, n, a, lane);
+        else v = row_dot_one<TB>(w, row, n, a, lane);
+        return warp_sum(v);
+    }
+}
+
+template <int TA, int TB>
+__device__ __forceinline__ void gemv_body(const GemvParams& P) {
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double red[GEMV_WARPS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -521,8 +591,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv(const GemvPar
     const int n = P.n_in;
 
     // Weights do not depend on earlier kernels: start pulling this warp's first rows
-    // into L2 (bulk prefetches cost one instruction per plane and keep many bytes in
-    // flight without holding registers).
+    // into L2 while the previous kernel finishes.
     if (lane == 0)
         for (int k = 0; k < max(1, P.prefetch); ++k) prefetch_global_row(P, gwarp + k * nwarps, n);
     pdl_wait();
@@ -534,219 +603,22 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv(const GemvPar
         if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + P.prefetch * nwarps, n);
         const Seg& s = P.seg[find_seg(P, gr)];
         const int r = gr - s.row0;
-        const float v = row_dot(s.type, s.w, r, n, a, lane);
-        const float u = s.out3 ? row_dot(s.type2, s.w2, r, n, a, lane) : 0.f;
+        const float v = row_dot_t<TA, TB>(s.type, s.w, r, n, a, lane);
+        const float u = s.out3 ? row_dot_t<TA, TB>(s.type2, s.w2, r, n, a, lane) : 0.f;
         if (lane == 0) epilogue(s, r, v, u);
     }
 }
 
-// ---- the pipelined variant: weights stream through shared memory with cp.async
-//
-// Each thread keeps GEMV_PIPE units in flight in its own shared-memory slots (one unit:
-// the 16-32 quant bytes plus the block's scale words), so the bytes in flight per SM
-// are bounded by shared memory instead of registers. A warp walks its rows as one
-// sequence of steps (each step: one unit per lane; a row is ceil(n/1024) steps, a pair
-// row twice that), issuing step s + GEMV_PIPE - 1 before computing step s. The first
-// steps are issued before waiting for the previous kernel, overlapping the activation
-// prologue with the first weight loads.
+#define GEMV_KERNEL(NAME, TA, TB) \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) NAME(const GemvParams P) { gemv_body<TA, TB>(P); }
 
-#define GEMV_PIPE 6
-#define GEMV_SLOT 64
-
-__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp16(u32 dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp8(u32 dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp4(u32 dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_pipe() { asm volatile("cp.async.wait_group %0;" ::"n"(GEMV_PIPE - 1) : "memory"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
-// The aligned word holding block gb's 2-byte field, and the field from it.
-__device__ __forceinline__ const u8* half_word(const u8* plane, i64 gb) { return plane + ((gb * 2) & ~3ll); }
-__device__ __forceinline__ u16 pick_half(u32 w, i64 gb) { return (gb & 1) ? (u16)(w >> 16) : (u16)(w & 0xFFFF); }
-
-// Copies unit (gb, u) into the slot at shared address dst (layouts: see slot_dot).
-__device__ void issue_unit(int ty, const Planes& w, i64 gb, int u, u32 dst) {
-    switch (ty) {
-    case T_Q4_0: cp16(dst, w.p[1] + gb * 16); cp4(dst + 16, half_word(w.p[0], gb)); break;
-    case T_Q4_1: cp16(dst, w.p[1] + gb * 16); cp4(dst + 16, w.p[0] + gb * 4); break;
-    case T_Q5_0:
-        cp16(dst, w.p[2] + gb * 16);
-        cp4(dst + 16, w.p[1] + gb * 4);
-        cp4(dst + 20, half_word(w.p[0], gb));
-        break;
-    case T_Q8_0:
-        cp16(dst, w.p[1] + gb * 32);
-        cp16(dst + 16, w.p[1] + gb * 32 + 16);
-        cp4(dst + 32, half_word(w.p[0], gb));
-        break;
-    case T_Q4_K: {
-        const u8* sc = w.p[1] + gb * 12;
-        cp16(dst, w.p[2] + gb * 128 + 16 * u);
-        cp4(dst + 16, w.p[0] + gb * 4);
-        cp4(dst + 20, sc); cp4(dst + 24, sc + 4); cp4(dst + 28, sc + 8);
-        break;
-    }
-    case T_Q5_K: {
-        const u8* sc = w.p[1] + gb * 12;
-        cp16(dst, w.p[3] + gb * 128 + 16 * u);
-        cp16(dst + 16, w.p[2] + gb * 32 + 16 * (u & 1));
-        cp4(dst + 32, w.p[0] + gb * 4);
-        cp4(dst + 36, sc); cp4(dst + 40, sc + 4); cp4(dst + 44, sc + 8);
-        break;
-    }
-    case T_Q6_K: {
-        const int n = u >> 2, t = u & 3;
-        cp16(dst, w.p[0] + gb * 128 + 64 * n + 16 * t);
-        cp16(dst + 16, w.p[1] + gb * 64 + 32 * n + 16 * (t & 1));
-        cp16(dst + 32, w.p[2] + gb * 16);
-        cp4(dst + 48, half_word(w.p[3], gb));
-        break;
-    }
-    case T_IQ2_XXS: cp8(dst, w.p[1] + gb * 64 + 8 * u); cp4(dst + 8, half_word(w.p[0], gb)); break;
-    default: break;
-    }
-}
-
-// The dot product of a unit in slot `s` (b: block within the row, for the activation).
-__device__ float slot_dot(int ty, const u8* s, i64 gb, int b, int u, const Act& a) {
-    switch (ty) {
-    case T_Q4_0: { UQ4_0 x; x.q = *(const uint4*)s; x.d = pick_half(*(const u32*)(s + 16), gb); return x.dot(a, b); }
-    case T_Q4_1: { UQ4_1 x; x.q = *(const uint4*)s; x.dm = *(const u32*)(s + 16); return x.dot(a, b); }
-    case T_Q5_0: {
-        UQ5_0 x;
-        x.q = *(const uint4*)s; x.qh = *(const u32*)(s + 16); x.d = pick_half(*(const u32*)(s + 20), gb);
-        return x.dot(a, b);
-    }
-    case T_Q8_0: {
-        UQ8_0 x;
-        x.q0 = *(const uint4*)s; x.q1 = *(const uint4*)(s + 16); x.d = pick_half(*(const u32*)(s + 32), gb);
-        return x.dot(a, b);
-    }
-    case T_Q4_K: {
-        UQ4_K x;
-        x.q = *(const uint4*)s; x.dm = *(const u32*)(s + 16);
-        x.s0 = *(const u32*)(s + 20); x.s1 = *(const u32*)(s + 24); x.s2 = *(const u32*)(s + 28);
-        return x.dot(a, b, u);
-    }
-    case T_Q5_K: {
-        UQ5_K x;
-        x.q = *(const uint4*)s; x.qh = *(const uint4*)(s + 16); x.dm = *(const u32*)(s + 32);
-        x.s0 = *(const u32*)(s + 36); x.s1 = *(const u32*)(s + 40); x.s2 = *(const u32*)(s + 44);
-        return x.dot(a, b, u);
-    }
-    case T_Q6_K: {
-        UQ6_K x;
-        const int n = u >> 2, t = u & 3;
-        const int e = 128 * n + 32 * (t >> 1) + 16 * (t & 1);
-        const i8* sc = (const i8*)(s + 32);
-        x.ql = *(const uint4*)s; x.qh = *(const uint4*)(s + 16);
-        x.sc0 = sc[e >> 4]; x.sc1 = sc[(e + 64) >> 4];
-        x.d = pick_half(*(const u32*)(s + 48), gb);
-        return x.dot(a, b, u);
-    }
-    case T_IQ2_XXS: {
-        UIQ2_XXS x;
-        const uint2 v = *(const uint2*)s;
-        x.aux0 = v.x; x.aux1 = v.y; x.d = pick_half(*(const u32*)(s + 8), gb);
-        return x.dot(a, b, u);
-    }
-    default: return 0.f;
-    }
-}
-
-// A position in a warp's step sequence: global row, part (0; 1 = a pair's second
-// matrix) and step within the row.
-struct Cursor {
-    int gr, part, k;
-};
-
-// The unit lane `lane` handles at cursor c: its type, matrix, global block, block in
-// the row and sub-unit; false when the lane has no unit there (ragged rows).
-__device__ __forceinline__ bool unit_at(const GemvParams& P, const Cursor& c, int lane, int units, int* ty,
-                                        const Planes** w, i64* gb, int* b, int* u) {
-    const Seg& s = P.seg[find_seg(P, c.gr)];
-    const int r = c.gr - s.row0;
-    *ty = c.part ? s.type2 : s.type;
-    *w = c.part ? &s.w2 : &s.w;
-    const int ui = lane + 32 * c.k;
-    if (ui >= units) return false;
-    if (block_elems(*ty) == 32) {
-        *b = ui; *u = 0; *gb = (i64)r * units + ui;
-    } else {
-        *b = ui >> 3; *u = ui & 7; *gb = (i64)r * (units / 8) + *b;
-    }
-    return true;
-}
-
-__device__ __forceinline__ void advance(const GemvParams& P, Cursor& c, int steps, int nwarps) {
-    if (++c.k < steps) return;
-    c.k = 0;
-    if (P.seg[find_seg(P, c.gr)].out3 && c.part == 0) {
-        c.part = 1;
-    } else {
-        c.part = 0;
-        c.gr += nwarps;
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_pipe(const GemvParams P) {
-    extern __shared__ __align__(16) u8 smem[];
-    __shared__ double red[GEMV_WARPS];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int gwarp = blockIdx.x * GEMV_WARPS + warp, nwarps = gridDim.x * GEMV_WARPS;
-    const int n = P.n_in, units = n / 32, steps = (units + 31) / 32;
-    int off[6];
-    u8* pipe = smem + ((act_smem_offsets(n, off) + 15) & ~15);
-    u8* my = pipe + tid * GEMV_SLOT;  // slot of stage k: my + k * blockDim.x * GEMV_SLOT
-    const int stage_stride = blockDim.x * GEMV_SLOT;
-
-    Cursor is = {gwarp, 0, 0};
-    // Issues the next step into `stage` (an empty group past the end keeps counts even).
-    auto issue = [&](int stage) {
-        if (is.gr < P.total_rows) {
-            int ty, b, u;
-            const Planes* w;
-            i64 gb;
-            if (unit_at(P, is, lane, units, &ty, &w, &gb, &b, &u)) issue_unit(ty, *w, gb, u, smem_addr(my + stage * stage_stride));
-            advance(P, is, steps, nwarps);
-        }
-        cp_commit();
-    };
-    for (int st = 0; st < GEMV_PIPE - 1; ++st) issue(st);
-    pdl_wait();
-    pdl_trigger();
-    const Act a = build_act(P, smem, red);
-
-    Cursor cs = {gwarp, 0, 0};
-    float acc = 0.f, first = 0.f;
-    int stage = 0;
-    while (cs.gr < P.total_rows) {
-        issue((stage + GEMV_PIPE - 1) % GEMV_PIPE);
-        cp_wait_pipe();
-        int ty, b, u;
-        const Planes* w;
-        i64 gb;
-        if (unit_at(P, cs, lane, units, &ty, &w, &gb, &b, &u)) acc += slot_dot(ty, my + stage * stage_stride, gb, b, u, a);
-        stage = stage + 1 == GEMV_PIPE ? 0 : stage + 1;
-        if (cs.k + 1 == steps) {
-            const float v = warp_sum(acc);
-            acc = 0.f;
-            const Seg& s = P.seg[find_seg(P, cs.gr)];
-            if (s.out3 && cs.part == 0) {
-                first = v;
-            } else if (lane == 0) {
-                const int r = cs.gr - s.row0;
-                if (s.out3) epilogue(s, r, first, v); else epilogue(s, r, v, 0.f);
-            }
-        }
-        advance(P, cs, steps, nwarps);
-    }
-    cp_wait_all();
-}
+GEMV_KERNEL(gemv, -1, -1)
+GEMV_KERNEL(gemv_q4_0, T_Q4_0, T_Q4_0)
+GEMV_KERNEL(gemv_q4_1, T_Q4_1, T_Q4_1)
+GEMV_KERNEL(gemv_q5_0, T_Q5_0, T_Q5_0)
+GEMV_KERNEL(gemv_q8_0, T_Q8_0, T_Q8_0)
+GEMV_KERNEL(gemv_q4_k, T_Q4_K, T_Q4_K)
+GEMV_KERNEL(gemv_q5_k, T_Q5_K, T_Q5_K)
+GEMV_KERNEL(gemv_q6_k, T_Q6_K, T_Q6_K)
+GEMV_KERNEL(gemv_iq2_xxs, T_IQ2_XXS, T_IQ2_XXS)
+GEMV_KERNEL(gemv_q4_k_q6_k, T_Q4_K, T_Q6_K)

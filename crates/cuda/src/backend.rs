@@ -137,7 +137,7 @@ pub struct CudaBackend {
     pdl: AtomicBool,
     profile: AtomicBool,
     prefetch: AtomicU32,
-    gemv_pipe: AtomicBool,
+    gemv_typed: AtomicBool,
 }
 
 fn fail(e: CudaError) -> ! {
@@ -199,7 +199,7 @@ impl CudaBackend {
             graphs: AtomicBool::new(env_flag("DS4_CUDA_GRAPHS", true)),
             pdl: AtomicBool::new(env_flag("DS4_CUDA_PDL", true)),
             profile: AtomicBool::new(false),
-            gemv_pipe: AtomicBool::new(std::env::var("DS4_CUDA_GEMV").map_or(true, |v| v != "plain")),
+            gemv_typed: AtomicBool::new(std::env::var("DS4_CUDA_GEMV").map_or(true, |v| v != "generic")),
             prefetch: AtomicU32::new(
                 std::env::var("DS4_CUDA_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_PREFETCH),
             ),
@@ -241,9 +241,10 @@ impl CudaBackend {
         self.lock().graphs.clear();
     }
 
-    /// Chooses the pipelined GEMV (default) or the plain one (`DS4_CUDA_GEMV=plain`).
-    pub fn set_gemv_pipe(&self, on: bool) {
-        self.gemv_pipe.store(on, Ordering::Relaxed);
+    /// Chooses the GEMV kernels specialized by weight type (default) or the generic one
+    /// (`DS4_CUDA_GEMV=generic`).
+    pub fn set_gemv_typed(&self, on: bool) {
+        self.gemv_typed.store(on, Ordering::Relaxed);
         self.lock().graphs.clear();
     }
 
@@ -354,7 +355,7 @@ impl CudaBackend {
             n_sm: self.gpu.n_sm,
             gemv_occupancy: &occ,
             gemv_prefetch: self.prefetch.load(Ordering::Relaxed),
-            gemv_pipe: self.gemv_pipe.load(Ordering::Relaxed),
+            gemv_typed: self.gemv_typed.load(Ordering::Relaxed),
             step: rec.step_ptr,
             n_tok: rec.n_tok,
             attn: st.attn,

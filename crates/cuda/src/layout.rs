@@ -86,16 +86,6 @@ pub fn gemv_smem_bytes(n: usize) -> usize {
     bs + 4 * (n / 16)
 }
 
-/// Units in flight per thread of the pipelined GEMV and bytes of each slot (mirror
-/// `GEMV_PIPE` and `GEMV_SLOT` in `kernels/gemv.cu`).
-pub const GEMV_PIPE: usize = 6;
-pub const GEMV_SLOT: usize = 64;
-
-/// Shared-memory bytes of the pipelined GEMV for `n` inputs and `threads` per block.
-pub fn gemv_pipe_smem_bytes(n: usize, threads: usize) -> usize {
-    gemv_smem_bytes(n).next_multiple_of(16) + GEMV_PIPE * threads * GEMV_SLOT
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

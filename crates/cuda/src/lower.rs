@@ -20,7 +20,8 @@
 use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
 use crate::kernels::Kernels;
-use crate::layout::{gemv_pipe_smem_bytes, gemv_smem_bytes, uses_q8k};
+use crate::layout::{gemv_smem_bytes, uses_q8k};
+use ds4_gguf::GgmlType;
 use crate::ops::{MatRef, Op, RopeArgs};
 
 /// A kernel launch.
@@ -65,8 +66,8 @@ pub struct Ctx<'a> {
     pub gemv_occupancy: &'a dyn Fn(Func, u32) -> u32,
     /// Rows each GEMV warp prefetches into L2 ahead of the one it computes (plain GEMV).
     pub gemv_prefetch: u32,
-    /// Use the pipelined GEMV (`gemv_pipe`).
-    pub gemv_pipe: bool,
+    /// Use the GEMV kernels specialized by weight type.
+    pub gemv_typed: bool,
     pub step: DPtr,
     pub n_tok: usize,
     pub attn: AttnScratch,
@@ -271,11 +272,13 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
         _ => "gemv",
     };
     let bytes = seg_bytes.iter().sum();
-    let (f, smem) = if cx.gemv_pipe {
-        (cx.k.gemv_pipe, gemv_pipe_smem_bytes(inp.n as usize, GEMV_THREADS as usize) as u32)
-    } else {
-        (cx.k.gemv, gemv_smem_bytes(inp.n as usize) as u32)
-    };
+    let types: Vec<GgmlType> = p.seg[..p.nseg as usize]
+        .iter()
+        .flat_map(|s| if s.out3 != 0 { vec![s.ty, s.ty2] } else { vec![s.ty] })
+        .map(|t| GgmlType::from_id(t as u32).expect("a matrix type"))
+        .collect();
+    let f = if cx.gemv_typed { cx.k.gemv_for(&types) } else { cx.k.gemv };
+    let smem = gemv_smem_bytes(inp.n as usize) as u32;
     let occ = (cx.gemv_occupancy)(f, smem);
     let grid = (row0 as u32).div_ceil(GEMV_WARPS).min(cx.n_sm * occ).max(1);
     let mut args = Args::new();
@@ -442,7 +445,6 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ds4_gguf::GgmlType;
 
     fn mat(id: u64, ty: GgmlType, rows: u32, cols: u32) -> MatRef {
         MatRef { planes: [id << 20, 0, 0, 0], ty, rows, cols }
@@ -481,7 +483,7 @@ mod tests {
     fn lowered(ops: &[Op], n_tok: usize, k: &Kernels) -> Vec<Cmd> {
         let occ = |_: Func, _: u32| 2;
         let attn = AttnScratch { pm: 1 << 50, pl: 2 << 50, po: 3 << 50, cap_ms: 1 << 16, cap_o: 1 << 22 };
-        let cx = Ctx { k, n_sm: 132, gemv_occupancy: &occ, gemv_prefetch: 2, gemv_pipe: true, step: 99 << 40, n_tok, attn };
+        let cx = Ctx { k, n_sm: 132, gemv_occupancy: &occ, gemv_prefetch: 2, gemv_typed: false, step: 99 << 40, n_tok, attn };
         lower(ops, &cx).unwrap()
     }
 
@@ -495,7 +497,7 @@ mod tests {
         let cmds = lowered(&llama_step(1, 3), 1, &k);
         let f = funcs(&cmds);
         assert_eq!(f.len(), cmds.len(), "no GEMM in a decode step");
-        let g = k.gemv_pipe;
+        let g = k.gemv;
         let layer = [g, k.rope_qk_store, k.attn_decode_split_64, k.attn_decode_reduce, g, g, g];
         let mut want = vec![k.embed_rows];
         for _ in 0..3 {
@@ -514,7 +516,7 @@ mod tests {
         let f = funcs(&cmds);
         assert!(f.contains(&k.attn_prefill_64) && f.contains(&k.kv_store) && f.contains(&k.swiglu));
         // The single logits row still takes the fused norm + GEMV.
-        assert_eq!(f[f.len() - 2..], [k.copy_f32, k.gemv_pipe]);
+        assert_eq!(f[f.len() - 2..], [k.copy_f32, k.gemv]);
     }
 
     #[test]
@@ -527,7 +529,7 @@ mod tests {
             Op::RmsNorm { x, w: 7, n: 256, rows: 1, eps: 1e-5, out: 2 << 40 },
             Op::Matmul { w: mat(1, GgmlType::Q4_0, 256, 256), bias: None, x: 2 << 40, rows: 1, out: x },
         ];
-        assert_eq!(funcs(&lowered(&ops, 1, &k)), [k.rms_norm_rows, k.gemv_pipe]);
+        assert_eq!(funcs(&lowered(&ops, 1, &k)), [k.rms_norm_rows, k.gemv]);
     }
 
     #[test]

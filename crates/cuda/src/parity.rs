@@ -18,7 +18,9 @@ use crate::error::{CudaError, Result};
 pub const DECODE_FACTOR: f64 = 1.25;
 /// Absolute slack on the relative distances (summation order, f16/bf16 rounding).
 pub const SLACK: f64 = 2e-3;
-/// A greedy divergence is accepted only where the CPU's top-1/top-2 gap is below this.
+/// A greedy divergence is accepted only where the CPU's top-1/top-2 gap is below this,
+/// or below the largest logit difference the decode comparison measured (a gap inside
+/// the two backends' rounding noise does not decide which token is right).
 pub const GREEDY_GAP: f64 = 0.05;
 
 /// Differences between two logits rows.
@@ -155,7 +157,8 @@ pub struct Report {
 impl Report {
     /// Whether every tolerance holds (see the constants above and docs/parity.md).
     pub fn passes(&self) -> bool {
-        let greedy = self.greedy_common() == self.greedy_cpu.len() || self.greedy_divergence_gap.is_some_and(|g| g < GREEDY_GAP);
+        let greedy = self.greedy_common() == self.greedy_cpu.len()
+            || self.greedy_divergence_gap.is_some_and(|g| g < GREEDY_GAP.max(self.decode.max_abs));
         let reference = self.reference.is_none_or(|r| {
             r.gpu_decode.median <= DECODE_FACTOR * r.cpu.median + SLACK
                 && r.gpu_decode.max <= DECODE_FACTOR * r.cpu.max + SLACK
