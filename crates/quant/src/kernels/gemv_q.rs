@@ -46,6 +46,10 @@ unsafe fn rows8<F: RowFmt, D: Dot, const NT: usize>(
     out: &Out,
 ) {
     let rows: [*const u8; 8] = std::array::from_fn(|i| w.row((r0 + i).min(r_end - 1)).as_ptr());
+    // The same rows of the next group of 8, prefetched block by block: the hardware
+    // prefetchers do not follow eight interleaved short streams well.
+    let next: [*const u8; 8] =
+        std::array::from_fn(|i| w.row((r0 + 8 + i).min(w.rows - 1)).as_ptr());
     let acts: [ActRow; NT] = std::array::from_fn(|i| x.row((t0 + i).min(t_end - 1)));
     let nblk = w.cols / F::BLOCK;
     // SAFETY: every block pointer is `row + b·BYTES` with `b < nblk`, inside its row;
@@ -53,6 +57,13 @@ unsafe fn rows8<F: RowFmt, D: Dot, const NT: usize>(
     unsafe {
         let mut acc = [_mm256_setzero_ps(); NT];
         for b in 0..nblk {
+            for p in next {
+                let blk = p.add(b * F::BYTES);
+                for line in (0..F::BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(blk.add(line) as *const i8);
+                }
+                _mm_prefetch::<_MM_HINT_T0>(blk.add(F::BYTES - 1) as *const i8);
+            }
             let mut dbits = [0u16; 8];
             let mut abits = [0u16; 8];
             for i in 0..8 {
