@@ -160,7 +160,9 @@ impl Meta<'_> {
     where
         T: Clone,
     {
-        let Some(v) = self.get(k) else { return Ok(None) };
+        let Some(v) = self.get(k) else {
+            return Ok(None);
+        };
         if let Some(items) = v.as_array() {
             if items.len() != n {
                 return Err(self.err(k, format!(" (array of {} entries, expected one per layer: {n})", items.len())));
@@ -239,7 +241,9 @@ impl Config {
         }
         let gate = match m.f32_opt("kda.gate_lower_bound")? {
             Some(lb) if lb < 0.0 => Gate::LowerBound(lb),
-            Some(lb) => return Err(m.err("kda.gate_lower_bound", format!(" ({lb}; must be negative)"))),
+            Some(lb) => {
+                return Err(m.err("kda.gate_lower_bound", format!(" ({lb}; must be negative)")));
+            }
             None => Gate::Softplus,
         };
         let cfg = Config {

@@ -64,7 +64,7 @@ impl Attention {
         prev: Option<&[Selection]>,
         p: &MlaParams,
     ) -> (Vec<f32>, Vec<Selection>) {
-        let (ha, dn, dv, rkv) = (p.heads, p.qk_nope_dim, p.v_head_dim, p.kv_lora_rank);
+        let (ha, dn, rkv) = (p.heads, p.qk_nope_dim, p.kv_lora_rank);
         let d = self.q_a_proj.cols;
         let rq = self.q_a_proj.rows;
         let acts = Acts::new(x, s, d);
@@ -100,6 +100,21 @@ impl Attention {
             (None, Some(prev)) => prev.to_vec(),
             (None, None) => (0..s).map(|i| dense(pos0 + i)).collect(),
         };
+        let mut o = if p.prec.is_bf16() {
+            self.attend_expanded(&q, &st.latent, &sel, s, p)
+        } else {
+            self.attend_absorbed(&q, &st.latent, &sel, s, p)
+        };
+        p.prec.cast(&mut o);
+        let mut y = vec![0f32; s * d];
+        self.o_proj.forward(&o, s, &mut y);
+        p.prec.cast(&mut y);
+        (y, sel)
+    }
+
+    /// Attention with `kv_b_proj` absorbed (see the module header): `[s, Ha·dv]`.
+    fn attend_absorbed(&self, q: &[f32], latent: &[f32], sel: &[Selection], s: usize, p: &MlaParams) -> Vec<f32> {
+        let (ha, dn, dv, rkv) = (p.heads, p.qk_nope_dim, p.v_head_dim, p.kv_lora_rank);
         // Absorbed queries q̃ [s, Ha, rkv].
         let mut qt = vec![0f32; s * ha * rkv];
         {
@@ -117,7 +132,6 @@ impl Attention {
         }
         let scale_dim = if p.sw.on(Ablation::MlaScaleVHeadDim) { dv } else { dn };
         let scale = (scale_dim as f32).powf(-0.5);
-        let latent = &st.latent;
         // Context per (token, head): Σ_j softmax(q̃·c_j·scale)_j c_j.
         let mut ctx = vec![0f32; s * ha * rkv];
         ctx.par_chunks_mut(rkv).enumerate().for_each(|(th, out)| {
@@ -150,10 +164,59 @@ impl Attention {
                 }
             }
         }
-        p.prec.cast(&mut o);
-        let mut y = vec![0f32; s * d];
-        self.o_proj.forward(&o, s, &mut y);
-        p.prec.cast(&mut y);
-        (y, sel)
+        o
+    }
+
+    /// The reference's bf16 arithmetic (doc §10): keys and values expanded from the
+    /// latents and rounded to bf16, scores in f32, the softmax numerators rounded to
+    /// bf16 before the product with the values and the sum kept in f32 (PyTorch's CPU
+    /// flash attention for reduced precision), the output rounded. Used only by bf16
+    /// models, whose CPU use is parity testing: it expands every selected latent.
+    fn attend_expanded(&self, q: &[f32], latent: &[f32], sel: &[Selection], s: usize, p: &MlaParams) -> Vec<f32> {
+        let (ha, dn, dv, rkv) = (p.heads, p.qk_nope_dim, p.v_head_dim, p.kv_lora_rank);
+        let t_len = latent.len() / rkv;
+        // k[j][h] = bf16(W_k,h c_j) with W_k,h = k_b[h]ᵀ, v[j][h] = bf16(W_v,h c_j).
+        let mut k = vec![0f32; t_len * ha * dn];
+        let mut v = vec![0f32; t_len * ha * dv];
+        for h in 0..ha {
+            let kb = self.k_b[h].to_f32();
+            let mut vh = vec![0f32; t_len * dv];
+            self.v_b[h].forward_exact(latent, t_len, &mut vh);
+            for j in 0..t_len {
+                let c = &latent[j * rkv..(j + 1) * rkv];
+                for d in 0..dn {
+                    let acc: f32 = (0..rkv).map(|cc| kb[cc * dn + d] * c[cc]).sum();
+                    k[(j * ha + h) * dn + d] = p.prec.one(acc);
+                }
+                for e in 0..dv {
+                    v[(j * ha + h) * dv + e] = p.prec.one(vh[j * dv + e]);
+                }
+            }
+        }
+        let scale_dim = if p.sw.on(Ablation::MlaScaleVHeadDim) { dv } else { dn };
+        let scale = (scale_dim as f32).powf(-0.5);
+        let mut o = vec![0f32; s * ha * dv];
+        o.par_chunks_mut(dv).enumerate().for_each(|(th, out)| {
+            let (t, h) = (th / ha, th % ha);
+            let qv = &q[th * dn..(th + 1) * dn];
+            let toks: Vec<usize> = sel[t].iter().flat_map(|r| r.clone()).collect();
+            if toks.is_empty() {
+                return;
+            }
+            let sc: Vec<f32> =
+                toks.iter().map(|&j| dot_f32(qv, &k[(j * ha + h) * dn..(j * ha + h + 1) * dn]) * scale).collect();
+            let m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for (&j, &x) in toks.iter().zip(&sc) {
+                let e = (x - m).exp();
+                sum += e;
+                let pe = e;
+                for (o, vv) in out.iter_mut().zip(&v[(j * ha + h) * dv..(j * ha + h + 1) * dv]) {
+                    *o += pe * vv;
+                }
+            }
+            out.iter_mut().for_each(|x| *x /= sum);
+        });
+        o
     }
 }

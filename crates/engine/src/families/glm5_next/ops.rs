@@ -47,10 +47,11 @@ pub fn silu(x: f32) -> f32 {
     x * sigmoid(x)
 }
 
-/// PyTorch's `softplus` with threshold 20: `x` above it, `log(1 + e^x)` otherwise.
+/// The reference's softplus (`Glm5NextTextForgetGate`, `:364`): `x` above 20, else
+/// `log(1 + exp(x))` evaluated as written (not `log1p`), in f32.
 #[inline]
 pub fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
+    if x > 20.0 { x } else { (1.0 + x.exp()).ln() }
 }
 
 /// `1 / sqrt(mean(x²) + eps)`, the sum of squares accumulated in f64.
