@@ -6,12 +6,42 @@
 //! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS as weights; Q8_0, Q8_1 and Q8_K as
 //! activations (they also dequantize and quantize).
 //!
-//! Matrix products follow ggml's CPU arithmetic: the activations are quantized per
-//! block to the weight type's [`vec_dot_type`] (Q8_0, Q8_1 or Q8_K; F16/BF16 for those
-//! float weights, F32 for F32) and the dot products are done in that form, so results
-//! match llama.cpp's CPU backend to f32 rounding. The exact accumulation order is
-//! defined once (see the `formats` module) and every kernel (scalar, AVX2, AVX-512)
-//! follows it, so results are identical whatever the CPU, thread count, or batch size.
+//! # Matrix products
+//!
+//! ```
+//! use ds4_quant::{GgmlType, QMatrix, QuantizedActs, matmul, quantize_row, vec_dot_type};
+//! let (rows, cols, n_tokens) = (4, 64, 2);
+//! let mut w = vec![0u8; rows * GgmlType::Q4_1.row_bytes(cols).unwrap()];
+//! let x: Vec<f32> = (0..rows * cols).map(|i| (i % 7) as f32 - 3.0).collect();
+//! quantize_row(GgmlType::Q4_1, &x, &mut w).unwrap();
+//! let w = QMatrix::new(GgmlType::Q4_1, rows, cols, &w).unwrap();
+//! let acts = QuantizedActs::new(vec_dot_type(w.ty), &x[..n_tokens * cols], n_tokens, cols);
+//! let mut out = vec![0f32; n_tokens * rows]; // out[t * rows + r]
+//! matmul(&w, &acts, &mut out);
+//! ```
+//!
+//! As ggml's CPU backend does, the activations are quantized once per input to the
+//! weight type's [`vec_dot_type`] (Q8_0, Q8_1 or Q8_K with ggml's x86 rounding; F16 or
+//! BF16 for those float weights; F32 for F32) and the dot products are computed in
+//! that form, so results match llama.cpp's CPU backend to f32 rounding. The exact
+//! accumulation order is defined once (module `formats`) and every kernel (scalar,
+//! AVX2, AVX-512) follows it: results are bit-identical whatever the CPU, the thread
+//! count, the row range or the number of tokens in the batch (a prompt processed in one
+//! batch or token by token gives the same logits).
+//!
+//! Kernels: few tokens (decode) stream the weight rows once (8 rows at a time, the next
+//! 8 prefetched); from 4 tokens on (prefill) rows are decoded in panels of 16 (AVX-512)
+//! or 8 (AVX2) int8 rows reused for every token (`vpdpbusd`/`vpmaddubsw` with
+//! activations broadcast, no horizontal sums). The instruction set is detected at run
+//! time ([`isa`]; `DS4_QUANT_ISA=avx2|scalar` forces a lower one).
+//!
+//! # Threads
+//!
+//! [`matmul`] splits rows across rayon's current pool (the global pool, or the pool of
+//! an enclosing `ThreadPool::install`). For decode, where one product takes tens of
+//! microseconds, call it from inside the pool (run the whole step in `install`) so the
+//! calling thread works instead of sleeping; small products stay on the calling thread.
+//! [`matmul_single_thread`] never leaves the calling thread.
 
 // Format and kernel code indexes several arrays by the same element or block index,
 // written as ggml's definitions are; iterator chains would hide that correspondence.

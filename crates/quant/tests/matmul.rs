@@ -350,3 +350,19 @@ fn vec_dot_types_are_ggml_cpu_pairings() {
         assert_eq!(vec_dot_type(w), a, "{w}");
     }
 }
+
+#[test]
+fn empty_shapes_are_fine() {
+    for ty in WEIGHTS {
+        let cols = ty.block_size().max(32);
+        let w = QMatrix::new(ty, 0, cols, &[]).unwrap();
+        let x = values(cols * 3, 1);
+        let acts = QuantizedActs::new(vec_dot_type(ty), &x, 3, cols);
+        let mut out: Vec<f32> = Vec::new();
+        try_matmul(&w, &acts, &mut out).unwrap();
+        let data = quantized(ty, 2, cols, 1);
+        let w = QMatrix::new(ty, 2, cols, &data).unwrap();
+        let none = QuantizedActs::new(vec_dot_type(ty), &[], 0, cols);
+        try_matmul(&w, &none, &mut out).unwrap();
+    }
+}
