@@ -168,10 +168,11 @@ impl Attention {
     }
 
     /// The reference's bf16 arithmetic (doc §10): keys and values expanded from the
-    /// latents and rounded to bf16, scores in f32, the softmax numerators rounded to
-    /// bf16 before the product with the values and the sum kept in f32 (PyTorch's CPU
-    /// flash attention for reduced precision), the output rounded. Used only by bf16
-    /// models, whose CPU use is parity testing: it expands every selected latent.
+    /// latents by the bf16 `kv_b_proj` (rounded), then PyTorch's SDPA math path, which
+    /// upcasts bf16 inputs to f32 (scores, softmax, weighted sum in f32) and rounds the
+    /// output once; this reproduces the fixtures' bf16 attention outputs bit for bit.
+    /// Used only by bf16 models, whose CPU use is parity testing: it expands every
+    /// cached latent per call.
     fn attend_expanded(&self, q: &[f32], latent: &[f32], sel: &[Selection], s: usize, p: &MlaParams) -> Vec<f32> {
         let (ha, dn, dv, rkv) = (p.heads, p.qk_nope_dim, p.v_head_dim, p.kv_lora_rank);
         let t_len = latent.len() / rkv;

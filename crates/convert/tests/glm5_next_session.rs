@@ -1,0 +1,193 @@
+//! Session behaviour of the `glm5_next` family against the reference's logits: the
+//! prompt split into prefill calls of any size gives the same logits (within the f32
+//! tolerance), rewind-then-replay reproduces them, a speculative block can be verified
+//! and partly accepted, snapshots restore exactly, and the state file round-trips.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use ds4_convert::OutType;
+use ds4_engine::families::glm5_next::{Glm5Next, Glm5NextCache, state_file};
+use ds4_engine::model::{Cache, Logits, Model};
+use ds4_engine::{EngineError, Session};
+
+const TOL: f64 = 1e-4;
+
+fn setup(name: &str) -> Option<(Glm5Next, Golden)> {
+    let dir = fixture(name)?;
+    Some((model(&dir, OutType::F32), golden(&dir)))
+}
+
+/// Runs the prompt in pieces of `piece` tokens (every row of logits), then the 32
+/// decode steps; returns (prefill rows, decode rows).
+fn split_run(m: &Glm5Next, g: &Golden, piece: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut cache = m.new_cache(4096).unwrap();
+    let mut pre = Vec::new();
+    let mut out = Vec::new();
+    for p in g.prompt.chunks(piece) {
+        m.forward(&mut *cache, p, Logits::All, &mut out).unwrap();
+        pre.extend_from_slice(&out);
+    }
+    let mut dec = Vec::new();
+    for i in 0..32 {
+        m.forward(&mut *cache, &[g.decode_tokens[i]], Logits::Last, &mut out).unwrap();
+        dec.extend_from_slice(&out);
+    }
+    (pre, dec)
+}
+
+#[test]
+fn prompt_split_does_not_matter() {
+    for name in ["lowerbound_sparse_f32", "softplus_dense_f32"] {
+        let Some((m, g)) = setup(name) else { return };
+        for piece in [64, 37, 1] {
+            let (pre, dec) = split_run(&m, &g, piece);
+            let (e_pre, e_dec) = (max_err(&pre, &g.prefill, g.vocab), max_err(&dec, &g.decode, g.vocab));
+            eprintln!("{name}: pieces of {piece}: prefill {e_pre:.2e}, decode {e_dec:.2e}");
+            assert!(e_pre <= TOL && e_dec <= TOL, "{name}: pieces of {piece}: {e_pre:.2e} / {e_dec:.2e}");
+        }
+    }
+}
+
+fn downcast(c: &mut dyn Cache) -> &mut Glm5NextCache {
+    c.as_any_mut().downcast_mut::<Glm5NextCache>().unwrap()
+}
+
+/// Rewinding by 1..=window tokens and replaying reproduces the reference's decode
+/// logits; rewinding past the journal fails with a clear error.
+#[test]
+fn rewind_then_replay() {
+    let Some((m, g)) = setup("lowerbound_sparse_f32") else { return };
+    let v = g.vocab;
+    let mut cache = m.new_cache(4096).unwrap();
+    let mut out = Vec::new();
+    m.forward(&mut *cache, &g.prompt, Logits::Last, &mut out).unwrap();
+    let s = g.prompt.len();
+    for i in 0..20 {
+        m.forward(&mut *cache, &[g.decode_tokens[i]], Logits::Last, &mut out).unwrap();
+    }
+    let earliest = downcast(&mut *cache).earliest_rewind();
+    assert!(s + 20 - earliest >= ds4_engine::families::glm5_next::DEFAULT_REWIND_WINDOW);
+    // The sequence so far: the prompt, then decode_tokens[..20]; the logits after token
+    // at position p are the reference's prefill row p or decode row p − s.
+    let seq: Vec<u32> = g.prompt.iter().chain(&g.decode_tokens[..20]).copied().collect();
+    let want = |p: usize| if p < s { &g.prefill[p * v..(p + 1) * v] } else { &g.decode[(p - s) * v..(p - s + 1) * v] };
+    for back in [1usize, 3, 7, s + 20 - earliest] {
+        let to = s + 20 - back;
+        cache.truncate(to).unwrap();
+        for (p, &tok) in seq.iter().enumerate().skip(to) {
+            m.forward(&mut *cache, &[tok], Logits::Last, &mut out).unwrap();
+            let e = row_err(&out, want(p));
+            assert!(e <= TOL, "rewind by {back}: position {p}: {e:.2e}");
+        }
+    }
+    let err = cache.truncate(earliest - 1).unwrap_err();
+    assert!(matches!(err, EngineError::Rewind { .. }), "{err}");
+    assert!(err.to_string().contains("snapshot"), "{err}");
+    // Rewinding to 0 always works and replays from scratch.
+    cache.truncate(0).unwrap();
+    m.forward(&mut *cache, &g.prompt, Logits::All, &mut out).unwrap();
+    assert!(max_err(&out, &g.prefill, v) <= TOL);
+}
+
+/// A wide rewind window reaches back into the prefill (the base is taken at a
+/// 64-token chunk boundary of the prompt call).
+#[test]
+fn rewind_into_prefill_with_a_wide_window() {
+    let Some((m, g)) = setup("softplus_dense_f32") else { return };
+    let v = g.vocab;
+    let mut cache = m.new_glm_cache(4096);
+    cache.set_rewind_window(100);
+    let mut out = Vec::new();
+    m.forward(&mut cache, &g.prompt, Logits::Last, &mut out).unwrap();
+    let s = g.prompt.len();
+    assert!(cache.earliest_rewind() <= s - 100, "earliest {}", cache.earliest_rewind());
+    cache.truncate(s - 90).unwrap();
+    m.forward(&mut cache, &g.prompt[s - 90..], Logits::All, &mut out).unwrap();
+    assert!(max_err(&out, &g.prefill[(s - 90) * v..], v) <= TOL);
+    m.forward(&mut cache, &[g.decode_tokens[0]], Logits::Last, &mut out).unwrap();
+    assert!(row_err(&out, &g.decode[..v]) <= TOL);
+}
+
+/// Speculative verification: a block of 5 draft tokens evaluated in one call, 2
+/// accepted, the rest rolled back, decoding continues.
+#[test]
+fn speculative_block_partly_accepted() {
+    let Some((m, g)) = setup("lowerbound_sparse_f32") else { return };
+    let v = g.vocab;
+    let mut cache = m.new_cache(4096).unwrap();
+    let mut out = Vec::new();
+    m.forward(&mut *cache, &g.prompt, Logits::Last, &mut out).unwrap();
+    let s = g.prompt.len();
+    m.forward(&mut *cache, &g.decode_tokens[..5], Logits::All, &mut out).unwrap();
+    assert!(max_err(&out, &g.decode[..5 * v], v) <= TOL, "block logits");
+    cache.truncate(s + 2).unwrap();
+    for i in 2..8 {
+        m.forward(&mut *cache, &[g.decode_tokens[i]], Logits::Last, &mut out).unwrap();
+        assert!(row_err(&out, &g.decode[i * v..(i + 1) * v]) <= TOL, "step {i}");
+    }
+}
+
+/// Session snapshots restore bit for bit; Session::rewind uses the cache's journal.
+#[test]
+fn session_snapshot_and_rewind() {
+    let Some((m, g)) = setup("softplus_dense_f32") else { return };
+    let m: Arc<dyn Model> = Arc::new(m);
+    let mut sess = Session::new(m, 4096).unwrap();
+    sess.prefill(&g.prompt, &mut |_, _| {}).unwrap();
+    let snap = sess.snapshot();
+    let a: Vec<Vec<f32>> = (0..6).map(|i| sess.decode(g.decode_tokens[i]).unwrap().to_vec()).collect();
+    sess.restore(&snap).unwrap();
+    let b: Vec<Vec<f32>> = (0..6).map(|i| sess.decode(g.decode_tokens[i]).unwrap().to_vec()).collect();
+    assert_eq!(a, b, "restore then replay must be bit-identical");
+    let len = sess.tokens().len();
+    sess.rewind(len - 4).unwrap();
+    let c = sess.decode(g.decode_tokens[2]).unwrap().to_vec();
+    assert!(row_err(&c, &g.decode[2 * g.vocab..3 * g.vocab]) <= TOL);
+}
+
+/// The state file holds everything: a loaded cache continues and rewinds exactly like
+/// the saved one; bad files give clear errors.
+#[test]
+fn state_file_round_trip() {
+    let Some((m, g)) = setup("lowerbound_sparse_f32") else { return };
+    let mut cache = m.new_glm_cache(4096);
+    let mut out = Vec::new();
+    m.forward(&mut cache, &g.prompt, Logits::Last, &mut out).unwrap();
+    for i in 0..3 {
+        m.forward(&mut cache, &[g.decode_tokens[i]], Logits::Last, &mut out).unwrap();
+    }
+    let dir = std::env::temp_dir().join(format!("glm5_state_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("state.bin");
+    state_file::save(&cache, &path).unwrap();
+    let mut loaded = state_file::load(&m, &path).unwrap();
+    assert_eq!(loaded, cache);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for i in 3..6 {
+        m.forward(&mut cache, &[g.decode_tokens[i]], Logits::Last, &mut a).unwrap();
+        m.forward(&mut loaded, &[g.decode_tokens[i]], Logits::Last, &mut b).unwrap();
+        assert_eq!(a, b);
+    }
+    loaded.truncate(g.prompt.len() + 1).unwrap();
+    m.forward(&mut loaded, &[g.decode_tokens[1]], Logits::Last, &mut b).unwrap();
+    assert!(row_err(&b, &g.decode[g.vocab..2 * g.vocab]) <= TOL);
+    // Bad magic, another version, another model.
+    let bytes = std::fs::read(&path).unwrap();
+    let mut bad = bytes.clone();
+    bad[0] = b'X';
+    let e = state_file::read_state(&m, &mut &bad[..], "bad").unwrap_err();
+    assert!(e.to_string().contains("bad magic"), "{e}");
+    let mut v2 = bytes.clone();
+    v2[8] = 2;
+    let e = state_file::read_state(&m, &mut &v2[..], "v2").unwrap_err();
+    assert!(e.to_string().contains("version 2"), "{e}");
+    let other = model(&fixture("softplus_dense_f32").unwrap(), OutType::F32);
+    let e = state_file::read_state(&other, &mut &bytes[..], "other").unwrap_err();
+    assert!(e.to_string().contains("another model"), "{e}");
+    let e = state_file::read_state(&m, &mut &bytes[..bytes.len() / 2], "cut").unwrap_err();
+    assert!(e.to_string().contains("cut"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
