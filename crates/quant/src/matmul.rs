@@ -137,7 +137,7 @@ fn run(w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, out: &mut [f32], para
     }
 }
 
-/// Panel kernels over row panels; each rayon worker reuses one panel buffer.
+/// Panel kernels over row panels, one rayon task per panel.
 fn run_panels(
     isa: Isa,
     w: &QMatrix,
@@ -147,19 +147,31 @@ fn run_panels(
     parallel: bool,
 ) {
     let pr = kernels::panel_rows(isa);
-    let starts: Vec<usize> = rows.clone().step_by(pr).collect();
-    let job = |panel: &mut Panel, r0: usize| {
+    let job = |r0: usize| {
         let n = pr.min(rows.end - r0);
-        kernels::gemm(isa, w, x, r0, n, panel, o);
+        with_panel(w.ty, pr, |panel| kernels::gemm(isa, w, x, r0, n, panel, o));
     };
     if parallel {
-        starts
-            .into_par_iter()
-            .for_each_init(|| Panel::new(w.ty, pr), job);
+        rows.clone().into_par_iter().step_by(pr).for_each(job);
     } else {
-        let mut panel = Panel::new(w.ty, pr);
-        starts.into_iter().for_each(|r0| job(&mut panel, r0));
+        rows.clone().step_by(pr).for_each(job);
     }
+}
+
+/// Runs `f` with this thread's panel buffer (kept between calls, so steady-state
+/// prefill allocates nothing).
+fn with_panel<R>(ty: crate::GgmlType, pr: usize, f: impl FnOnce(&mut Panel) -> R) -> R {
+    thread_local! {
+        static PANEL: std::cell::RefCell<Option<Panel>> = const { std::cell::RefCell::new(None) };
+    }
+    PANEL.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let panel = match slot.as_mut() {
+            Some(p) if p.ty == ty && p.pr == pr => p,
+            _ => slot.insert(Panel::new(ty, pr)),
+        };
+        f(panel)
+    })
 }
 
 /// Row-streaming kernels over row chunks (multiples of 16 rows, about four per thread).

@@ -18,6 +18,7 @@ use super::out::Out;
 
 /// Decoded weights of up to `pr` consecutive rows.
 pub(crate) struct Panel {
+    pub ty: GgmlType,
     pub pr: usize,
     pub nrows: usize,
     pub nblk: usize,
@@ -34,6 +35,7 @@ impl Panel {
     pub(crate) fn new(ty: GgmlType, pr: usize) -> Self {
         let layout = formats::layout(ty).expect("panel for a type without integer layout");
         Panel {
+            ty,
             pr,
             nrows: 0,
             nblk: 0,
