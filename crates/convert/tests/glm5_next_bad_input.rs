@@ -1,0 +1,123 @@
+//! Bad input gives clear errors: GGUF metadata that contradicts the tensor shapes, the
+//! layout the reference cannot run (a `shared` indexer layer after a KDA layer), missing
+//! tensors, a wrong sign convention, and the same problems in a checkpoint handed to
+//! the converter.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use ds4_convert::source::{MemorySource, SafetensorsDir, TensorSource};
+use ds4_convert::{Options, OutType, TextConfig};
+use ds4_engine::families::glm5_next::Glm5Next;
+use ds4_gguf::{GgufFile, GgufWriter, Value};
+
+/// The fixture model as a GGUF, rewritten: `meta` edits the metadata, tensors named in
+/// `drop` are left out, `edit` may replace a tensor's bytes.
+fn rewritten(
+    meta: impl Fn(&mut GgufWriter),
+    drop: &[&str],
+    edit: impl Fn(&str, &mut Vec<u8>),
+) -> Option<Result<Glm5Next, String>> {
+    let dir = fixture("lowerbound_sparse_f32")?;
+    let src = GgufFile::from_bytes(gguf_bytes(&dir, OutType::F32, None)).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata().iter() {
+        w.add_metadata(k, v.clone()).unwrap();
+    }
+    meta(&mut w);
+    for t in src.tensors() {
+        if drop.contains(&t.name.as_str()) {
+            continue;
+        }
+        let mut bytes = src.tensor_data(t).to_vec();
+        edit(&t.name, &mut bytes);
+        w.add_tensor(t.name.clone(), &t.dims, t.dtype, bytes).unwrap();
+    }
+    let f = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
+    Some(Glm5Next::load(&f, "bad".into()).map_err(|e| e.to_string()))
+}
+
+fn expect_err(r: Option<Result<Glm5Next, String>>, needles: &[&str]) {
+    let Some(r) = r else { return };
+    let e = r.err().expect("loading must fail");
+    for n in needles {
+        assert!(e.contains(n), "error {e:?} should mention {n:?}");
+    }
+}
+
+#[test]
+fn metadata_contradicting_shapes() {
+    expect_err(
+        rewritten(|w| drop(w.set_metadata("glm5next.attention.kv_lora_rank", Value::U32(32))), &[], |_, _| {}),
+        &["blk.1.attn_k_b.weight", "shape"],
+    );
+    expect_err(
+        rewritten(|w| drop(w.set_metadata("glm5next.kda.head_dim", Value::U32(8))), &[], |_, _| {}),
+        &["blk.0.", "shape"],
+    );
+    expect_err(
+        rewritten(|w| drop(w.set_metadata("glm5next.hyper_connection.count", Value::U32(2))), &[], |_, _| {}),
+        &["hc_attn_fn", "shape"],
+    );
+}
+
+#[test]
+fn shared_indexer_after_kda_is_rejected() {
+    // Layer 3 (KDA) followed by layer 4 (MLA) made `shared`.
+    let types = Value::Array([true, true, false, true, false].into_iter().map(Value::Bool).collect());
+    expect_err(
+        rewritten(|w| drop(w.set_metadata("glm5next.attention.indexer.types", types.clone())), &[], |_, _| {}),
+        &["layer 4", "shared", "layer 3 is a KDA layer", "cannot run"],
+    );
+    // The converter refuses the same layout in config.json.
+    let Some(dir) = fixture("lowerbound_sparse_f32") else { return };
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let bad = text.replacen("\"full\",\n      \"full\"\n    ]", "\"full\",\n      \"shared\"\n    ]", 1);
+    assert_ne!(bad, text, "fixture config layout changed");
+    let cfg = TextConfig::parse(&bad).unwrap();
+    let src = SafetensorsDir::open(&dir).unwrap();
+    let opts = Options { outtype: OutType::F32, expert_type: None, name: "x".into() };
+    let e = ds4_convert::glm5_next::convert(&src, &cfg, &opts, &mut GgufWriter::new()).unwrap_err().to_string();
+    assert!(e.contains("layer 4") && e.contains("shared"), "{e}");
+}
+
+#[test]
+fn missing_tensors_are_named() {
+    expect_err(rewritten(|_| {}, &["blk.2.attn_q_b.weight"], |_, _| {}), &["blk.2.attn_q_b.weight", "missing"]);
+    expect_err(rewritten(|_| {}, &["output.weight"], |_, _| {}), &["output.weight"]);
+    expect_err(rewritten(|_| {}, &["blk.0.ssm_conv1d_k.weight"], |_, _| {}), &["blk.0.ssm_conv1d_k.weight"]);
+}
+
+#[test]
+fn ssm_a_sign_convention_is_checked() {
+    // ssm_a must hold −exp(A_log): flip the sign bit of every value.
+    let flip = |name: &str, b: &mut Vec<u8>| {
+        if name == "blk.0.ssm_a" {
+            for c in b.chunks_exact_mut(4) {
+                c[3] ^= 0x80;
+            }
+        }
+    };
+    expect_err(rewritten(|_| {}, &[], flip), &["blk.0.ssm_a", "negative"]);
+}
+
+#[test]
+fn converter_names_missing_and_misshaped_checkpoint_tensors() {
+    let Some(dir) = fixture("lowerbound_sparse_f32") else { return };
+    let cfg = TextConfig::parse(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let st = SafetensorsDir::open(&dir).unwrap();
+    let mut mem = MemorySource::default();
+    for n in st.names() {
+        mem.tensors.insert(n.clone(), (st.shape(&n).unwrap(), st.read(&n).unwrap().unwrap()));
+    }
+    let opts = Options { outtype: OutType::F32, expert_type: None, name: "x".into() };
+    let missing = "model.language_model.layers.1.self_attn.kv_b_proj.weight";
+    let saved = mem.tensors.remove(missing).unwrap();
+    let e = ds4_convert::glm5_next::convert(&mem, &cfg, &opts, &mut GgufWriter::new()).unwrap_err().to_string();
+    assert!(e.contains("layers.1.self_attn.kv_b_proj.weight") && e.contains("missing"), "{e}");
+    mem.tensors.insert(missing.into(), (vec![7, 40], saved.1[..280].to_vec()));
+    let e = ds4_convert::glm5_next::convert(&mem, &cfg, &opts, &mut GgufWriter::new()).unwrap_err().to_string();
+    assert!(e.contains(missing) && e.contains("shape"), "{e}");
+}
