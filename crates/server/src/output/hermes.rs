@@ -1,6 +1,10 @@
 //! The Qwen/Hermes tool-call format:
 //! `<tool_call>\n{"name": "f", "arguments": {…}}\n</tool_call>`, any number of calls.
 //!
+//! Small models often drop the tags; like llama.cpp's Hermes parser, a JSON object whose
+//! first key is `name`, standing at the start of the answer or right after another call
+//! (bare, or in a ```` ```json ```` fence), is a call too.
+//!
 //! The call's name is reported as soon as its JSON string is complete, and the
 //! `arguments` value is streamed as raw JSON text while it is generated (so an OpenAI
 //! client sees argument deltas). `parameters` is accepted for `arguments`; arguments
@@ -8,19 +12,37 @@
 //! not a JSON object with a string `name` is released as text when nothing of it was
 //! reported yet. Whitespace-only text around calls is dropped.
 
-use super::json_scan::{TopLevelScan, ValueKind};
+use super::json_scan::{Field, TopLevelScan, ValueKind};
 use super::{OutputEvent, ToolCallParser};
 use crate::holdback::{Scan, scan};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
+const FENCES: [&str; 2] = ["```json", "```"];
+
+/// How the call being read ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Close {
+    /// At `</tool_call>`.
+    Tag,
+    /// Where its JSON object ends.
+    Bare,
+    /// Where its JSON object ends, then a closing ```` ``` ````.
+    Fenced,
+}
 
 /// The streaming parser.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct HermesParser {
     /// Text mode: unreleased text; call mode: the call's body so far.
     buf: String,
-    in_call: bool,
+    /// The call being read, if any.
+    call: Option<Close>,
+    /// Text mode: only whitespace since the start or the last call, so a bare call may
+    /// begin here.
+    at_boundary: bool,
+    /// After a fenced call: the closing fence is still to be skipped.
+    skip_fence: bool,
     scan: TopLevelScan,
     /// Calls completed or begun.
     calls: usize,
@@ -32,8 +54,59 @@ pub struct HermesParser {
     pending_ws: String,
 }
 
-fn args_field(scan: &TopLevelScan) -> Option<&super::json_scan::Field> {
+impl Default for HermesParser {
+    fn default() -> Self {
+        HermesParser {
+            buf: String::new(),
+            call: None,
+            at_boundary: true,
+            skip_fence: false,
+            scan: TopLevelScan::new(),
+            calls: 0,
+            begun: false,
+            sent: 0,
+            pending_ws: String::new(),
+        }
+    }
+}
+
+fn args_field(scan: &TopLevelScan) -> Option<&Field> {
     scan.field("arguments").or_else(|| scan.field("parameters"))
+}
+
+/// What the start of text-mode input says about a bare call.
+enum Start {
+    /// Not enough text to tell.
+    Wait,
+    /// A bare (or fenced) JSON object begins after `skip` bytes.
+    Call { skip: usize, close: Close },
+    /// Ordinary text.
+    Text,
+}
+
+fn bare_start(buf: &str) -> Start {
+    let t = buf.trim_start();
+    let lead = buf.len() - t.len();
+    if t.is_empty() {
+        return Start::Wait;
+    }
+    if t.starts_with('{') {
+        return Start::Call { skip: lead, close: Close::Bare };
+    }
+    for fence in FENCES {
+        if let Some(rest) = t.strip_prefix(fence) {
+            let body = rest.trim_start();
+            if body.is_empty() {
+                return Start::Wait;
+            }
+            if body.starts_with('{') && rest.starts_with(['\n', '\r', ' ']) {
+                return Start::Call { skip: buf.len() - body.len(), close: Close::Fenced };
+            }
+        } else if fence.starts_with(t) {
+            return Start::Wait;
+        }
+    }
+    Start::Text
 }
 
 impl HermesParser {
@@ -49,9 +122,18 @@ impl HermesParser {
             self.pending_ws.push_str(t);
             return;
         }
+        self.at_boundary = false;
         let mut s = std::mem::take(&mut self.pending_ws);
         s.push_str(t);
         out.push(OutputEvent::Text(s));
+    }
+
+    fn begin_call(&mut self, close: Close) {
+        self.pending_ws.clear();
+        self.call = Some(close);
+        self.begun = false;
+        self.sent = 0;
+        self.scan = TopLevelScan::new();
     }
 
     /// Reports what the scan of the body (up to `limit` bytes) has made known.
@@ -79,8 +161,9 @@ impl HermesParser {
         }
     }
 
-    /// Completes the current call from its whole body.
-    fn finish_call(&mut self, body_len: usize, out: &mut Vec<OutputEvent>) {
+    /// Completes the current call from its whole body (`buf[..body_len]`); `raw` is how
+    /// to release it as text if it is not a call.
+    fn finish_call(&mut self, body_len: usize, raw: impl FnOnce(&str) -> String, out: &mut Vec<OutputEvent>) {
         self.stream_call(body_len, out);
         let body = &self.buf[..body_len];
         let parsed = serde_json::from_str::<serde_json::Value>(body.trim()).ok();
@@ -107,20 +190,93 @@ impl HermesParser {
                 }
                 out.push(OutputEvent::ToolCallEnd { index: self.calls });
                 self.calls += 1;
+                self.at_boundary = true;
             }
             None if self.begun => {
                 out.push(OutputEvent::ToolCallEnd { index: self.calls });
                 self.calls += 1;
+                self.at_boundary = true;
             }
             None => {
-                let raw = format!("{OPEN}{body}{CLOSE}");
-                self.emit_text(&raw, out);
+                let text = raw(body);
+                self.emit_text(&text, out);
             }
         }
-        self.in_call = false;
-        self.begun = false;
-        self.sent = 0;
-        self.scan = TopLevelScan::new();
+        self.call = None;
+    }
+
+    /// Text mode; returns false when it needs more input.
+    fn step_text(&mut self, out: &mut Vec<OutputEvent>) -> bool {
+        if self.skip_fence {
+            let t = self.buf.trim_start();
+            if t.is_empty() || "```".starts_with(t) {
+                return false;
+            }
+            let t = t.strip_prefix("```").unwrap_or(t).to_string();
+            self.buf = t;
+            self.skip_fence = false;
+        }
+        if self.at_boundary {
+            match bare_start(&self.buf) {
+                Start::Wait => return false,
+                Start::Call { skip, close } => {
+                    self.buf.drain(..skip);
+                    self.begin_call(close);
+                    return true;
+                }
+                Start::Text => {}
+            }
+        }
+        match scan(&self.buf, OPEN) {
+            Scan::Found(pos) => {
+                let before = self.buf[..pos].to_string();
+                self.buf.drain(..pos + OPEN.len());
+                self.emit_text(&before, out);
+                self.begin_call(Close::Tag);
+                true
+            }
+            Scan::Safe(n) => {
+                let before: String = self.buf.drain(..n).collect();
+                self.emit_text(&before, out);
+                false
+            }
+        }
+    }
+
+    /// Call mode; returns false when it needs more input.
+    fn step_call(&mut self, close: Close, out: &mut Vec<OutputEvent>) -> bool {
+        if close == Close::Tag {
+            return match scan(&self.buf, CLOSE) {
+                Scan::Found(pos) => {
+                    self.finish_call(pos, |b| format!("{OPEN}{b}{CLOSE}"), out);
+                    self.buf.drain(..pos + CLOSE.len());
+                    true
+                }
+                Scan::Safe(n) => {
+                    self.stream_call(n, out);
+                    false
+                }
+            };
+        }
+        let n = self.buf.len();
+        self.stream_call(n, out);
+        // A bare object is a call only when its first key is "name".
+        if !self.begun && self.scan.fields().first().is_some_and(|f| f.key != "name") {
+            let text = std::mem::take(&mut self.buf);
+            self.call = None;
+            self.emit_text(&text, out);
+            self.at_boundary = false;
+            return false;
+        }
+        if !self.scan.done() {
+            return false;
+        }
+        let end = self.scan.pos();
+        let fence = if close == Close::Fenced { "```json\n" } else { "" };
+        self.finish_call(end, |b| format!("{fence}{b}"), out);
+        self.buf.drain(..end);
+        self.skip_fence = close == Close::Fenced && self.calls > 0 && self.at_boundary;
+        true
     }
 }
 
@@ -128,52 +284,39 @@ impl ToolCallParser for HermesParser {
     fn push(&mut self, text: &str, out: &mut Vec<OutputEvent>) {
         self.buf.push_str(text);
         loop {
-            if !self.in_call {
-                match scan(&self.buf, OPEN) {
-                    Scan::Found(pos) => {
-                        let before = self.buf[..pos].to_string();
-                        self.buf.drain(..pos + OPEN.len());
-                        self.emit_text(&before, out);
-                        self.pending_ws.clear();
-                        self.in_call = true;
-                    }
-                    Scan::Safe(n) => {
-                        let before: String = self.buf.drain(..n).collect();
-                        self.emit_text(&before, out);
-                        return;
-                    }
-                }
-            } else {
-                match scan(&self.buf, CLOSE) {
-                    Scan::Found(pos) => {
-                        self.finish_call(pos, out);
-                        self.buf.drain(..pos + CLOSE.len());
-                    }
-                    Scan::Safe(n) => {
-                        self.stream_call(n, out);
-                        return;
-                    }
-                }
+            let more = match self.call {
+                None => self.step_text(out),
+                Some(close) => self.step_call(close, out),
+            };
+            if !more {
+                return;
             }
         }
     }
 
     fn finish(&mut self, out: &mut Vec<OutputEvent>) {
-        if self.in_call {
-            if self.begun {
-                let n = self.buf.len();
-                self.stream_call(n, out);
-                out.push(OutputEvent::ToolCallEnd { index: self.calls });
-                self.calls += 1;
-            } else {
-                let raw = format!("{OPEN}{}", self.buf);
-                self.emit_text(&raw, out);
+        match self.call.take() {
+            Some(close) => {
+                if self.begun {
+                    let n = self.buf.len();
+                    self.stream_call(n, out);
+                    out.push(OutputEvent::ToolCallEnd { index: self.calls });
+                    self.calls += 1;
+                } else {
+                    let raw = match close {
+                        Close::Tag => format!("{OPEN}{}", self.buf),
+                        Close::Bare => self.buf.clone(),
+                        Close::Fenced => format!("```json\n{}", self.buf),
+                    };
+                    self.emit_text(&raw, out);
+                }
+                self.buf.clear();
             }
-            self.buf.clear();
-            self.in_call = false;
-        } else {
-            let rest = std::mem::take(&mut self.buf);
-            self.emit_text(&rest, out);
+            None => {
+                let rest = std::mem::take(&mut self.buf);
+                let rest = if self.skip_fence { rest.trim_start().trim_start_matches("```").to_string() } else { rest };
+                self.emit_text(&rest, out);
+            }
         }
         if self.calls == 0 && !self.pending_ws.is_empty() {
             out.push(OutputEvent::Text(std::mem::take(&mut self.pending_ws)));
@@ -257,5 +400,34 @@ mod tests {
     fn plain_text_passes_through() {
         let (c, _) = parse(&["Hello <b>world</b>", " <tool", "s> are fine"]);
         assert_eq!(c.text, "Hello <b>world</b> <tools> are fine");
+    }
+
+    #[test]
+    fn bare_and_fenced_calls() {
+        let bare = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
+        let pieces = chars(bare);
+        let refs: Vec<&str> = pieces.iter().map(|s| s.as_str()).collect();
+        let (c, events) = parse(&refs);
+        assert_eq!(c.text, "");
+        assert_eq!(c.tool_calls.len(), 1);
+        assert_eq!(c.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+        assert!(events.iter().filter(|e| matches!(e, OutputEvent::ToolCallArgs { .. })).count() > 3);
+        let (c, _) = parse(&["\n```json\n{\"name\": \"a\", \"arguments\": {}}\n```\n"]);
+        assert_eq!((c.text.as_str(), c.tool_calls.len()), ("", 1));
+        let (c, _) = parse(&["{\"name\": \"a\", \"arguments\": {}}\n{\"name\": \"b\", \"arguments\": {\"x\": 1}}"]);
+        assert_eq!(c.tool_calls.len(), 2);
+        assert_eq!(c.tool_calls[1].name, "b");
+    }
+
+    #[test]
+    fn other_json_and_later_objects_stay_text() {
+        let (c, _) = parse(&["{\"answer\": 42}"]);
+        assert_eq!((c.text.as_str(), c.tool_calls.len()), ("{\"answer\": 42}", 0));
+        let (c, _) = parse(&["Here: {\"name\": \"a\"}"]);
+        assert_eq!((c.text.as_str(), c.tool_calls.len()), ("Here: {\"name\": \"a\"}", 0));
+        let (c, _) = parse(&["```python\nprint(1)\n```"]);
+        assert_eq!(c.text, "```python\nprint(1)\n```");
+        let (c, _) = parse(&["{\"name\": \"a\", \"argu"]);
+        assert_eq!(c.tool_calls.len(), 1, "a begun call is closed at the end");
     }
 }

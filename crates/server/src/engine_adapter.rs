@@ -1,0 +1,267 @@
+//! The worker's traits over `ds4_engine`: a [`LoadedModel`] (chat template, tokenizer)
+//! as [`Vocab`], a [`Session`] as [`Engine`]; and [`serve`], the blocking entry point
+//! of `ds4-server serve`.
+//!
+//! Generation goes through `ds4_engine::generate::generate`, the loop `ds4-server run`
+//! uses, so a fixed seed gives the same text. Only requests for log-probabilities take
+//! a local loop that mirrors it step for step (same sampler call, same RNG, same stop
+//! checks) and also reads each step's logits row, until `generate` hands the row to its
+//! callback.
+
+use std::net::SocketAddr;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ds4_engine::generate::{GenerateParams, StopReason, generate};
+use ds4_engine::logprobs::{logprob, top_logprobs};
+use ds4_engine::sampler::{Rng, SamplerParams, sample};
+use ds4_engine::session::PREFILL_CHUNK;
+use ds4_engine::{EngineError, LoadedModel, Session};
+use ds4_tokenizer::{ChatMessage, RenderOptions, ToolCall, Tokenizer};
+use serde_json::Value;
+
+use crate::args::ServeArgs;
+use crate::backend::{
+    BackendError, Engine, GenOutcome, GenSettings, GenStop, RenderRequest, Sampled, SamplerSettings, SyncOutcome, Vocab,
+};
+
+/// A loaded model's text side.
+pub struct EngineVocab {
+    lm: Arc<LoadedModel>,
+    id: String,
+    aliases: Vec<String>,
+}
+
+impl EngineVocab {
+    /// The id is the GGUF file's stem; `general.name` is an alias.
+    pub fn new(lm: Arc<LoadedModel>) -> Self {
+        let id = lm.path.file_stem().map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned());
+        let name = lm.model.info().name.clone();
+        let aliases = if name.is_empty() || name == id { Vec::new() } else { vec![name] };
+        EngineVocab { lm, id, aliases }
+    }
+}
+
+fn chat_message(m: &crate::backend::ChatTurn) -> ChatMessage {
+    ChatMessage {
+        role: m.role.clone(),
+        content: m.content.clone(),
+        reasoning_content: m.reasoning_content.clone(),
+        tool_calls: m
+            .tool_calls
+            .iter()
+            .map(|c| ToolCall {
+                id: (!c.id.is_empty()).then(|| c.id.clone()),
+                name: c.name.clone(),
+                arguments: match &c.arguments {
+                    Value::String(s) => s.clone(),
+                    v => v.to_string(),
+                },
+            })
+            .collect(),
+        tool_call_id: m.tool_call_id.clone(),
+        name: m.name.clone(),
+    }
+}
+
+impl Vocab for EngineVocab {
+    fn model_id(&self) -> String {
+        self.id.clone()
+    }
+
+    fn model_aliases(&self) -> Vec<String> {
+        self.aliases.clone()
+    }
+
+    fn n_ctx_train(&self) -> Option<usize> {
+        Some(self.lm.model.info().n_ctx_train)
+    }
+
+    fn n_vocab(&self) -> usize {
+        self.lm.model.info().n_vocab
+    }
+
+    fn chat_template_source(&self) -> String {
+        self.lm.template.source().to_string()
+    }
+
+    fn template_supports_tools(&self) -> bool {
+        self.lm.template.uses_tools()
+    }
+
+    fn render(&self, req: &RenderRequest<'_>) -> Result<String, BackendError> {
+        let messages: Vec<ChatMessage> = req.messages.iter().map(chat_message).collect();
+        let mut opts = RenderOptions {
+            add_generation_prompt: req.add_generation_prompt,
+            tools: (!req.tools.is_empty()).then(|| req.tools.to_vec()),
+            extra: req.vars.clone(),
+            ..RenderOptions::default()
+        };
+        if let Some(b) = req.vars.get("enable_thinking").and_then(Value::as_bool) {
+            opts.enable_thinking = b;
+        }
+        self.lm.template.render(&messages, &opts).map_err(|e| BackendError::Template(e.to_string()))
+    }
+
+    fn tokenize(&self, text: &str, add_bos: bool) -> Vec<u32> {
+        if add_bos { self.lm.tokenize_rendered(text) } else { self.lm.tokenizer.encode(text, false, true) }
+    }
+
+    fn piece(&self, id: u32, render_special: bool) -> Vec<u8> {
+        self.lm.tokenizer.piece(id, render_special)
+    }
+
+    fn is_eog(&self, id: u32) -> bool {
+        self.lm.tokenizer.is_eog(id)
+    }
+}
+
+/// The live session.
+pub struct EngineSession {
+    session: Session,
+    tokenizer: Arc<Tokenizer>,
+}
+
+fn engine_error(e: EngineError) -> BackendError {
+    match e {
+        EngineError::ContextFull { needed, n_ctx } => BackendError::ContextFull { needed, n_ctx },
+        other => BackendError::Engine(other.to_string()),
+    }
+}
+
+fn sampler_params(s: &SamplerSettings) -> SamplerParams {
+    SamplerParams { temperature: s.temperature, top_k: s.top_k, top_p: s.top_p, min_p: s.min_p }
+}
+
+fn gen_stop(s: StopReason) -> GenStop {
+    match s {
+        StopReason::Eog => GenStop::Eog,
+        StopReason::Length => GenStop::Length,
+        StopReason::Stopped => GenStop::Stopped,
+        StopReason::ContextFull => GenStop::ContextFull,
+    }
+}
+
+impl Engine for EngineSession {
+    fn n_ctx(&self) -> usize {
+        self.session.n_ctx()
+    }
+
+    fn tokens(&self) -> &[u32] {
+        self.session.tokens()
+    }
+
+    /// `Session::sync` in steps of [`PREFILL_CHUNK`] tokens (the chunks one `sync`
+    /// call would evaluate), polling `cancel` between them.
+    fn sync(&mut self, prompt: &[u32], cancel: &dyn Fn() -> bool) -> Result<SyncOutcome, BackendError> {
+        if prompt.len() > self.session.n_ctx() {
+            return Err(BackendError::ContextFull { needed: prompt.len(), n_ctx: self.session.n_ctx() });
+        }
+        let mut keep = self.session.common_prefix(prompt);
+        if keep == prompt.len() && (keep < self.session.tokens().len() || self.session.logits().is_none()) {
+            keep = keep.saturating_sub(1);
+        }
+        let t0 = Instant::now();
+        let mut evaluated = 0;
+        let mut end = keep;
+        while end + PREFILL_CHUNK < prompt.len() {
+            if cancel() {
+                return Err(BackendError::Cancelled);
+            }
+            end += PREFILL_CHUNK;
+            evaluated += self.session.sync(&prompt[..end], &mut |_, _| {}).map_err(engine_error)?.evaluated;
+        }
+        if cancel() {
+            return Err(BackendError::Cancelled);
+        }
+        evaluated += self.session.sync(prompt, &mut |_, _| {}).map_err(engine_error)?.evaluated;
+        Ok(SyncOutcome { reused: keep, evaluated, time: (evaluated > 0).then(|| t0.elapsed()) })
+    }
+
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        settings: &GenSettings,
+        on_token: &mut dyn FnMut(Sampled) -> ControlFlow<()>,
+    ) -> Result<GenOutcome, BackendError> {
+        let params = GenerateParams { max_tokens: settings.max_tokens, sampler: sampler_params(&settings.sampler), seed: settings.seed };
+        let tok = self.tokenizer.clone();
+        let Some(k) = settings.top_logprobs else {
+            let stats = generate(&mut self.session, prompt, &params, &|t| tok.is_eog(t), &mut |_, _| {}, &mut |id| {
+                on_token(Sampled { id, logprob: None, top: Vec::new() })
+            })
+            .map_err(engine_error)?;
+            return Ok(GenOutcome { generated: stats.generated_tokens, decode_time: stats.decode_time, stop: gen_stop(stats.stop) });
+        };
+        // The loop of `generate`, reading each step's logits for log-probabilities.
+        self.session.sync(prompt, &mut |_, _| {}).map_err(engine_error)?;
+        let mut rng = Rng(params.seed);
+        let mut generated = 0;
+        let mut stop = GenStop::Length;
+        let mut t_first = None;
+        let mut decode_time = None;
+        while generated < params.max_tokens {
+            let logits = self.session.logits().ok_or_else(|| BackendError::Engine("no logits after sync".into()))?;
+            let id = sample(logits, &params.sampler, &mut rng);
+            let sampled = Sampled { id, logprob: Some(logprob(logits, id)), top: top_logprobs(logits, k) };
+            generated += 1;
+            let t = *t_first.get_or_insert_with(Instant::now);
+            if generated > 1 {
+                decode_time = Some(t.elapsed());
+            }
+            if on_token(sampled).is_break() {
+                stop = GenStop::Stopped;
+                break;
+            }
+            if tok.is_eog(id) {
+                stop = GenStop::Eog;
+                break;
+            }
+            if generated == params.max_tokens {
+                break;
+            }
+            if self.session.tokens().len() + 1 > self.session.n_ctx() {
+                stop = GenStop::ContextFull;
+                break;
+            }
+            self.session.decode(id).map_err(engine_error)?;
+        }
+        Ok(GenOutcome { generated, decode_time, stop })
+    }
+}
+
+/// The worker's view of a loaded model with a session of `n_ctx` tokens.
+pub fn engine_model(model: LoadedModel, n_ctx: usize) -> Result<(Arc<dyn Vocab>, Box<dyn Engine>), BackendError> {
+    let session = Session::new(model.model.clone(), n_ctx).map_err(engine_error)?;
+    let tokenizer = model.tokenizer.clone();
+    let vocab: Arc<dyn Vocab> = Arc::new(EngineVocab::new(Arc::new(model)));
+    Ok((vocab, Box::new(EngineSession { session, tokenizer })))
+}
+
+/// Serves `model` until SIGINT/SIGTERM (blocking). `ready` is called with the bound
+/// address once the server listens (the CLI prints it).
+pub fn serve_with(
+    args: ServeArgs,
+    model: LoadedModel,
+    n_ctx: usize,
+    ready: impl FnOnce(SocketAddr) + Send + 'static,
+) -> anyhow::Result<()> {
+    let (vocab, engine) = engine_model(model, n_ctx)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ds4-http")
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let handle = crate::server::start(args.config(), vocab, engine).await?;
+        ready(handle.addr());
+        handle.run_until_signal().await?;
+        anyhow::Ok(())
+    })
+}
+
+/// [`serve_with`] without a ready callback.
+pub fn serve(args: ServeArgs, model: LoadedModel, n_ctx: usize) -> anyhow::Result<()> {
+    serve_with(args, model, n_ctx, |_| {})
+}
