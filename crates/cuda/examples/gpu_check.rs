@@ -277,15 +277,15 @@ fn bench(args: &[String]) -> Res<()> {
         }
     }
     if o.variants {
-        for (label, graphs, pdl, typed) in [
-            ("generic-gemv", true, true, false),
+        for (label, graphs, pdl, tma) in [
+            ("plain-gemv", true, true, false),
             ("no-pdl", true, false, true),
             ("no-graph", false, true, true),
             ("no-graph-no-pdl", false, false, true),
         ] {
             backend.set_graphs(graphs);
             backend.set_pdl(pdl);
-            backend.set_gemv_typed(typed);
+            backend.set_gemv_tma(tma);
             decode_run(16)?;
             let v: Vec<f64> = (0..3).map(|_| decode_run(o.decode)).collect::<Res<_>>()?;
             println!("decode variant {label}: median {:.1} tok/s runs {:?} ({} kernels/token)", median(&v), round1(&v), backend.stats().decode_kernels);
@@ -293,7 +293,7 @@ fn bench(args: &[String]) -> Res<()> {
         }
         backend.set_graphs(true);
         backend.set_pdl(true);
-        backend.set_gemv_typed(true);
+        backend.set_gemv_tma(true);
     }
     for &n in &o.prefill {
         if n > info.n_ctx_train.max(4096) {
@@ -323,22 +323,20 @@ fn gemv_bench() -> Res<()> {
     b.set_pdl(false);
     b.set_graphs(false);
     b.set_profile(true);
-    // (rows, cols, type, L2 prefetch distance, kernel specialized by type)
-    for (rows, cols, ty, pf, typed) in [
-        (4096, 4096, Q4_K, 0, false),
-        (4096, 4096, Q4_K, 0, true),
-        (14336, 4096, Q4_K, 0, false),
-        (14336, 4096, Q4_K, 0, true),
-        (14336, 4096, Q4_K, 2, true),
-        (4096, 14336, Q6_K, 0, false),
-        (4096, 14336, Q6_K, 0, true),
-        (4096, 14336, Q6_K, 2, true),
-        (128256, 4096, Q6_K, 0, true),
-        (128256, 4096, Q6_K, 2, true),
-        (14336, 4096, Q8_0, 0, true),
+    // (rows, cols, type, TMA kernel)
+    for (rows, cols, ty, tma) in [
+        (4096, 4096, Q4_K, false),
+        (4096, 4096, Q4_K, true),
+        (14336, 4096, Q4_K, false),
+        (14336, 4096, Q4_K, true),
+        (4096, 14336, Q6_K, false),
+        (4096, 14336, Q6_K, true),
+        (128256, 4096, Q6_K, false),
+        (128256, 4096, Q6_K, true),
+        (14336, 4096, Q8_0, false),
+        (14336, 4096, Q8_0, true),
     ] {
-        b.set_gemv_typed(typed);
-        b.set_prefetch(pf);
+        b.set_gemv_tma(tma);
         let w = b.synthetic_matrix("bench.weight", rows, cols, ty, 1)?;
         let x = b.buf(cols);
         let mut out = b.buf(rows);
@@ -356,8 +354,8 @@ fn gemv_bench() -> Res<()> {
         let r = &p[0];
         let bytes = (cols / ty.block_size() * ty.type_size() * rows) as f64;
         println!(
-            "gemv {ty} {rows}x{cols} {}, prefetch {pf}: {:.2} us/launch, {:.2} TB/s ({:.1} MB)",
-            if typed { "typed" } else { "generic" },
+            "gemv {ty} {rows}x{cols} {}: {:.2} us/launch, {:.2} TB/s ({:.1} MB)",
+            if tma { "tma" } else { "plain" },
             1e3 * r.ms / r.launches as f64, bytes * r.launches as f64 / (r.ms / 1e3) / 1e12, bytes / 1e6
         );
     }

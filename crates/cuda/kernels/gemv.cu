@@ -47,7 +47,9 @@ struct GemvParams {
     i32 nseg;
     i32 need;             // NEED_A32 | NEED_AK
     float eps;
-    i32 prefetch;         // rows each warp prefetches into L2 ahead of the one it computes
+    i32 prefetch;         // plain GEMV: rows each warp prefetches into L2 ahead
+    i32 stage_bytes;      // TMA GEMV: bytes of one warp's stage (see gemv_tma)
+    i32 pad;
 };
 
 // The activation in shared memory.
@@ -555,35 +557,7 @@ __device__ Act build_act(const GemvParams& P, u8* smem, double* red) {
     return a;
 }
 
-// Row dot of one type known at compile time (a specialized kernel keeps only the
-// register footprint of its types).
-template <int T>
-__device__ __forceinline__ float row_dot_one(const Planes& w, i64 row, int n, const Act& a, int lane) {
-    if constexpr (T == T_Q4_0) return row_dot32<UQ4_0>(w, row, n / 32, a, lane);
-    else if constexpr (T == T_Q4_1) return row_dot32<UQ4_1>(w, row, n / 32, a, lane);
-    else if constexpr (T == T_Q5_0) return row_dot32<UQ5_0>(w, row, n / 32, a, lane);
-    else if constexpr (T == T_Q8_0) return row_dot32<UQ8_0>(w, row, n / 32, a, lane);
-    else if constexpr (T == T_Q4_K) return row_dotk<UQ4_K>(w, row, n / 256, a, lane);
-    else if constexpr (T == T_Q5_K) return row_dotk<UQ5_K>(w, row, n / 256, a, lane);
-    else if constexpr (T == T_Q6_K) return row_dotk<UQ6_K>(w, row, n / 256, a, lane);
-    else return row_dotk<UIQ2_XXS>(w, row, n / 256, a, lane);
-}
-
-// Types TA and TB (TA < 0: any type, through a switch).
-template <int TA, int TB>
-__device__ __forceinline__ float row_dot_t(int ty, const Planes& w, i64 row, int n, const Act& a, int lane) {
-    if constexpr (TA < 0) {
-        return row_dot(ty, w, row, n, a, lane);
-    } else {
-        float v;
-        if (TB == TA || ty == TA) v = row_dot_one<TA>(w, row, n, a, lane);
-        else v = row_dot_one<TB>(w, row, n, a, lane);
-        return warp_sum(v);
-    }
-}
-
-template <int TA, int TB>
-__device__ __forceinline__ void gemv_body(const GemvParams& P) {
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv(const GemvParams P) {
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double red[GEMV_WARPS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -603,22 +577,242 @@ __device__ __forceinline__ void gemv_body(const GemvParams& P) {
         if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + P.prefetch * nwarps, n);
         const Seg& s = P.seg[find_seg(P, gr)];
         const int r = gr - s.row0;
-        const float v = row_dot_t<TA, TB>(s.type, s.w, r, n, a, lane);
-        const float u = s.out3 ? row_dot_t<TA, TB>(s.type2, s.w2, r, n, a, lane) : 0.f;
+        const float v = row_dot(s.type, s.w, r, n, a, lane);
+        const float u = s.out3 ? row_dot(s.type2, s.w2, r, n, a, lane) : 0.f;
         if (lane == 0) epilogue(s, r, v, u);
     }
 }
 
-#define GEMV_KERNEL(NAME, TA, TB) \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) NAME(const GemvParams P) { gemv_body<TA, TB>(P); }
 
-GEMV_KERNEL(gemv, -1, -1)
-GEMV_KERNEL(gemv_q4_0, T_Q4_0, T_Q4_0)
-GEMV_KERNEL(gemv_q4_1, T_Q4_1, T_Q4_1)
-GEMV_KERNEL(gemv_q5_0, T_Q5_0, T_Q5_0)
-GEMV_KERNEL(gemv_q8_0, T_Q8_0, T_Q8_0)
-GEMV_KERNEL(gemv_q4_k, T_Q4_K, T_Q4_K)
-GEMV_KERNEL(gemv_q5_k, T_Q5_K, T_Q5_K)
-GEMV_KERNEL(gemv_q6_k, T_Q6_K, T_Q6_K)
-GEMV_KERNEL(gemv_iq2_xxs, T_IQ2_XXS, T_IQ2_XXS)
-GEMV_KERNEL(gemv_q4_k_q6_k, T_Q4_K, T_Q6_K)
+// ---- the TMA variant: each warp streams its rows through shared-memory stages
+//
+// A row is cut into chunks of TMA_CB(type) blocks; for each chunk, lane 0 of the warp
+// issues one bulk copy per field plane (`cp.async.bulk`, the Hopper copy engine) into
+// one of TMA_STAGES shared-memory stages, completing on the stage's mbarrier. The warp
+// computes chunk k from shared memory while chunks k+1 .. k+TMA_STAGES-1 are in flight:
+// the bytes in flight are bounded by shared memory, not registers, and cost one
+// instruction per plane per chunk. Units are read from the stage with the same code as
+// the plain kernel (the stage is a `Planes` whose blocks are the chunk's). The first
+// chunks are requested before waiting for the previous kernel.
+
+#define TMA_STAGES 3
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(u64* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+    u32 done = 0;
+    while (!done) {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(smem_u32(bar)), "r"(parity)
+            : "memory");
+    }
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+
+// Blocks per chunk: 128 units (4 per lane).
+__device__ __forceinline__ int tma_cb(int ty) { return block_elems(ty) == 32 ? 128 : 16; }
+
+// Bytes of each plane's field of one block (0: unused plane).
+__device__ __forceinline__ void field_sizes(int ty, u32* f) {
+    plane_row_bytes(ty, block_elems(ty), f);  // one block's worth
+}
+
+// The chunk's plane segments: source (16-aligned), offset of the first block in the
+// stage copy, and copy length.
+struct ChunkPlanes {
+    const u8* src[4];
+    u32 mis[4];
+    u32 len[4];
+};
+
+__device__ __forceinline__ void chunk_planes(int ty, const Planes& w, i64 gb0, int nblk, ChunkPlanes* c) {
+    u32 f[4];
+    field_sizes(ty, f);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        const u8* s = f[p] ? w.p[p] + gb0 * f[p] : nullptr;
+        const u32 mis = (u32)((u64)s & 15);
+        c->src[p] = s - mis;
+        c->mis[p] = mis;
+        c->len[p] = f[p] ? (mis + nblk * f[p] + 15) & ~15u : 0;
+    }
+}
+
+// Offsets of the planes within a stage: plane p gets TMA_CB·field + 32 bytes.
+__device__ __forceinline__ void stage_offsets(int ty, u32* o) {
+    u32 f[4];
+    field_sizes(ty, f);
+    const int cb = tma_cb(ty);
+    u32 at = 0;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        o[p] = at;
+        at += f[p] ? ((cb * f[p] + 32 + 15) & ~15u) : 0;
+    }
+}
+
+// A position in a warp's chunk sequence.
+struct TCursor {
+    int gr, part, c;
+};
+
+struct TChunk {
+    int ty, r, nblk, b0;
+    const Planes* w;
+};
+
+__device__ __forceinline__ TChunk tchunk(const GemvParams& P, const TCursor& k) {
+    const Seg& s = P.seg[find_seg(P, k.gr)];
+    TChunk t;
+    t.ty = k.part ? s.type2 : s.type;
+    t.w = k.part ? &s.w2 : &s.w;
+    t.r = k.gr - s.row0;
+    const int nb = P.n_in / block_elems(t.ty), cb = tma_cb(t.ty);
+    t.b0 = k.c * cb;
+    t.nblk = min(cb, nb - t.b0);
+    return t;
+}
+
+__device__ __forceinline__ void tadvance(const GemvParams& P, TCursor& k) {
+    const Seg& s = P.seg[find_seg(P, k.gr)];
+    const int ty = k.part ? s.type2 : s.type;
+    const int chunks = (P.n_in / block_elems(ty) + tma_cb(ty) - 1) / tma_cb(ty);
+    if (++k.c < chunks) return;
+    k.c = 0;
+    if (s.out3 && k.part == 0) {
+        k.part = 1;
+    } else {
+        k.part = 0;
+        k.gr += gridDim.x * GEMV_WARPS;
+    }
+}
+
+template <class U, int UPB>
+__device__ float chunk_dot(const Planes& sm, int nblk, int b0, const Act& a, int lane) {
+    float acc = 0.f;
+    const int units = nblk * UPB;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int u = lane + 32 * j;
+        if (u < units) {
+            U x;
+            if constexpr (UPB == 1) {
+                x.load(sm, u);
+                acc += x.dot(a, b0 + u);
+            } else {
+                x.load(sm, u / UPB, u % UPB);
+                acc += x.dot(a, b0 + u / UPB, u % UPB);
+            }
+        }
+    }
+    return acc;
+}
+
+__device__ float chunk_dot_ty(int ty, const Planes& sm, int nblk, int b0, const Act& a, int lane) {
+    switch (ty) {
+    case T_Q4_0: return chunk_dot<UQ4_0, 1>(sm, nblk, b0, a, lane);
+    case T_Q4_1: return chunk_dot<UQ4_1, 1>(sm, nblk, b0, a, lane);
+    case T_Q5_0: return chunk_dot<UQ5_0, 1>(sm, nblk, b0, a, lane);
+    case T_Q8_0: return chunk_dot<UQ8_0, 1>(sm, nblk, b0, a, lane);
+    case T_Q4_K: return chunk_dot<UQ4_K, 8>(sm, nblk, b0, a, lane);
+    case T_Q5_K: return chunk_dot<UQ5_K, 8>(sm, nblk, b0, a, lane);
+    case T_Q6_K: return chunk_dot<UQ6_K, 8>(sm, nblk, b0, a, lane);
+    case T_IQ2_XXS: return chunk_dot<UIQ2_XXS, 8>(sm, nblk, b0, a, lane);
+    default: return 0.f;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 1) gemv_tma(const GemvParams P) {
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ __align__(8) u64 bars[GEMV_WARPS][TMA_STAGES];
+    __shared__ double red[GEMV_WARPS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gwarp = blockIdx.x * GEMV_WARPS + warp;
+    const int n = P.n_in;
+    int off[6];
+    u8* stages = smem + ((act_smem_offsets(n, off) + 15) & ~15) + warp * TMA_STAGES * P.stage_bytes;
+
+    if (lane == 0) {
+        for (int s = 0; s < TMA_STAGES; ++s) mbar_init(&bars[warp][s]);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+
+    TCursor is = {gwarp, 0, 0};
+    // Lane 0 requests the next chunk into `stage` (nothing past the warp's last row).
+    auto issue = [&](int stage) {
+        if (is.gr >= P.total_rows) return;
+        if (lane == 0) {
+            const TChunk t = tchunk(P, is);
+            const Seg& sg = P.seg[find_seg(P, is.gr)];
+            ChunkPlanes cp;
+            chunk_planes(t.ty, *t.w, (i64)t.r * (n / block_elems(t.ty)) + t.b0, t.nblk, &cp);
+            u32 o[4];
+            stage_offsets(t.ty, o);
+            u32 total = 0;
+#pragma unroll
+            for (int p = 0; p < 4; ++p) total += cp.len[p];
+            u8* st = stages + stage * P.stage_bytes;
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            mbar_expect_tx(&bars[warp][stage], total);
+#pragma unroll
+            for (int p = 0; p < 4; ++p)
+                if (cp.len[p]) bulk_copy(st + o[p], cp.src[p], cp.len[p], &bars[warp][stage]);
+            (void)sg;
+        }
+        tadvance(P, is);
+    };
+    for (int s = 0; s < TMA_STAGES; ++s) issue(s);
+    pdl_wait();
+    pdl_trigger();
+    const Act a = build_act(P, smem, red);
+
+    TCursor cs = {gwarp, 0, 0};
+    u32 phase = 0;  // bit s: parity of stage s's next completion
+    int stage = 0;
+    float acc = 0.f, first = 0.f;
+    while (cs.gr < P.total_rows) {
+        mbar_wait(&bars[warp][stage], (phase >> stage) & 1);
+        phase ^= 1u << stage;
+        const TChunk t = tchunk(P, cs);
+        ChunkPlanes cp;
+        chunk_planes(t.ty, *t.w, (i64)t.r * (n / block_elems(t.ty)) + t.b0, t.nblk, &cp);
+        u32 o[4];
+        stage_offsets(t.ty, o);
+        Planes sm;
+        const u8* st = stages + stage * P.stage_bytes;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) sm.p[p] = st + o[p] + cp.mis[p];
+        acc += chunk_dot_ty(t.ty, sm, t.nblk, t.b0, a, lane);
+        const Seg& s = P.seg[find_seg(P, cs.gr)];
+        const bool row_end = (t.b0 + t.nblk) * block_elems(t.ty) >= n;
+        const int gr = cs.gr, part = cs.part;
+        tadvance(P, cs);
+        __syncwarp();
+        issue(stage);
+        stage = stage + 1 == TMA_STAGES ? 0 : stage + 1;
+        if (row_end) {
+            const float v = warp_sum(acc);
+            acc = 0.f;
+            if (s.out3 && part == 0) {
+                first = v;
+            } else if (lane == 0) {
+                const int r = gr - s.row0;
+                if (s.out3) epilogue(s, r, first, v); else epilogue(s, r, v, 0.f);
+            }
+        }
+    }
+}

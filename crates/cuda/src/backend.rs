@@ -137,7 +137,7 @@ pub struct CudaBackend {
     pdl: AtomicBool,
     profile: AtomicBool,
     prefetch: AtomicU32,
-    gemv_typed: AtomicBool,
+    gemv_tma: AtomicBool,
 }
 
 fn fail(e: CudaError) -> ! {
@@ -149,7 +149,7 @@ fn engine_err(e: CudaError) -> EngineError {
 }
 
 /// Rows a GEMV warp prefetches into L2 ahead of the one it computes.
-const DEFAULT_PREFETCH: u32 = 2;
+const DEFAULT_PREFETCH: u32 = 0;
 
 /// Heads × splits and floats of the decode-attention scratch.
 const ATTN_MS: usize = 1 << 16;
@@ -166,8 +166,9 @@ impl CudaBackend {
     /// Opens device `ordinal`, compiling (or loading cached) kernels.
     ///
     /// `DS4_CUDA_GRAPHS=0` disables graph capture and `DS4_CUDA_PDL=0` programmatic
-    /// dependent launch (both on by default), for comparisons; `DS4_CUDA_PREFETCH=N`
-    /// sets the GEMV's L2 prefetch distance in rows (default 2).
+    /// dependent launch (both on by default), `DS4_CUDA_GEMV=plain` selects the plain
+    /// GEMV, for comparisons; `DS4_CUDA_PREFETCH=N` sets the plain GEMV's L2 prefetch
+    /// distance in rows.
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         let gpu = Gpu::new(ordinal)?;
         let k = Kernels::load(&gpu)?;
@@ -199,7 +200,7 @@ impl CudaBackend {
             graphs: AtomicBool::new(env_flag("DS4_CUDA_GRAPHS", true)),
             pdl: AtomicBool::new(env_flag("DS4_CUDA_PDL", true)),
             profile: AtomicBool::new(false),
-            gemv_typed: AtomicBool::new(std::env::var("DS4_CUDA_GEMV").map_or(true, |v| v != "generic")),
+            gemv_tma: AtomicBool::new(std::env::var("DS4_CUDA_GEMV").map_or(true, |v| v != "plain")),
             prefetch: AtomicU32::new(
                 std::env::var("DS4_CUDA_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_PREFETCH),
             ),
@@ -241,10 +242,9 @@ impl CudaBackend {
         self.lock().graphs.clear();
     }
 
-    /// Chooses the GEMV kernels specialized by weight type (default) or the generic one
-    /// (`DS4_CUDA_GEMV=generic`).
-    pub fn set_gemv_typed(&self, on: bool) {
-        self.gemv_typed.store(on, Ordering::Relaxed);
+    /// Chooses the TMA GEMV (default) or the plain one (`DS4_CUDA_GEMV=plain`).
+    pub fn set_gemv_tma(&self, on: bool) {
+        self.gemv_tma.store(on, Ordering::Relaxed);
         self.lock().graphs.clear();
     }
 
@@ -355,7 +355,7 @@ impl CudaBackend {
             n_sm: self.gpu.n_sm,
             gemv_occupancy: &occ,
             gemv_prefetch: self.prefetch.load(Ordering::Relaxed),
-            gemv_typed: self.gemv_typed.load(Ordering::Relaxed),
+            gemv_tma: self.gemv_tma.load(Ordering::Relaxed),
             step: rec.step_ptr,
             n_tok: rec.n_tok,
             attn: st.attn,

@@ -26,22 +26,7 @@ pub struct Source {
 
 /// Every kernel module.
 pub const SOURCES: &[Source] = &[
-    Source {
-        file: "gemv.cu",
-        text: include_str!("../kernels/gemv.cu"),
-        kernels: &[
-            "gemv",
-            "gemv_q4_0",
-            "gemv_q4_1",
-            "gemv_q5_0",
-            "gemv_q8_0",
-            "gemv_q4_k",
-            "gemv_q5_k",
-            "gemv_q6_k",
-            "gemv_iq2_xxs",
-            "gemv_q4_k_q6_k",
-        ],
-    },
+    Source { file: "gemv.cu", text: include_str!("../kernels/gemv.cu"), kernels: &["gemv", "gemv_tma"] },
     Source {
         file: "elementwise.cu",
         text: include_str!("../kernels/elementwise.cu"),

@@ -8,15 +8,13 @@ use cudarc::driver::{result, sys};
 use crate::compile::{SOURCES, cubin};
 use crate::driver::{Func, Gpu};
 use crate::error::{CudaError, Result};
-use crate::layout::MATRIX_TYPES;
 
 /// Every kernel the backend launches.
 pub struct Kernels {
-    /// The GEMV for any mix of types.
+    /// The GEMV reading weights straight from global memory.
     pub gemv: Func,
-    /// GEMVs specialized for one type (in [`MATRIX_TYPES`] order), and for Q4_K with Q6_K.
-    pub gemv_typed: [Func; 8],
-    pub gemv_q4_k_q6_k: Func,
+    /// The GEMV streaming weights through shared memory with bulk copies.
+    pub gemv_tma: Func,
     pub rms_norm_rows: Func,
     pub add_inplace: Func,
     pub swiglu: Func,
@@ -72,17 +70,7 @@ impl Kernels {
         };
         let k = Kernels {
             gemv: get("gemv")?,
-            gemv_typed: [
-                get("gemv_q4_0")?,
-                get("gemv_q4_1")?,
-                get("gemv_q5_0")?,
-                get("gemv_q8_0")?,
-                get("gemv_q4_k")?,
-                get("gemv_q5_k")?,
-                get("gemv_q6_k")?,
-                get("gemv_iq2_xxs")?,
-            ],
-            gemv_q4_k_q6_k: get("gemv_q4_k_q6_k")?,
+            gemv_tma: get("gemv_tma")?,
             rms_norm_rows: get("rms_norm_rows")?,
             add_inplace: get("add_inplace")?,
             swiglu: get("swiglu")?,
@@ -104,7 +92,7 @@ impl Kernels {
             modules,
         };
         let smem = GEMV_MAX_SMEM.min(gpu.max_smem_optin);
-        for f in k.gemv_typed.iter().copied().chain([k.gemv, k.gemv_q4_k_q6_k]) {
+        for f in [k.gemv, k.gemv_tma] {
             // SAFETY: a valid function handle; the value is within the device's limit.
             unsafe {
                 result::function::set_function_attribute(
@@ -130,8 +118,7 @@ impl Kernels {
         };
         Kernels {
             gemv: f(),
-            gemv_typed: [f(), f(), f(), f(), f(), f(), f(), f()],
-            gemv_q4_k_q6_k: f(),
+            gemv_tma: f(),
             rms_norm_rows: f(),
             add_inplace: f(),
             swiglu: f(),
@@ -152,24 +139,6 @@ impl Kernels {
             attn_prefill_128: f(),
             modules: Vec::new(),
         }
-    }
-}
-
-impl Kernels {
-    /// The GEMV kernel for a launch whose segments have `types`: specialized when they
-    /// are one type or Q4_K with Q6_K, else the generic one.
-    pub fn gemv_for(&self, types: &[ds4_gguf::GgmlType]) -> Func {
-        use ds4_gguf::GgmlType::{Q4_K, Q6_K};
-        let first = types[0];
-        if types.iter().all(|&t| t == first)
-            && let Some(i) = MATRIX_TYPES.iter().position(|&t| t == first)
-        {
-            return self.gemv_typed[i];
-        }
-        if types.iter().all(|&t| t == Q4_K || t == Q6_K) {
-            return self.gemv_q4_k_q6_k;
-        }
-        self.gemv
     }
 }
 

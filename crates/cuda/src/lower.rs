@@ -20,7 +20,7 @@
 use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
 use crate::kernels::Kernels;
-use crate::layout::{gemv_smem_bytes, uses_q8k};
+use crate::layout::{gemv_smem_bytes, gemv_tma_smem_bytes, tma_stage_bytes, uses_q8k};
 use ds4_gguf::GgmlType;
 use crate::ops::{MatRef, Op, RopeArgs};
 
@@ -66,8 +66,8 @@ pub struct Ctx<'a> {
     pub gemv_occupancy: &'a dyn Fn(Func, u32) -> u32,
     /// Rows each GEMV warp prefetches into L2 ahead of the one it computes (plain GEMV).
     pub gemv_prefetch: u32,
-    /// Use the GEMV kernels specialized by weight type.
-    pub gemv_typed: bool,
+    /// Use the TMA GEMV (`gemv_tma`) rather than the plain one.
+    pub gemv_tma: bool,
     pub step: DPtr,
     pub n_tok: usize,
     pub attn: AttnScratch,
@@ -106,6 +106,8 @@ struct GemvParams {
     need: i32,
     eps: f32,
     prefetch: i32,
+    stage_bytes: i32,
+    pad: i32,
 }
 
 /// Threads of a GEMV block (kernels/gemv.cu GEMV_WARPS × 32).
@@ -277,8 +279,13 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
         .flat_map(|s| if s.out3 != 0 { vec![s.ty, s.ty2] } else { vec![s.ty] })
         .map(|t| GgmlType::from_id(t as u32).expect("a matrix type"))
         .collect();
-    let f = if cx.gemv_typed { cx.k.gemv_for(&types) } else { cx.k.gemv };
-    let smem = gemv_smem_bytes(inp.n as usize) as u32;
+    let (f, smem) = if cx.gemv_tma {
+        let stage = types.iter().map(|&t| tma_stage_bytes(t)).max().unwrap_or(0);
+        p.stage_bytes = stage as i32;
+        (cx.k.gemv_tma, gemv_tma_smem_bytes(inp.n as usize, GEMV_WARPS as usize, stage) as u32)
+    } else {
+        (cx.k.gemv, gemv_smem_bytes(inp.n as usize) as u32)
+    };
     let occ = (cx.gemv_occupancy)(f, smem);
     let grid = (row0 as u32).div_ceil(GEMV_WARPS).min(cx.n_sm * occ).max(1);
     let mut args = Args::new();
@@ -483,7 +490,7 @@ mod tests {
     fn lowered(ops: &[Op], n_tok: usize, k: &Kernels) -> Vec<Cmd> {
         let occ = |_: Func, _: u32| 2;
         let attn = AttnScratch { pm: 1 << 50, pl: 2 << 50, po: 3 << 50, cap_ms: 1 << 16, cap_o: 1 << 22 };
-        let cx = Ctx { k, n_sm: 132, gemv_occupancy: &occ, gemv_prefetch: 2, gemv_typed: false, step: 99 << 40, n_tok, attn };
+        let cx = Ctx { k, n_sm: 132, gemv_occupancy: &occ, gemv_prefetch: 2, gemv_tma: false, step: 99 << 40, n_tok, attn };
         lower(ops, &cx).unwrap()
     }
 
@@ -542,8 +549,8 @@ mod tests {
     #[test]
     fn gemv_params_match_the_kernel_layout() {
         // kernels/gemv.cu: Seg = 2 x 32-byte Planes + 5 pointers + 4 ints = 120 bytes;
-        // GemvParams = 3 Segs + 3 pointers + 6 4-byte fields = 408 bytes.
+        // GemvParams = 3 Segs + 3 pointers + 8 4-byte fields = 416 bytes.
         assert_eq!(std::mem::size_of::<Seg>(), 120);
-        assert_eq!(std::mem::size_of::<GemvParams>(), 408);
+        assert_eq!(std::mem::size_of::<GemvParams>(), 416);
     }
 }
