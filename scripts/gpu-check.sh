@@ -74,7 +74,7 @@ for t in "$BIN"/nvrtc_compile-* "$BIN"/gpu_parity-*; do
 done
 
 step gen 120 "$BIN/gpu_check" gen
-step gemv 120 "$BIN/gpu_check" gemv
+step gemv "${GEMV_TIMEOUT:-120}" "$BIN/gpu_check" gemv
 if [[ " ${FAILED[*]} " == *" gemv "* ]]; then
   echo "the TMA GEMV failed: the remaining steps use the plain one"
   export DS4_CUDA_GEMV=plain
