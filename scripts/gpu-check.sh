@@ -75,10 +75,6 @@ done
 
 step gen 120 "$BIN/gpu_check" gen
 step gemv "${GEMV_TIMEOUT:-120}" "$BIN/gpu_check" gemv
-if [[ " ${FAILED[*]} " == *" gemv "* ]]; then
-  echo "the TMA GEMV failed: the remaining steps use the plain one"
-  export DS4_CUDA_GEMV=plain
-fi
 
 if [ "$QUICK" = 1 ]; then
   PARITY=(tiny-llama:q4_k_m tiny-qwen2:q8_0 tiny-llama:iq2_xxs)

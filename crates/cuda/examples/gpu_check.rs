@@ -48,11 +48,28 @@ fn info() -> Res<()> {
     let b = CudaBackend::new(0)?;
     let g = b.gpu();
     let (free, total) = g.mem_info()?;
-    println!("device: {} ({} SMs, cc {}.{}, arch {}), {:.1}/{:.1} GiB free", g.name, g.n_sm, g.cc.0, g.cc.1, g.arch(), gib(free), gib(total));
+    println!(
+        "device: {} ({} SMs, cc {}.{}, arch {}), {:.1}/{:.1} GiB free",
+        g.name,
+        g.n_sm,
+        g.cc.0,
+        g.cc.1,
+        g.arch(),
+        gib(free),
+        gib(total)
+    );
     println!("nvrtc: {:?}", ds4_cuda::compile::nvrtc_version()?);
     let bw = copy_bandwidth(g, b.kernels(), 1 << 30, 10)?;
-    println!("copy bandwidth: {:.3} TB/s (median of {}, runs {:?})", bw.bytes_per_s / 1e12, bw.runs.len(), tb(&bw.runs));
-    println!("RESULT {{\"kind\":\"copy\",\"bytes_per_s\":{:.6e},\"runs\":{:?}}}", bw.bytes_per_s, bw.runs);
+    println!(
+        "copy bandwidth: {:.3} TB/s (median of {}, runs {:?})",
+        bw.bytes_per_s / 1e12,
+        bw.runs.len(),
+        tb(&bw.runs)
+    );
+    println!(
+        "RESULT {{\"kind\":\"copy\",\"bytes_per_s\":{:.6e},\"runs\":{:?}}}",
+        bw.bytes_per_s, bw.runs
+    );
     Ok(())
 }
 
@@ -106,7 +123,11 @@ fn parity(specs: &[String]) -> Res<()> {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    if failures.is_empty() { Ok(()) } else { Err(format!("parity failed: {failures:?}").into()) }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("parity failed: {failures:?}").into())
+    }
 }
 
 fn parity_one(name: &str, dir: &std::path::Path, gpu: &Arc<CudaBackend>) -> Res<bool> {
@@ -135,7 +156,12 @@ fn parity_one(name: &str, dir: &std::path::Path, gpu: &Arc<CudaBackend>) -> Res<
         gpu.set_graphs(true);
         gpu.set_pdl(true);
         if let Ok(r) = plain {
-            print_report(&format!("{name} (no graphs, no PDL)"), &r, same, t0.elapsed().as_secs_f64());
+            print_report(
+                &format!("{name} (no graphs, no PDL)"),
+                &r,
+                same,
+                t0.elapsed().as_secs_f64(),
+            );
         }
     }
     std::fs::remove_file(&path)?;
@@ -162,9 +188,21 @@ fn print_report(name: &str, r: &Report, synth_same: bool, secs: f64) -> bool {
     println!(
         "{name}: {} | gpu vs cpu: decode nrmse med {:.2e} max {:.2e} maxabs {:.2e} argmax-miss {}/{}; prefill nrmse med {:.2e} max {:.2e} argmax-miss {}/{}{refs} | greedy {}/{} (cpu gap at divergence {:?}) | deterministic {} | synthetic==file {} | {:.1}s",
         if ok { "PASS" } else { "FAIL" },
-        r.decode.median_nrmse, r.decode.max_nrmse, r.decode.max_abs, r.decode.argmax_mismatch, r.decode.rows,
-        r.prefill.median_nrmse, r.prefill.max_nrmse, r.prefill.argmax_mismatch, r.prefill.rows,
-        r.greedy_common(), r.greedy_cpu.len(), r.greedy_divergence_gap, r.deterministic, synth_same, secs
+        r.decode.median_nrmse,
+        r.decode.max_nrmse,
+        r.decode.max_abs,
+        r.decode.argmax_mismatch,
+        r.decode.rows,
+        r.prefill.median_nrmse,
+        r.prefill.max_nrmse,
+        r.prefill.argmax_mismatch,
+        r.prefill.rows,
+        r.greedy_common(),
+        r.greedy_cpu.len(),
+        r.greedy_divergence_gap,
+        r.deterministic,
+        synth_same,
+        secs
     );
     let rj = r.reference.map_or("null".to_string(), |x| {
         format!(
@@ -174,8 +212,14 @@ fn print_report(name: &str, r: &Report, synth_same: bool, secs: f64) -> bool {
     });
     println!(
         "RESULT {{\"kind\":\"parity\",\"model\":\"{name}\",\"pass\":{ok},\"decode_median_nrmse\":{:.3e},\"decode_max_nrmse\":{:.3e},\"prefill_median_nrmse\":{:.3e},\"prefill_max_nrmse\":{:.3e},\"reference\":{rj},\"greedy_common\":{},\"greedy_len\":{},\"deterministic\":{},\"synthetic_equal\":{}}}",
-        r.decode.median_nrmse, r.decode.max_nrmse, r.prefill.median_nrmse, r.prefill.max_nrmse,
-        r.greedy_common(), r.greedy_cpu.len(), r.deterministic, synth_same
+        r.decode.median_nrmse,
+        r.decode.max_nrmse,
+        r.prefill.median_nrmse,
+        r.prefill.max_nrmse,
+        r.greedy_common(),
+        r.greedy_cpu.len(),
+        r.deterministic,
+        synth_same
     );
     ok
 }
@@ -190,14 +234,26 @@ struct BenchOpts {
 
 fn bench(args: &[String]) -> Res<()> {
     let name = args.first().ok_or("bench needs a synthetic model name")?;
-    let mut o = BenchOpts { runs: 5, decode: 128, prefill: vec![512, 4096], variants: false, profile: false };
+    let mut o = BenchOpts {
+        runs: 5,
+        decode: 128,
+        prefill: vec![512, 4096],
+        variants: false,
+        profile: false,
+    };
     let mut i = 1;
     while i < args.len() {
         let v = args.get(i + 1).cloned().unwrap_or_default();
         match args[i].as_str() {
             "--runs" => o.runs = v.parse()?,
             "--decode" => o.decode = v.parse()?,
-            "--prefill" => o.prefill = v.split(',').filter(|s| !s.is_empty()).map(str::parse).collect::<Result<_, _>>()?,
+            "--prefill" => {
+                o.prefill = v
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?
+            }
             "--variants" => {
                 o.variants = true;
                 i += 1;
@@ -220,7 +276,10 @@ fn bench(args: &[String]) -> Res<()> {
     let info = model.info().clone();
     println!(
         "{name}: {} ({} layers), {:.3} GB weights read per decode token, loaded in {load_s:.1}s; copy bandwidth {:.3} TB/s",
-        info.name, info.n_layer, info.decode_weight_bytes as f64 / 1e9, bw.bytes_per_s / 1e12
+        info.name,
+        info.n_layer,
+        info.decode_weight_bytes as f64 / 1e9,
+        bw.bytes_per_s / 1e12
     );
     let prompt = test_tokens(16, info.n_vocab, 1);
     let decode_run = |n: usize| -> Res<f64> {
@@ -234,27 +293,48 @@ fn bench(args: &[String]) -> Res<()> {
     };
     decode_run(o.decode)?;
     let before = backend.stats();
-    let dec: Vec<f64> = (0..o.runs).map(|_| decode_run(o.decode)).collect::<Res<_>>()?;
+    let dec: Vec<f64> = (0..o.runs)
+        .map(|_| decode_run(o.decode))
+        .collect::<Res<_>>()?;
     let after = backend.stats();
     let fig = DecodeFigures::new(median(&dec), info.decode_weight_bytes, bw.bytes_per_s);
     let replays = after.graph_replays - before.graph_replays;
     println!(
         "decode {} tok: median {:.1} tok/s (min {:.1}, max {:.1}, runs {:?}) = {:.3} TB/s = {:.1}% of copy; {} kernels/token; graph replays {replays} of {} steps",
-        o.decode, fig.tokens_per_s, min(&dec), max(&dec), round1(&dec), fig.achieved_bytes_per_s / 1e12, 100.0 * fig.fraction_of_copy,
-        after.decode_kernels, o.runs * o.decode
+        o.decode,
+        fig.tokens_per_s,
+        min(&dec),
+        max(&dec),
+        round1(&dec),
+        fig.achieved_bytes_per_s / 1e12,
+        100.0 * fig.fraction_of_copy,
+        after.decode_kernels,
+        o.runs * o.decode
     );
     println!(
         "RESULT {{\"kind\":\"decode\",\"model\":\"{name}\",\"tokens\":{},\"tps_median\":{:.2},\"tps_runs\":{:?},\"weight_bytes\":{},\"achieved_bytes_per_s\":{:.4e},\"copy_bytes_per_s\":{:.4e},\"fraction\":{:.4},\"kernels_per_token\":{},\"graph_replays\":{replays}}}",
-        o.decode, fig.tokens_per_s, round1(&dec), info.decode_weight_bytes, fig.achieved_bytes_per_s, bw.bytes_per_s, fig.fraction_of_copy, after.decode_kernels
+        o.decode,
+        fig.tokens_per_s,
+        round1(&dec),
+        info.decode_weight_bytes,
+        fig.achieved_bytes_per_s,
+        bw.bytes_per_s,
+        fig.fraction_of_copy,
+        after.decode_kernels
     );
     let st = backend.stats();
     if st.graph_timed > 0 {
         let gpu_ms = st.graph_gpu_ms / st.graph_timed as f64;
         println!(
             "decode step: {:.3} ms on the device per graph replay ({} timed) vs {:.3} ms wall per token",
-            gpu_ms, st.graph_timed, 1e3 / fig.tokens_per_s
+            gpu_ms,
+            st.graph_timed,
+            1e3 / fig.tokens_per_s
         );
-        println!("RESULT {{\"kind\":\"decode_gpu_time\",\"model\":\"{name}\",\"graph_ms\":{gpu_ms:.4},\"wall_ms\":{:.4}}}", 1e3 / fig.tokens_per_s);
+        println!(
+            "RESULT {{\"kind\":\"decode_gpu_time\",\"model\":\"{name}\",\"graph_ms\":{gpu_ms:.4},\"wall_ms\":{:.4}}}",
+            1e3 / fig.tokens_per_s
+        );
     }
     if o.profile {
         backend.set_graphs(false);
@@ -267,33 +347,56 @@ fn bench(args: &[String]) -> Res<()> {
         let mut rows = backend.take_profile();
         rows.sort_by(|a, b| b.ms.total_cmp(&a.ms));
         let total: f64 = rows.iter().map(|r| r.ms).sum();
-        println!("profile of {n} eager decode steps (events around each kernel, no PDL): {:.3} ms/token in kernels", total / n as f64);
+        println!(
+            "profile of {n} eager decode steps (events around each kernel, no PDL): {:.3} ms/token in kernels",
+            total / n as f64
+        );
         for r in &rows {
-            let bw = if r.bytes > 0 { format!("{:.2} TB/s", r.bytes as f64 / (r.ms / 1e3) / 1e12) } else { String::new() };
+            let bw = if r.bytes > 0 {
+                format!("{:.2} TB/s", r.bytes as f64 / (r.ms / 1e3) / 1e12)
+            } else {
+                String::new()
+            };
             println!(
                 "  {:<32} {:>6.1} launches/token {:>9.1} us/token {:>8.2} us/launch {bw}",
-                r.label, r.launches as f64 / n as f64, 1e3 * r.ms / n as f64, 1e3 * r.ms / r.launches as f64
+                r.label,
+                r.launches as f64 / n as f64,
+                1e3 * r.ms / n as f64,
+                1e3 * r.ms / r.launches as f64
             );
         }
     }
     if o.variants {
-        for (label, graphs, pdl, tma) in [
-            ("plain-gemv", true, true, false),
-            ("no-pdl", true, false, true),
-            ("no-graph", false, true, true),
-            ("no-graph-no-pdl", false, false, true),
+        use ds4_cuda::lower::GemvKind;
+        let default = GemvKind::Plain;
+        for (label, graphs, pdl, gemv) in [
+            ("gemv-8x3", true, true, GemvKind::Plain8x3),
+            ("gemv-4x4", true, true, GemvKind::Plain4x4),
+            ("gemv-tma", true, true, GemvKind::Tma),
+            ("no-pdl", true, false, default),
+            ("no-graph", false, true, default),
+            ("no-graph-no-pdl", false, false, default),
         ] {
             backend.set_graphs(graphs);
             backend.set_pdl(pdl);
-            backend.set_gemv_tma(tma);
+            backend.set_gemv(gemv);
             decode_run(16)?;
             let v: Vec<f64> = (0..3).map(|_| decode_run(o.decode)).collect::<Res<_>>()?;
-            println!("decode variant {label}: median {:.1} tok/s runs {:?} ({} kernels/token)", median(&v), round1(&v), backend.stats().decode_kernels);
-            println!("RESULT {{\"kind\":\"decode_variant\",\"model\":\"{name}\",\"variant\":\"{label}\",\"tps_median\":{:.2},\"tps_runs\":{:?}}}", median(&v), round1(&v));
+            println!(
+                "decode variant {label}: median {:.1} tok/s runs {:?} ({} kernels/token)",
+                median(&v),
+                round1(&v),
+                backend.stats().decode_kernels
+            );
+            println!(
+                "RESULT {{\"kind\":\"decode_variant\",\"model\":\"{name}\",\"variant\":\"{label}\",\"tps_median\":{:.2},\"tps_runs\":{:?}}}",
+                median(&v),
+                round1(&v)
+            );
         }
         backend.set_graphs(true);
         backend.set_pdl(true);
-        backend.set_gemv_tma(true);
+        backend.set_gemv(default);
     }
     for &n in &o.prefill {
         if n > info.n_ctx_train.max(4096) {
@@ -308,8 +411,18 @@ fn bench(args: &[String]) -> Res<()> {
         };
         run()?;
         let v: Vec<f64> = (0..o.runs.min(3)).map(|_| run()).collect::<Res<_>>()?;
-        println!("prefill {n} tok: median {:.0} tok/s (min {:.0}, max {:.0}, runs {:?})", median(&v), min(&v), max(&v), round1(&v));
-        println!("RESULT {{\"kind\":\"prefill\",\"model\":\"{name}\",\"tokens\":{n},\"tps_median\":{:.1},\"tps_runs\":{:?}}}", median(&v), round1(&v));
+        println!(
+            "prefill {n} tok: median {:.0} tok/s (min {:.0}, max {:.0}, runs {:?})",
+            median(&v),
+            min(&v),
+            max(&v),
+            round1(&v)
+        );
+        println!(
+            "RESULT {{\"kind\":\"prefill\",\"model\":\"{name}\",\"tokens\":{n},\"tps_median\":{:.1},\"tps_runs\":{:?}}}",
+            median(&v),
+            round1(&v)
+        );
     }
     Ok(())
 }
@@ -323,20 +436,20 @@ fn gemv_bench() -> Res<()> {
     b.set_pdl(false);
     b.set_graphs(false);
     b.set_profile(true);
-    // (rows, cols, type, TMA kernel)
-    for (rows, cols, ty, tma) in [
-        (4096, 4096, Q4_K, false),
-        (4096, 4096, Q4_K, true),
-        (14336, 4096, Q4_K, false),
-        (14336, 4096, Q4_K, true),
-        (4096, 14336, Q6_K, false),
-        (4096, 14336, Q6_K, true),
-        (128256, 4096, Q6_K, false),
-        (128256, 4096, Q6_K, true),
-        (14336, 4096, Q8_0, false),
-        (14336, 4096, Q8_0, true),
-    ] {
-        b.set_gemv_tma(tma);
+    use ds4_cuda::lower::GemvKind::{self, Plain, Plain4x4, Plain8x3, Tma};
+    let kinds: [GemvKind; 4] = [Plain, Plain8x3, Plain4x4, Tma];
+    let shapes = [
+        (4096, 4096, Q4_K),
+        (14336, 4096, Q4_K),
+        (4096, 14336, Q6_K),
+        (128256, 4096, Q6_K),
+        (14336, 4096, Q8_0),
+    ];
+    for (rows, cols, ty, kind) in shapes
+        .iter()
+        .flat_map(|&(r, c, t)| kinds.iter().map(move |&k| (r, c, t, k)))
+    {
+        b.set_gemv(kind);
         let w = b.synthetic_matrix("bench.weight", rows, cols, ty, 1)?;
         let x = b.buf(cols);
         let mut out = b.buf(rows);
@@ -354,9 +467,10 @@ fn gemv_bench() -> Res<()> {
         let r = &p[0];
         let bytes = (cols / ty.block_size() * ty.type_size() * rows) as f64;
         println!(
-            "gemv {ty} {rows}x{cols} {}: {:.2} us/launch, {:.2} TB/s ({:.1} MB)",
-            if tma { "tma" } else { "plain" },
-            1e3 * r.ms / r.launches as f64, bytes * r.launches as f64 / (r.ms / 1e3) / 1e12, bytes / 1e6
+            "gemv {ty} {rows}x{cols} {kind:?}: {:.2} us/launch, {:.2} TB/s ({:.1} MB)",
+            1e3 * r.ms / r.launches as f64,
+            bytes * r.launches as f64 / (r.ms / 1e3) / 1e12,
+            bytes / 1e6
         );
     }
     Ok(())

@@ -525,7 +525,7 @@ __device__ Act build_act(const GemvParams& P, u8* smem, double* red) {
         __syncthreads();
         if (tid == 0) {
             double t = 0.0;
-            for (int w = 0; w < GEMV_WARPS; ++w) t += red[w];
+            for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += red[w];
             red[0] = t;
         }
         __syncthreads();
@@ -534,13 +534,14 @@ __device__ Act build_act(const GemvParams& P, u8* smem, double* red) {
     }
     const bool write_h = P.h_out && blockIdx.x == 0;
     const int nch = (n + 255) / 256;
-    for (int base = warp; base < nch; base += 4 * GEMV_WARPS) {
+    const int nw = blockDim.x >> 5;
+    for (int base = warp; base < nch; base += 4 * nw) {
         float4 xa[4][2], wa[4][2];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const int i = (base + k * GEMV_WARPS) * 256 + lane * 8;
+            const int i = (base + k * nw) * 256 + lane * 8;
             xa[k][0] = xa[k][1] = wa[k][0] = wa[k][1] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (base + k * GEMV_WARPS < nch && i < n) {
+            if (base + k * nw < nch && i < n) {
                 xa[k][0] = *(const float4*)(P.x + i);
                 xa[k][1] = *(const float4*)(P.x + i + 4);
                 if (P.norm_w) {
@@ -551,17 +552,19 @@ __device__ Act build_act(const GemvParams& P, u8* smem, double* red) {
         }
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-            if (base + k * GEMV_WARPS < nch) quantize_chunk(P, a, base + k * GEMV_WARPS, lane, xa[k], wa[k], scale, write_h);
+            if (base + k * nw < nch) quantize_chunk(P, a, base + k * nw, lane, xa[k], wa[k], scale, write_h);
     }
     __syncthreads();
     return a;
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv(const GemvParams P) {
+// The plain GEMV body: any block size up to GEMV_WARPS warps.
+__device__ __forceinline__ void gemv_plain(const GemvParams& P) {
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double red[GEMV_WARPS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int gwarp = blockIdx.x * GEMV_WARPS + warp, nwarps = gridDim.x * GEMV_WARPS;
+    const int wpb = blockDim.x >> 5;
+    const int gwarp = blockIdx.x * wpb + warp, nwarps = gridDim.x * wpb;
     const int n = P.n_in;
 
     // Weights do not depend on earlier kernels: start pulling this warp's first rows
@@ -583,6 +586,12 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv(const Gemv
     }
 }
 
+
+// Block shapes: 8 warps with 2 blocks per SM (registers up to 128), 8 warps with 3
+// (up to 80 registers, some spilled), 4 warps with 4.
+extern "C" __global__ void __launch_bounds__(256, 2) gemv(const GemvParams P) { gemv_plain(P); }
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_8x3(const GemvParams P) { gemv_plain(P); }
+extern "C" __global__ void __launch_bounds__(128, 4) gemv_4x4(const GemvParams P) { gemv_plain(P); }
 
 // ---- the TMA variant: each warp streams its rows through shared-memory stages
 //

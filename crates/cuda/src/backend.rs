@@ -25,7 +25,7 @@ use crate::error::{CudaError, Result};
 use crate::gemm::Blas;
 use crate::graph::GraphCache;
 use crate::kernels::Kernels;
-use crate::lower::{AttnScratch, Cmd, Ctx, GEMV_THREADS, lower};
+use crate::lower::{AttnScratch, Cmd, Ctx, GemvKind, lower};
 use crate::ops::{MatRef, Op, Recording, RopeArgs, step_bytes};
 use crate::weights::{CudaWeight, Source, load};
 
@@ -137,7 +137,7 @@ pub struct CudaBackend {
     pdl: AtomicBool,
     profile: AtomicBool,
     prefetch: AtomicU32,
-    gemv_tma: AtomicBool,
+    gemv: Mutex<GemvKind>,
 }
 
 fn fail(e: CudaError) -> ! {
@@ -166,16 +166,22 @@ impl CudaBackend {
     /// Opens device `ordinal`, compiling (or loading cached) kernels.
     ///
     /// `DS4_CUDA_GRAPHS=0` disables graph capture and `DS4_CUDA_PDL=0` programmatic
-    /// dependent launch (both on by default), `DS4_CUDA_GEMV=plain` selects the plain
-    /// GEMV, for comparisons; `DS4_CUDA_PREFETCH=N` sets the plain GEMV's L2 prefetch
-    /// distance in rows.
+    /// dependent launch (both on by default), `DS4_CUDA_GEMV` selects the GEMV kernel
+    /// ([`GemvKind::from_name`]), for comparisons; `DS4_CUDA_PREFETCH=N` sets the plain GEMV's L2 prefetch distance
+    /// in rows (default 0: only each warp's first row).
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         let gpu = Gpu::new(ordinal)?;
         let k = Kernels::load(&gpu)?;
         let pm = gpu.alloc(ATTN_MS * 4)?;
         let pl = gpu.alloc(ATTN_MS * 4)?;
         let po = gpu.alloc(ATTN_O * 4)?;
-        let attn = AttnScratch { pm: pm.ptr(), pl: pl.ptr(), po: po.ptr(), cap_ms: ATTN_MS, cap_o: ATTN_O };
+        let attn = AttnScratch {
+            pm: pm.ptr(),
+            pl: pl.ptr(),
+            po: po.ptr(),
+            cap_ms: ATTN_MS,
+            cap_o: ATTN_O,
+        };
         tracing::info!(device = %gpu.name, arch = %gpu.arch(), sms = gpu.n_sm, "CUDA backend ready");
         Ok(CudaBackend {
             k,
@@ -200,9 +206,17 @@ impl CudaBackend {
             graphs: AtomicBool::new(env_flag("DS4_CUDA_GRAPHS", true)),
             pdl: AtomicBool::new(env_flag("DS4_CUDA_PDL", true)),
             profile: AtomicBool::new(false),
-            gemv_tma: AtomicBool::new(std::env::var("DS4_CUDA_GEMV").map_or(true, |v| v != "plain")),
+            gemv: Mutex::new(
+                std::env::var("DS4_CUDA_GEMV")
+                    .ok()
+                    .and_then(|v| GemvKind::from_name(&v))
+                    .unwrap_or(GemvKind::Plain),
+            ),
             prefetch: AtomicU32::new(
-                std::env::var("DS4_CUDA_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_PREFETCH),
+                std::env::var("DS4_CUDA_PREFETCH")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(DEFAULT_PREFETCH),
             ),
         })
     }
@@ -212,7 +226,10 @@ impl CudaBackend {
     /// read from the file: the file needs only its tensor directory
     /// ([`crate::synth::header_file`]).
     pub fn synthetic(ordinal: usize, seed: u64) -> Result<CudaBackend> {
-        Ok(CudaBackend { synthetic: Some(seed), ..CudaBackend::new(ordinal)? })
+        Ok(CudaBackend {
+            synthetic: Some(seed),
+            ..CudaBackend::new(ordinal)?
+        })
     }
 
     /// The device.
@@ -242,9 +259,10 @@ impl CudaBackend {
         self.lock().graphs.clear();
     }
 
-    /// Chooses the TMA GEMV (default) or the plain one (`DS4_CUDA_GEMV=plain`).
-    pub fn set_gemv_tma(&self, on: bool) {
-        self.gemv_tma.store(on, Ordering::Relaxed);
+    /// Chooses the GEMV kernel (`DS4_CUDA_GEMV=plain|8x3|4x4|tma`; see
+    /// docs/benchmarks.md for how they compare).
+    pub fn set_gemv(&self, kind: GemvKind) {
+        *self.gemv.lock().unwrap_or_else(|p| p.into_inner()) = kind;
         self.lock().graphs.clear();
     }
 
@@ -256,10 +274,28 @@ impl CudaBackend {
 
     /// A synthetic quantized matrix (`rows × cols` of `ty`, generated on the device from
     /// `seed` and `name`), for kernel benchmarks.
-    pub fn synthetic_matrix(&self, name: &str, rows: usize, cols: usize, ty: ds4_gguf::GgmlType, seed: u64) -> Result<CudaWeight> {
-        let info = TensorInfo { name: name.into(), dims: vec![cols as u64, rows as u64], dtype: ty, offset: 0 };
+    pub fn synthetic_matrix(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        ty: ds4_gguf::GgmlType,
+        seed: u64,
+    ) -> Result<CudaWeight> {
+        let info = TensorInfo {
+            name: name.into(),
+            dims: vec![cols as u64, rows as u64],
+            dtype: ty,
+            offset: 0,
+        };
         let mut st = self.lock();
-        load(&self.gpu, &self.k, &mut st.staging, Source::Synthetic(seed), &info)
+        load(
+            &self.gpu,
+            &self.k,
+            &mut st.staging,
+            Source::Synthetic(seed),
+            &info,
+        )
     }
 
     /// Times every kernel of eager steps with events (turn graphs off to profile decode
@@ -290,13 +326,20 @@ impl CudaBackend {
         let mut st = self.lock();
         st.recs
             .entry(tid)
-            .or_insert_with(|| Recording { n_tok: 0, step_ptr: 0, ops: Vec::new(), keep: Vec::new() })
+            .or_insert_with(|| Recording {
+                n_tok: 0,
+                step_ptr: 0,
+                ops: Vec::new(),
+                keep: Vec::new(),
+            })
             .push(op, keep);
     }
 
     /// Enqueues this thread's pending ops.
     fn flush(&self, st: &mut State, tid: ThreadId) -> Result<()> {
-        let Some(rec) = st.recs.remove(&tid) else { return Ok(()) };
+        let Some(rec) = st.recs.remove(&tid) else {
+            return Ok(());
+        };
         if rec.ops.is_empty() {
             return Ok(());
         }
@@ -334,7 +377,9 @@ impl CudaBackend {
                     }
                     Err(e) if pdl => {
                         // Some drivers refuse programmatic edges in captured graphs.
-                        tracing::warn!("graph capture with programmatic dependent launch failed ({e}); disabling it");
+                        tracing::warn!(
+                            "graph capture with programmatic dependent launch failed ({e}); disabling it"
+                        );
                         self.pdl.store(false, Ordering::Relaxed);
                         return self.run_eager(st, cmds, false, 1);
                     }
@@ -349,13 +394,13 @@ impl CudaBackend {
     }
 
     fn lower(&self, st: &State, rec: &Recording) -> Result<Vec<Cmd>> {
-        let occ = |f, smem: u32| self.gpu.occupancy(f, GEMV_THREADS, smem);
+        let occ = |f, threads: u32, smem: u32| self.gpu.occupancy(f, threads, smem);
         let cx = Ctx {
             k: &self.k,
             n_sm: self.gpu.n_sm,
             gemv_occupancy: &occ,
             gemv_prefetch: self.prefetch.load(Ordering::Relaxed),
-            gemv_tma: self.gemv_tma.load(Ordering::Relaxed),
+            gemv: *self.gemv.lock().unwrap_or_else(|p| p.into_inner()),
             step: rec.step_ptr,
             n_tok: rec.n_tok,
             attn: st.attn,
@@ -410,7 +455,8 @@ impl CudaBackend {
                     if profile {
                         st.profile_events[2 * timed.len()].record()?;
                     }
-                    self.gpu.launch(l.f, l.grid, l.block, l.smem, &l.args, pdl && !profile)?;
+                    self.gpu
+                        .launch(l.f, l.grid, l.block, l.smem, &l.args, pdl && !profile)?;
                     if profile {
                         st.profile_events[2 * timed.len() + 1].record()?;
                         timed.push((l.label, l.bytes));
@@ -432,7 +478,12 @@ impl CudaBackend {
                         r.ms += ms;
                         r.bytes += bytes;
                     }
-                    None => st.profile.push(ProfileRow { label, launches: 1, ms, bytes }),
+                    None => st.profile.push(ProfileRow {
+                        label,
+                        launches: 1,
+                        ms,
+                        bytes,
+                    }),
                 }
             }
         }
@@ -445,7 +496,15 @@ impl CudaBackend {
     }
 
     /// `out = x · wᵀ` (rows × w.rows): dequantize w to bf16, convert x, cuBLAS.
-    fn gemm(&self, st: &mut State, w: &MatRef, x: DPtr, rows: usize, out: DPtr, pdl: bool) -> Result<()> {
+    fn gemm(
+        &self,
+        st: &mut State,
+        w: &MatRef,
+        x: DPtr,
+        rows: usize,
+        out: DPtr,
+        pdl: bool,
+    ) -> Result<()> {
         let (n_out, n_in) = (w.rows as usize, w.cols as usize);
         if st.blas.is_none() {
             st.blas = Some(Blas::new(&self.gpu)?);
@@ -460,24 +519,43 @@ impl CudaBackend {
             st.gemm_x = None;
             st.gemm_x = Some(self.gpu.alloc(need_x.max(1 << 20))?);
         }
-        let (wb, xb) = (st.gemm_w.as_ref().expect("allocated").ptr(), st.gemm_x.as_ref().expect("allocated").ptr());
+        let (wb, xb) = (
+            st.gemm_w.as_ref().expect("allocated").ptr(),
+            st.gemm_x.as_ref().expect("allocated").ptr(),
+        );
         let chunks = (n_out * n_in / 32) as u64;
         let mut a = Args::new();
-        a.push(w.planes).push(w.ty as i32).push(n_out as i64).push(n_in as i32).push(wb);
-        let grid = (chunks.div_ceil(256).min(self.gpu.n_sm as u64 * 16) as u32, 1, 1);
-        self.gpu.launch(self.k.dequant_bf16, grid, 256, 0, &a, pdl)?;
+        a.push(w.planes)
+            .push(w.ty as i32)
+            .push(n_out as i64)
+            .push(n_in as i32)
+            .push(wb);
+        let grid = (
+            chunks.div_ceil(256).min(self.gpu.n_sm as u64 * 16) as u32,
+            1,
+            1,
+        );
+        self.gpu
+            .launch(self.k.dequant_bf16, grid, 256, 0, &a, pdl)?;
         let n = (rows * n_in) as u64;
         let mut a = Args::new();
         a.push(x).push(xb).push(n as i64);
         let grid = (n.div_ceil(256).min(self.gpu.n_sm as u64 * 16) as u32, 1, 1);
         self.gpu.launch(self.k.f32_to_bf16, grid, 256, 0, &a, pdl)?;
-        st.blas.as_ref().expect("created").gemm_bf16(wb, xb, out, n_out, n_in, rows)?;
+        st.blas
+            .as_ref()
+            .expect("created")
+            .gemm_bf16(wb, xb, out, n_out, n_in, rows)?;
         st.stats.gemms += 1;
         Ok(())
     }
 
     fn buf_of(&self, b: &CudaBuf, len: usize, what: &str) -> DPtr {
-        assert!(len <= b.len, "{what}: {len} values requested from a buffer of {}", b.len);
+        assert!(
+            len <= b.len,
+            "{what}: {len} values requested from a buffer of {}",
+            b.len
+        );
         b.ptr()
     }
 }
@@ -499,21 +577,33 @@ impl Backend for CudaBackend {
         };
         let mut st = self.lock();
         load(&self.gpu, &self.k, &mut st.staging, src, info).map_err(|e| match e {
-            CudaError::Unsupported(_) => EngineError::UnsupportedTensorType { name: info.name.clone(), ty: info.dtype },
+            CudaError::Unsupported(_) => EngineError::UnsupportedTensorType {
+                name: info.name.clone(),
+                ty: info.dtype,
+            },
             e => engine_err(e),
         })
     }
 
     fn buf(&self, len: usize) -> CudaBuf {
         let mem = self.gpu.alloc(len * 4).unwrap_or_else(|e| fail(e));
-        CudaBuf { mem: Arc::new(mem), len }
+        CudaBuf {
+            mem: Arc::new(mem),
+            len,
+        }
     }
 
     fn kv(&self, n_layer: usize, n_ctx: usize, kv_dim: usize) -> CudaKv {
         let bytes = n_layer * n_ctx * kv_dim * 2;
         let k = self.gpu.alloc(bytes).unwrap_or_else(|e| fail(e));
         let v = self.gpu.alloc(bytes).unwrap_or_else(|e| fail(e));
-        CudaKv { k: Arc::new(k), v: Arc::new(v), n_ctx, kv_dim, n_layer }
+        CudaKv {
+            k: Arc::new(k),
+            v: Arc::new(v),
+            n_ctx,
+            kv_dim,
+            n_layer,
+        }
     }
 
     fn kv_snapshot(&self, kv: &CudaKv, len: usize) -> CudaKv {
@@ -523,10 +613,17 @@ impl Backend for CudaBackend {
             self.flush(&mut st, tid).unwrap_or_else(|e| fail(e));
         }
         let out = self.kv(kv.n_layer, kv.n_ctx, kv.kv_dim);
-        let (lb, used) = (kv.layer_bytes() as u64, (len * kv.kv_dim * 2).min(kv.layer_bytes()));
+        let (lb, used) = (
+            kv.layer_bytes() as u64,
+            (len * kv.kv_dim * 2).min(kv.layer_bytes()),
+        );
         for l in 0..kv.n_layer as u64 {
-            self.gpu.dtod(out.k.ptr() + l * lb, kv.k.ptr() + l * lb, used).unwrap_or_else(|e| fail(e));
-            self.gpu.dtod(out.v.ptr() + l * lb, kv.v.ptr() + l * lb, used).unwrap_or_else(|e| fail(e));
+            self.gpu
+                .dtod(out.k.ptr() + l * lb, kv.k.ptr() + l * lb, used)
+                .unwrap_or_else(|e| fail(e));
+            self.gpu
+                .dtod(out.v.ptr() + l * lb, kv.v.ptr() + l * lb, used)
+                .unwrap_or_else(|e| fail(e));
         }
         out
     }
@@ -537,14 +634,28 @@ impl Backend for CudaBackend {
         self.flush(&mut st, tid).unwrap_or_else(|e| fail(e));
         let bytes = step_bytes(tokens, pos0);
         let need = bytes.len().next_multiple_of(4096);
-        if st.step_bufs.get(&tid).is_none_or(|m| m.bytes() < bytes.len()) {
+        if st
+            .step_bufs
+            .get(&tid)
+            .is_none_or(|m| m.bytes() < bytes.len())
+        {
             let m = self.gpu.alloc(need).unwrap_or_else(|e| fail(e));
             st.step_bufs.insert(tid, m);
         }
         let ptr = st.step_bufs[&tid].ptr();
         self.gpu.htod(ptr, &bytes).unwrap_or_else(|e| fail(e));
-        st.recs.insert(tid, Recording { n_tok: tokens.len(), step_ptr: ptr, ops: Vec::new(), keep: Vec::new() });
-        CudaStep { n_tok: tokens.len() }
+        st.recs.insert(
+            tid,
+            Recording {
+                n_tok: tokens.len(),
+                step_ptr: ptr,
+                ops: Vec::new(),
+                keep: Vec::new(),
+            },
+        );
+        CudaStep {
+            n_tok: tokens.len(),
+        }
     }
 
     fn embed(&self, step: &CudaStep, table: &CudaWeight, out: &mut CudaBuf) {
@@ -558,12 +669,26 @@ impl Backend for CudaBackend {
         let xp = self.buf_of(x, rows * n, "rms_norm");
         let op = self.buf_of(out, rows * n, "rms_norm");
         self.record(
-            Op::RmsNorm { x: xp, w: wm.ptr(), n: n as u32, rows: rows as u32, eps, out: op },
+            Op::RmsNorm {
+                x: xp,
+                w: wm.ptr(),
+                n: n as u32,
+                rows: rows as u32,
+                eps,
+                out: op,
+            },
             &[&x.mem, wm, &out.mem],
         );
     }
 
-    fn matmul(&self, w: &CudaWeight, bias: Option<&CudaWeight>, x: &CudaBuf, rows: usize, out: &mut CudaBuf) {
+    fn matmul(
+        &self,
+        w: &CudaWeight,
+        bias: Option<&CudaWeight>,
+        x: &CudaBuf,
+        rows: usize,
+        out: &mut CudaBuf,
+    ) {
         let (wm, m) = w.mat();
         let xp = self.buf_of(x, rows * m.cols as usize, "matmul input");
         let op = self.buf_of(out, rows * m.rows as usize, "matmul output");
@@ -572,15 +697,36 @@ impl Backend for CudaBackend {
         if let Some((bm, _)) = b {
             keep.push(bm);
         }
-        self.record(Op::Matmul { w: m, bias: b.map(|(bm, _)| bm.ptr()), x: xp, rows: rows as u32, out: op }, &keep);
+        self.record(
+            Op::Matmul {
+                w: m,
+                bias: b.map(|(bm, _)| bm.ptr()),
+                x: xp,
+                rows: rows as u32,
+                out: op,
+            },
+            &keep,
+        );
     }
 
     fn rope(&self, step: &CudaStep, rope: &Rope, n_head: usize, head_dim: usize, x: &mut CudaBuf) {
         let xp = self.buf_of(x, step.n_tok * n_head * head_dim, "rope");
         // theta_scale as the CPU backend computes it.
         let theta_scale = rope.freq_base.powf(-2.0 / rope.n_dims as f32);
-        let r = RopeArgs { n_dims: rope.n_dims as u32, neox: rope.neox, theta_scale };
-        self.record(Op::Rope { x: xp, n_head: n_head as u32, head_dim: head_dim as u32, rope: r }, &[&x.mem]);
+        let r = RopeArgs {
+            n_dims: rope.n_dims as u32,
+            neox: rope.neox,
+            theta_scale,
+        };
+        self.record(
+            Op::Rope {
+                x: xp,
+                n_head: n_head as u32,
+                head_dim: head_dim as u32,
+                rope: r,
+            },
+            &[&x.mem],
+        );
     }
 
     fn attention(
@@ -622,14 +768,25 @@ impl Backend for CudaBackend {
     }
 
     fn add(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize) {
-        let op = Op::Add { x: self.buf_of(x, len, "add"), y: self.buf_of(y, len, "add"), len: len as u32 };
+        let op = Op::Add {
+            x: self.buf_of(x, len, "add"),
+            y: self.buf_of(y, len, "add"),
+            len: len as u32,
+        };
         self.record(op, &[&x.mem, &y.mem]);
     }
 
     fn copy(&self, src: &CudaBuf, src_off: usize, dst: &mut CudaBuf, dst_off: usize, len: usize) {
         let s = self.buf_of(src, src_off + len, "copy") + 4 * src_off as u64;
         let d = self.buf_of(dst, dst_off + len, "copy") + 4 * dst_off as u64;
-        self.record(Op::Copy { src: s, dst: d, len: len as u32 }, &[&src.mem, &dst.mem]);
+        self.record(
+            Op::Copy {
+                src: s,
+                dst: d,
+                len: len as u32,
+            },
+            &[&src.mem, &dst.mem],
+        );
     }
 
     fn read(&self, buf: &CudaBuf, off: usize, len: usize, out: &mut Vec<f32>) {
@@ -643,7 +800,10 @@ impl Backend for CudaBackend {
             // SAFETY: a plain page-locked allocation, freed by `Pinned::drop`.
             let ptr = unsafe { cudarc::driver::result::malloc_host(bytes.max(1 << 20), 0) }
                 .unwrap_or_else(|e| fail(CudaError::driver("cuMemAllocHost", e)));
-            st.pinned = Some(Pinned { ptr: ptr as *mut u8, bytes: bytes.max(1 << 20) });
+            st.pinned = Some(Pinned {
+                ptr: ptr as *mut u8,
+                bytes: bytes.max(1 << 20),
+            });
         }
         let h = st.pinned.as_ref().expect("allocated");
         // SAFETY: the pinned buffer holds at least `bytes` bytes and nothing else uses it
@@ -654,7 +814,8 @@ impl Backend for CudaBackend {
         let start = out.len();
         out.resize(start + len, 0.0);
         // SAFETY: viewing the f32 tail as bytes for the copy.
-        let dst = unsafe { std::slice::from_raw_parts_mut(out[start..].as_mut_ptr() as *mut u8, bytes) };
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(out[start..].as_mut_ptr() as *mut u8, bytes) };
         dst.copy_from_slice(host);
     }
 }

@@ -21,7 +21,12 @@ pub struct CopyBandwidth {
 /// Copies `bytes` between two device buffers `runs` times (after one warm-up) with the
 /// `copy_f32` kernel and the driver's memcpy, timing each with events; the better of
 /// the two methods is reported for each run, counting bytes read plus written.
-pub fn copy_bandwidth(gpu: &Arc<Gpu>, k: &Kernels, bytes: usize, runs: usize) -> Result<CopyBandwidth> {
+pub fn copy_bandwidth(
+    gpu: &Arc<Gpu>,
+    k: &Kernels,
+    bytes: usize,
+    runs: usize,
+) -> Result<CopyBandwidth> {
     let src = gpu.alloc(bytes)?;
     let dst = gpu.alloc(bytes)?;
     let (start, end) = (gpu.event()?, gpu.event()?);
@@ -44,7 +49,11 @@ pub fn copy_bandwidth(gpu: &Arc<Gpu>, k: &Kernels, bytes: usize, runs: usize) ->
         let kernel = end_rate(&start, &end, bytes)?;
         out.push(memcpy.max(kernel));
     }
-    Ok(CopyBandwidth { bytes_per_s: median(&out), runs: out, bytes })
+    Ok(CopyBandwidth {
+        bytes_per_s: median(&out),
+        runs: out,
+        bytes,
+    })
 }
 
 fn end_rate(start: &crate::driver::Event, end: &crate::driver::Event, bytes: usize) -> Result<f64> {
@@ -60,7 +69,11 @@ pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     let n = s.len();
-    if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
 }
 
 /// Decode figures for a model: weight bytes per token and the achieved bandwidth.
@@ -82,7 +95,11 @@ impl DecodeFigures {
             tokens_per_s,
             weight_bytes_per_token,
             achieved_bytes_per_s: achieved,
-            fraction_of_copy: if copy_bytes_per_s > 0.0 { achieved / copy_bytes_per_s } else { 0.0 },
+            fraction_of_copy: if copy_bytes_per_s > 0.0 {
+                achieved / copy_bytes_per_s
+            } else {
+                0.0
+            },
         }
     }
 }

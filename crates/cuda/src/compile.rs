@@ -26,18 +26,33 @@ pub struct Source {
 
 /// Every kernel module.
 pub const SOURCES: &[Source] = &[
-    Source { file: "gemv.cu", text: include_str!("../kernels/gemv.cu"), kernels: &["gemv", "gemv_tma"] },
+    Source {
+        file: "gemv.cu",
+        text: include_str!("../kernels/gemv.cu"),
+        kernels: &["gemv", "gemv_tma"],
+    },
     Source {
         file: "elementwise.cu",
         text: include_str!("../kernels/elementwise.cu"),
-        kernels: &["rms_norm_rows", "add_inplace", "swiglu", "add_bias_rows", "f32_to_bf16", "copy_f32"],
+        kernels: &[
+            "rms_norm_rows",
+            "add_inplace",
+            "swiglu",
+            "add_bias_rows",
+            "f32_to_bf16",
+            "copy_f32",
+        ],
     },
     Source {
         file: "dequant.cu",
         text: include_str!("../kernels/dequant.cu"),
         kernels: &["split_plane", "synth_blocks", "embed_rows", "dequant_bf16"],
     },
-    Source { file: "rope.cu", text: include_str!("../kernels/rope.cu"), kernels: &["rope_rows", "kv_store", "rope_qk_store"] },
+    Source {
+        file: "rope.cu",
+        text: include_str!("../kernels/rope.cu"),
+        kernels: &["rope_rows", "kv_store", "rope_qk_store"],
+    },
     Source {
         file: "attention.cu",
         text: include_str!("../kernels/attention.cu"),
@@ -65,7 +80,10 @@ fn check(r: nv::nvrtcResult, what: &'static str) -> Result<()> {
     if r == nv::nvrtcResult::NVRTC_SUCCESS {
         Ok(())
     } else {
-        Err(CudaError::Driver { call: what, detail: format!("{r:?}") })
+        Err(CudaError::Driver {
+            call: what,
+            detail: format!("{r:?}"),
+        })
     }
 }
 
@@ -94,11 +112,22 @@ fn cache_dir() -> Option<PathBuf> {
 pub fn cubin(file: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
     let version = nvrtc_version()?;
     let mut h = Sha256::new();
-    for part in [arch, &format!("{version:?}"), &OPTIONS.join(" "), COMMON_HEADER.1, src] {
+    for part in [
+        arch,
+        &format!("{version:?}"),
+        &OPTIONS.join(" "),
+        COMMON_HEADER.1,
+        src,
+    ] {
         h.update(part.as_bytes());
         h.update([0u8]);
     }
-    let digest: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
+    let digest: String = h
+        .finalize()
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let stem = file.trim_end_matches(".cu");
     let path = cache_dir().map(|d| d.join(format!("{stem}-{arch}-{digest}.cubin")));
     if let Some(p) = &path
@@ -110,7 +139,12 @@ pub fn cubin(file: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
     }
     let t0 = std::time::Instant::now();
     let bytes = compile(file, src, arch, true)?;
-    tracing::info!(file, arch, ms = t0.elapsed().as_millis() as u64, "compiled kernels");
+    tracing::info!(
+        file,
+        arch,
+        ms = t0.elapsed().as_millis() as u64,
+        "compiled kernels"
+    );
     if let Some(p) = &path {
         let _ = write_atomic(p, &bytes);
     }
@@ -139,7 +173,16 @@ pub fn compile(file: &str, src: &str, arch: &str, cubin: bool) -> Result<Vec<u8>
     let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: all strings are NUL-terminated and outlive the program.
     check(
-        unsafe { nv::nvrtcCreateProgram(&mut prog, src_c.as_ptr(), name_c.as_ptr(), 1, headers.as_ptr(), include_names.as_ptr()) },
+        unsafe {
+            nv::nvrtcCreateProgram(
+                &mut prog,
+                src_c.as_ptr(),
+                name_c.as_ptr(),
+                1,
+                headers.as_ptr(),
+                include_names.as_ptr(),
+            )
+        },
         "nvrtcCreateProgram",
     )?;
     let arch_opt = c(&format!("--gpu-architecture={arch}"));
@@ -149,7 +192,11 @@ pub fn compile(file: &str, src: &str, arch: &str, cubin: bool) -> Result<Vec<u8>
     // SAFETY: `prog` is live; options are NUL-terminated.
     let r = unsafe { nv::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
     let out = if r != nv::nvrtcResult::NVRTC_SUCCESS {
-        Err(CudaError::Compile { file: file.into(), arch: arch.into(), log: program_log(prog) })
+        Err(CudaError::Compile {
+            file: file.into(),
+            arch: arch.into(),
+            log: program_log(prog),
+        })
     } else {
         fetch(prog, cubin)
     };
@@ -178,12 +225,18 @@ fn fetch(prog: nv::nvrtcProgram, cubin: bool) -> Result<Vec<u8>> {
         if cubin {
             check(nv::nvrtcGetCUBINSize(prog, &mut n), "nvrtcGetCUBINSize")?;
             let mut buf = vec![0u8; n];
-            check(nv::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char), "nvrtcGetCUBIN")?;
+            check(
+                nv::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char),
+                "nvrtcGetCUBIN",
+            )?;
             Ok(buf)
         } else {
             check(nv::nvrtcGetPTXSize(prog, &mut n), "nvrtcGetPTXSize")?;
             let mut buf = vec![0u8; n];
-            check(nv::nvrtcGetPTX(prog, buf.as_mut_ptr() as *mut c_char), "nvrtcGetPTX")?;
+            check(
+                nv::nvrtcGetPTX(prog, buf.as_mut_ptr() as *mut c_char),
+                "nvrtcGetPTX",
+            )?;
             Ok(buf)
         }
     }

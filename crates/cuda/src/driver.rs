@@ -46,34 +46,55 @@ impl Gpu {
     /// Opens device `ordinal` with a new non-blocking stream.
     pub fn new(ordinal: usize) -> Result<Arc<Gpu>> {
         if !driver_present() {
-            return Err(CudaError::NoDevice("the CUDA driver library (libcuda.so) is not installed".into()));
+            return Err(CudaError::NoDevice(
+                "the CUDA driver library (libcuda.so) is not installed".into(),
+            ));
         }
         result::init().map_err(|e| CudaError::NoDevice(format!("cuInit failed: {e:?}")))?;
         let n = result::device::get_count().map_err(|e| CudaError::NoDevice(format!("{e:?}")))?;
         if ordinal as i32 >= n {
-            return Err(CudaError::NoDevice(format!("device {ordinal} requested, {n} present")));
+            return Err(CudaError::NoDevice(format!(
+                "device {ordinal} requested, {n} present"
+            )));
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::driver("cuCtxCreate", e))?;
-        let attr = |a| ctx.attribute(a).map_err(|e| CudaError::driver("cuDeviceGetAttribute", e));
+        let attr = |a| {
+            ctx.attribute(a)
+                .map_err(|e| CudaError::driver("cuDeviceGetAttribute", e))
+        };
         let n_sm = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let cc = (
             attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
-        let max_smem_optin = attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
+        let max_smem_optin =
+            attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
         if cc.0 < 8 {
-            return Err(CudaError::NoDevice(format!("compute capability {}.{} is below 8.0", cc.0, cc.1)));
+            return Err(CudaError::NoDevice(format!(
+                "compute capability {}.{} is below 8.0",
+                cc.0, cc.1
+            )));
         }
         let name = ctx.name().unwrap_or_else(|_| "unknown".into());
-        ctx.bind_to_thread().map_err(|e| CudaError::driver("cuCtxSetCurrent", e))?;
+        ctx.bind_to_thread()
+            .map_err(|e| CudaError::driver("cuCtxSetCurrent", e))?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
-        Ok(Arc::new(Gpu { ctx, stream, n_sm, cc, name, max_smem_optin }))
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            n_sm,
+            cc,
+            name,
+            max_smem_optin,
+        }))
     }
 
     /// Makes the context current on this thread.
     pub fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(|e| CudaError::driver("cuCtxSetCurrent", e))
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("cuCtxSetCurrent", e))
     }
 
     /// The raw stream.
@@ -85,7 +106,11 @@ impl Gpu {
     pub fn arch(&self) -> String {
         let (ma, mi) = self.cc;
         // The `a` variants enable architecture-specific instructions (wgmma, setmaxnreg).
-        if ma == 9 && mi == 0 { "sm_90a".into() } else { format!("sm_{ma}{mi}") }
+        if ma == 9 && mi == 0 {
+            "sm_90a".into()
+        } else {
+            format!("sm_{ma}{mi}")
+        }
     }
 
     /// `bytes` of device memory, zeroed.
@@ -93,10 +118,16 @@ impl Gpu {
         self.bind()?;
         let n = bytes.max(256);
         // SAFETY: stream-ordered allocation on our stream; freed in `DevMem::drop`.
-        let ptr = unsafe { result::malloc_async(self.stream, n) }.map_err(|e| CudaError::driver("cuMemAllocAsync", e))?;
+        let ptr = unsafe { result::malloc_async(self.stream, n) }
+            .map_err(|e| CudaError::driver("cuMemAllocAsync", e))?;
         // SAFETY: `ptr` holds `n` bytes.
-        unsafe { result::memset_d8_async(ptr, 0, n, self.stream) }.map_err(|e| CudaError::driver("cuMemsetD8Async", e))?;
-        Ok(DevMem { ptr, bytes: n, gpu: self.clone() })
+        unsafe { result::memset_d8_async(ptr, 0, n, self.stream) }
+            .map_err(|e| CudaError::driver("cuMemsetD8Async", e))?;
+        Ok(DevMem {
+            ptr,
+            bytes: n,
+            gpu: self.clone(),
+        })
     }
 
     /// Copies host bytes to `dst` (stream-ordered; the host buffer may be reused at once).
@@ -107,7 +138,8 @@ impl Gpu {
         self.bind()?;
         // SAFETY: `dst` holds at least `src.len()` bytes (callers size it). Pageable
         // source memory is staged before the call returns.
-        unsafe { result::memcpy_htod_async(dst, src, self.stream) }.map_err(|e| CudaError::driver("cuMemcpyHtoDAsync", e))
+        unsafe { result::memcpy_htod_async(dst, src, self.stream) }
+            .map_err(|e| CudaError::driver("cuMemcpyHtoDAsync", e))
     }
 
     /// Copies device bytes to the host and waits for the copy.
@@ -117,7 +149,8 @@ impl Gpu {
         }
         self.bind()?;
         // SAFETY: `src` holds at least `dst.len()` bytes.
-        unsafe { result::memcpy_dtoh_async(dst, src, self.stream) }.map_err(|e| CudaError::driver("cuMemcpyDtoHAsync", e))?;
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream) }
+            .map_err(|e| CudaError::driver("cuMemcpyDtoHAsync", e))?;
         self.sync()
     }
 
@@ -128,27 +161,39 @@ impl Gpu {
         }
         self.bind()?;
         // SAFETY: both ranges are valid for `bytes`.
-        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream) }.map_err(|e| CudaError::driver("cuMemcpyDtoDAsync", e))
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream) }
+            .map_err(|e| CudaError::driver("cuMemcpyDtoDAsync", e))
     }
 
     /// Waits for everything enqueued so far.
     pub fn sync(&self) -> Result<()> {
         self.bind()?;
         // SAFETY: our stream.
-        unsafe { result::stream::synchronize(self.stream) }.map_err(|e| CudaError::driver("cuStreamSynchronize", e))
+        unsafe { result::stream::synchronize(self.stream) }
+            .map_err(|e| CudaError::driver("cuStreamSynchronize", e))
     }
 
     /// Launches `f` on the stream. With `pdl`, the launch allows programmatic dependent
     /// launch: it may begin before the previous kernel ends and must wait for it with
     /// `griddepcontrol.wait` before touching its results (every kernel of this crate
     /// that runs inside a step does).
-    pub fn launch(&self, f: Func, grid: (u32, u32, u32), block: u32, smem: u32, args: &Args, pdl: bool) -> Result<()> {
+    pub fn launch(
+        &self,
+        f: Func,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &Args,
+        pdl: bool,
+    ) -> Result<()> {
         let mut ptrs = args.ptrs();
         if pdl {
             let mut attr = sys::CUlaunchAttribute {
                 id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
                 pad: [0; 4],
-                value: sys::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
+                value: sys::CUlaunchAttributeValue {
+                    programmaticStreamSerializationAllowed: 1,
+                },
             };
             let cfg = sys::CUlaunchConfig {
                 gridDimX: grid.0,
@@ -178,16 +223,22 @@ impl Gpu {
     /// bytes of dynamic shared memory.
     pub fn occupancy(&self, f: Func, block: u32, smem: u32) -> u32 {
         // SAFETY: a valid function handle.
-        unsafe { result::occupancy::max_active_block_per_multiprocessor(f.0, block as i32, smem as usize) }
-            .map(|n| n.max(1) as u32)
-            .unwrap_or(1)
+        unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(f.0, block as i32, smem as usize)
+        }
+        .map(|n| n.max(1) as u32)
+        .unwrap_or(1)
     }
 
     /// A timing event.
     pub fn event(self: &Arc<Self>) -> Result<Event> {
         self.bind()?;
-        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| CudaError::driver("cuEventCreate", e))?;
-        Ok(Event { ev, gpu: self.clone() })
+        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(|e| CudaError::driver("cuEventCreate", e))?;
+        Ok(Event {
+            ev,
+            gpu: self.clone(),
+        })
     }
 
     /// Free and total device memory in bytes.
@@ -256,15 +307,18 @@ impl Event {
     /// Records the event on the stream.
     pub fn record(&self) -> Result<()> {
         // SAFETY: our event and stream.
-        unsafe { result::event::record(self.ev, self.gpu.stream) }.map_err(|e| CudaError::driver("cuEventRecord", e))
+        unsafe { result::event::record(self.ev, self.gpu.stream) }
+            .map_err(|e| CudaError::driver("cuEventRecord", e))
     }
 
     /// Milliseconds from `self` to `end` (waits for `end`).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         // SAFETY: both events were recorded on our stream.
         unsafe {
-            result::event::synchronize(end.ev).map_err(|e| CudaError::driver("cuEventSynchronize", e))?;
-            result::event::elapsed(self.ev, end.ev).map_err(|e| CudaError::driver("cuEventElapsedTime", e))
+            result::event::synchronize(end.ev)
+                .map_err(|e| CudaError::driver("cuEventSynchronize", e))?;
+            result::event::elapsed(self.ev, end.ev)
+                .map_err(|e| CudaError::driver("cuEventElapsedTime", e))
         }
     }
 }
@@ -300,6 +354,9 @@ impl Args {
     }
 
     fn ptrs(&self) -> Vec<*mut c_void> {
-        self.offs.iter().map(|&o| self.words[o..].as_ptr() as *mut c_void).collect()
+        self.offs
+            .iter()
+            .map(|&o| self.words[o..].as_ptr() as *mut c_void)
+            .collect()
     }
 }

@@ -9,7 +9,9 @@ pub enum CudaError {
     #[error("no usable CUDA device: {0}")]
     NoDevice(String),
     /// A CUDA library (`libnvrtc`, `libcublas`) could not be loaded.
-    #[error("the CUDA library {lib} could not be loaded (set LD_LIBRARY_PATH to the CUDA lib64 folder)")]
+    #[error(
+        "the CUDA library {lib} could not be loaded (set LD_LIBRARY_PATH to the CUDA lib64 folder)"
+    )]
     MissingLibrary { lib: &'static str },
     /// A driver call failed.
     #[error("CUDA driver call {call} failed: {detail}")]
@@ -19,13 +21,20 @@ pub enum CudaError {
     Cublas { call: &'static str, detail: String },
     /// NVRTC rejected a kernel source.
     #[error("kernel source {file} failed to compile for {arch}:\n{log}")]
-    Compile { file: String, arch: String, log: String },
+    Compile {
+        file: String,
+        arch: String,
+        log: String,
+    },
     /// A model shape or type this backend does not implement.
     #[error("{0}")]
     Unsupported(String),
     /// Disk I/O (the kernel cache, synthetic files).
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     /// A GGUF error (synthetic files).
     #[error(transparent)]
     Gguf(#[from] ds4_gguf::GgufError),
@@ -33,7 +42,10 @@ pub enum CudaError {
 
 impl CudaError {
     pub(crate) fn driver(call: &'static str, e: cudarc::driver::DriverError) -> Self {
-        CudaError::Driver { call, detail: format!("{e:?}") }
+        CudaError::Driver {
+            call,
+            detail: format!("{e:?}"),
+        }
     }
 }
 

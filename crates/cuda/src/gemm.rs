@@ -20,7 +20,10 @@ fn check(r: cb::cublasStatus_t, call: &'static str) -> Result<()> {
     if r == cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         Ok(())
     } else {
-        Err(CudaError::Cublas { call, detail: format!("{r:?}") })
+        Err(CudaError::Cublas {
+            call,
+            detail: format!("{r:?}"),
+        })
     }
 }
 
@@ -35,14 +38,25 @@ impl Blas {
         // SAFETY: out-pointer to a local; the stream is live for the backend's lifetime.
         unsafe {
             check(cb::cublasCreate_v2(&mut handle), "cublasCreate")?;
-            check(cb::cublasSetStream_v2(handle, gpu.stream() as _), "cublasSetStream")?;
+            check(
+                cb::cublasSetStream_v2(handle, gpu.stream() as _),
+                "cublasSetStream",
+            )?;
         }
         Ok(Blas { handle })
     }
 
     /// `out[r][o] = Σ_i x[r][i] · w[o][i]` for `rows` × `n_out` outputs, `x` and `w`
     /// bf16 row-major, `out` f32 row-major.
-    pub fn gemm_bf16(&self, w: DPtr, x: DPtr, out: DPtr, n_out: usize, n_in: usize, rows: usize) -> Result<()> {
+    pub fn gemm_bf16(
+        &self,
+        w: DPtr,
+        x: DPtr,
+        out: DPtr,
+        n_out: usize,
+        n_in: usize,
+        rows: usize,
+    ) -> Result<()> {
         let (alpha, beta) = (1.0f32, 0.0f32);
         // Column-major view: outᵀ (n_out × rows) = wᵀᵀ · xᵀ, i.e. op(A) = Aᵀ with A = w
         // seen as n_in × n_out, B = x seen as n_in × rows.

@@ -46,7 +46,9 @@ const MAX_GRAPHS: usize = 8;
 impl GraphCache {
     /// The graph captured from exactly these ops with this step buffer.
     pub fn find(&self, ops: &[Op], step: DPtr) -> Option<usize> {
-        self.entries.iter().position(|c| c.step == step && c.key == ops)
+        self.entries
+            .iter()
+            .position(|c| c.step == step && c.key == ops)
     }
 
     pub fn get(&self, i: usize) -> &Captured {
@@ -71,28 +73,40 @@ impl GraphCache {
         let s = gpu.stream();
         // SAFETY: our stream; thread-local mode so other threads' unrelated CUDA calls
         // are not affected.
-        unsafe { result::stream::begin_capture(s, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }
-            .map_err(|e| CudaError::driver("cuStreamBeginCapture", e))?;
+        unsafe {
+            result::stream::begin_capture(
+                s,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(|e| CudaError::driver("cuStreamBeginCapture", e))?;
         let enq = enqueue();
         // SAFETY: ends the capture begun above, whatever `enqueue` did.
         let graph = unsafe { result::stream::end_capture(s) };
         enq?;
         let graph = graph.map_err(|e| CudaError::driver("cuStreamEndCapture", e))?;
         // SAFETY: a graph just captured.
-        let exec = match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
-            Ok(x) => x,
-            Err(e) => {
-                // SAFETY: destroys the graph captured above.
-                unsafe {
-                    let _ = result::graph::destroy(graph);
+        let exec =
+            match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
+                Ok(x) => x,
+                Err(e) => {
+                    // SAFETY: destroys the graph captured above.
+                    unsafe {
+                        let _ = result::graph::destroy(graph);
+                    }
+                    return Err(CudaError::driver("cuGraphInstantiate", e));
                 }
-                return Err(CudaError::driver("cuGraphInstantiate", e));
-            }
-        };
+            };
         if self.entries.len() >= MAX_GRAPHS {
             self.entries.remove(0);
         }
-        self.entries.push(Captured { key: ops.to_vec(), step, graph, exec, kernels });
+        self.entries.push(Captured {
+            key: ops.to_vec(),
+            step,
+            graph,
+            exec,
+            kernels,
+        });
         Ok(self.entries.len() - 1)
     }
 
@@ -100,6 +114,7 @@ impl GraphCache {
     pub fn launch(&self, gpu: &Gpu, i: usize) -> Result<()> {
         gpu.bind()?;
         // SAFETY: a live executable graph and our stream.
-        unsafe { result::graph::launch(self.entries[i].exec, gpu.stream()) }.map_err(|e| CudaError::driver("cuGraphLaunch", e))
+        unsafe { result::graph::launch(self.entries[i].exec, gpu.stream()) }
+            .map_err(|e| CudaError::driver("cuGraphLaunch", e))
     }
 }

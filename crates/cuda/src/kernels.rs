@@ -11,8 +11,11 @@ use crate::error::{CudaError, Result};
 
 /// Every kernel the backend launches.
 pub struct Kernels {
-    /// The GEMV reading weights straight from global memory.
+    /// The GEMV reading weights straight from global memory: 8 warps, 2 blocks per SM.
     pub gemv: Func,
+    /// The same with 8 warps and 3 blocks per SM, and with 4 warps and 4 blocks.
+    pub gemv_8x3: Func,
+    pub gemv_4x4: Func,
     /// The GEMV streaming weights through shared memory with bulk copies.
     pub gemv_tma: Func,
     pub rms_norm_rows: Func,
@@ -66,10 +69,14 @@ impl Kernels {
             }
         }
         let get = |n: &str| {
-            funcs.get(n).copied().ok_or_else(|| CudaError::Unsupported(format!("kernel {n} missing from the sources")))
+            funcs.get(n).copied().ok_or_else(|| {
+                CudaError::Unsupported(format!("kernel {n} missing from the sources"))
+            })
         };
         let k = Kernels {
             gemv: get("gemv")?,
+            gemv_8x3: get("gemv_8x3")?,
+            gemv_4x4: get("gemv_4x4")?,
             gemv_tma: get("gemv_tma")?,
             rms_norm_rows: get("rms_norm_rows")?,
             add_inplace: get("add_inplace")?,
@@ -92,7 +99,7 @@ impl Kernels {
             modules,
         };
         let smem = GEMV_MAX_SMEM.min(gpu.max_smem_optin);
-        for f in [k.gemv, k.gemv_tma] {
+        for f in [k.gemv, k.gemv_8x3, k.gemv_4x4, k.gemv_tma] {
             // SAFETY: a valid function handle; the value is within the device's limit.
             unsafe {
                 result::function::set_function_attribute(
@@ -118,6 +125,8 @@ impl Kernels {
         };
         Kernels {
             gemv: f(),
+            gemv_8x3: f(),
+            gemv_4x4: f(),
             gemv_tma: f(),
             rms_norm_rows: f(),
             add_inplace: f(),
@@ -150,4 +159,3 @@ impl Drop for Kernels {
         }
     }
 }
-

@@ -61,7 +61,11 @@ pub const PLANE_ALIGN: usize = 256;
 /// The plane layout of `n_blocks` blocks of `ty`, or `None` for an unsupported type.
 pub fn plane_layout(ty: GgmlType, n_blocks: usize) -> Option<PlaneLayout> {
     let f = fields(ty)?;
-    let mut l = PlaneLayout { offsets: [0; 4], sizes: [0; 4], total: 0 };
+    let mut l = PlaneLayout {
+        offsets: [0; 4],
+        sizes: [0; 4],
+        total: 0,
+    };
     for (i, &(_, size)) in f.iter().enumerate() {
         l.offsets[i] = l.total;
         l.sizes[i] = size;
@@ -73,7 +77,10 @@ pub fn plane_layout(ty: GgmlType, n_blocks: usize) -> Option<PlaneLayout> {
 /// Which int8 activation format the GEMV builds for a weight type: ggml's CPU
 /// `vec_dot_type` (Q8_0/Q8_1 blocks of 32, or Q8_K blocks of 256).
 pub fn uses_q8k(ty: GgmlType) -> bool {
-    !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
+    !matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0
+    )
 }
 
 /// Shared-memory bytes of the GEMV activation for `n` inputs (mirrors
@@ -94,7 +101,11 @@ pub const TMA_STAGES: usize = 3;
 /// rounded to 16 (mirrors `stage_offsets` in `kernels/gemv.cu`).
 pub fn tma_stage_bytes(ty: GgmlType) -> usize {
     let cb = if ty.block_size() == 32 { 128 } else { 16 };
-    fields(ty).map_or(0, |f| f.iter().map(|&(_, size)| (cb * size + 32).next_multiple_of(16)).sum())
+    fields(ty).map_or(0, |f| {
+        f.iter()
+            .map(|&(_, size)| (cb * size + 32).next_multiple_of(16))
+            .sum()
+    })
 }
 
 /// Shared-memory bytes of the TMA GEMV: the activation, then TMA_STAGES stages for

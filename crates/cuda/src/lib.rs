@@ -49,13 +49,19 @@ pub fn gpu_available() -> std::result::Result<(), String> {
         return Err("the CUDA driver library is not installed".into());
     }
     if !compile::nvrtc_present() {
-        return Err("libnvrtc is not on the library path (set LD_LIBRARY_PATH to CUDA's lib64)".into());
+        return Err(
+            "libnvrtc is not on the library path (set LD_LIBRARY_PATH to CUDA's lib64)".into(),
+        );
     }
     driver::Gpu::new(0).map(|_| ()).map_err(|e| e.to_string())
 }
 
 /// Loads the model in `file` (opened from `path`) on `backend`.
-pub fn load_model(backend: Arc<CudaBackend>, file: &Arc<GgufFile>, path: &Path) -> ds4_engine::Result<Arc<dyn Model>> {
+pub fn load_model(
+    backend: Arc<CudaBackend>,
+    file: &Arc<GgufFile>,
+    path: &Path,
+) -> ds4_engine::Result<Arc<dyn Model>> {
     ds4_engine::loader::load_model_with(backend, file, path)
 }
 
@@ -76,5 +82,9 @@ pub fn load_synthetic(name: &str, ordinal: usize) -> Result<Synthetic> {
     let backend = Arc::new(CudaBackend::synthetic(ordinal, spec.seed)?);
     let model = load_model(backend.clone(), &file, Path::new(&spec.name()))
         .map_err(|e| CudaError::Unsupported(format!("loading synthetic {name}: {e}")))?;
-    Ok(Synthetic { file, backend, model })
+    Ok(Synthetic {
+        file,
+        backend,
+        model,
+    })
 }

@@ -21,8 +21,8 @@ use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
 use crate::kernels::Kernels;
 use crate::layout::{gemv_smem_bytes, gemv_tma_smem_bytes, tma_stage_bytes, uses_q8k};
-use ds4_gguf::GgmlType;
 use crate::ops::{MatRef, Op, RopeArgs};
+use ds4_gguf::GgmlType;
 
 /// A kernel launch.
 pub struct Launch {
@@ -42,7 +42,38 @@ pub enum Cmd {
     Launch(Launch),
     /// `out = x · wᵀ` for `rows` rows: the backend dequantizes `w` to bf16, converts `x`
     /// and calls cuBLAS.
-    Gemm { w: MatRef, x: DPtr, rows: u32, out: DPtr },
+    Gemm {
+        w: MatRef,
+        x: DPtr,
+        rows: u32,
+        out: DPtr,
+    },
+}
+
+/// The GEMV kernel variants (kernels/gemv.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemvKind {
+    /// Weights read straight from global memory; 8 warps, 2 blocks per SM.
+    Plain,
+    /// The same, 8 warps and 3 blocks per SM (fewer registers).
+    Plain8x3,
+    /// The same, 4 warps and 4 blocks per SM.
+    Plain4x4,
+    /// Weights streamed through shared memory with bulk copies.
+    Tma,
+}
+
+impl GemvKind {
+    /// From `DS4_CUDA_GEMV` (`plain`, `8x3`, `4x4`, `tma`).
+    pub fn from_name(s: &str) -> Option<GemvKind> {
+        Some(match s {
+            "plain" => GemvKind::Plain,
+            "8x3" => GemvKind::Plain8x3,
+            "4x4" => GemvKind::Plain4x4,
+            "tma" => GemvKind::Tma,
+            _ => return None,
+        })
+    }
 }
 
 /// Scratch memory of the decode attention (fixed for the backend's lifetime, so captured
@@ -62,12 +93,12 @@ pub struct Ctx<'a> {
     pub k: &'a Kernels,
     /// Streaming multiprocessors.
     pub n_sm: u32,
-    /// GEMV blocks that fit on one multiprocessor with this many bytes of shared memory.
-    pub gemv_occupancy: &'a dyn Fn(Func, u32) -> u32,
+    /// GEMV blocks that fit on one multiprocessor (kernel, threads, shared bytes).
+    pub gemv_occupancy: &'a dyn Fn(Func, u32, u32) -> u32,
     /// Rows each GEMV warp prefetches into L2 ahead of the one it computes (plain GEMV).
     pub gemv_prefetch: u32,
-    /// Use the TMA GEMV (`gemv_tma`) rather than the plain one.
-    pub gemv_tma: bool,
+    /// Which GEMV kernel.
+    pub gemv: GemvKind,
     pub step: DPtr,
     pub n_tok: usize,
     pub attn: AttnScratch,
@@ -131,15 +162,40 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
     let mut i = 0;
     while i < ops.len() {
         // Fused patterns first.
-        if let Op::RmsNorm { x, w, n, rows: 1, eps, out } = ops[i]
-            && let Some((used, cmd)) = gemv_group(ops, i + 1, Input { x, norm: Some((w, eps, out)), n }, cx)
+        if let Op::RmsNorm {
+            x,
+            w,
+            n,
+            rows: 1,
+            eps,
+            out,
+        } = ops[i]
+            && let Some((used, cmd)) = gemv_group(
+                ops,
+                i + 1,
+                Input {
+                    x,
+                    norm: Some((w, eps, out)),
+                    n,
+                },
+                cx,
+            )
         {
             cmds.push(cmd);
             i += 1 + used;
             continue;
         }
         if let Op::Matmul { x, rows: 1, w, .. } = ops[i]
-            && let Some((used, cmd)) = gemv_group(ops, i, Input { x, norm: None, n: w.cols }, cx)
+            && let Some((used, cmd)) = gemv_group(
+                ops,
+                i,
+                Input {
+                    x,
+                    norm: None,
+                    n: w.cols,
+                },
+                cx,
+            )
         {
             cmds.push(cmd);
             i += used;
@@ -181,21 +237,50 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
     let src = inp.read_buf();
     let mut segs: Vec<Seg> = Vec::new();
     let mut seg_bytes: Vec<u64> = Vec::new();
-    let row_bytes = |m: &MatRef| (m.cols as usize / m.ty.block_size() * m.ty.type_size()) as u64 * m.rows as u64;
+    let row_bytes = |m: &MatRef| {
+        (m.cols as usize / m.ty.block_size() * m.ty.type_size()) as u64 * m.rows as u64
+    };
     let mut j = start;
     let mut row0 = 0i32;
     let mut need = 0;
     while j < ops.len() && segs.len() < 3 {
-        let Op::Matmul { w, bias, x, rows: 1, out } = ops[j] else { break };
+        let Op::Matmul {
+            w,
+            bias,
+            x,
+            rows: 1,
+            out,
+        } = ops[j]
+        else {
+            break;
+        };
         if x != src || w.cols != inp.n || inp.reads(out) {
             break;
         }
-        let mut s = Seg { w: Planes(w.planes), ty: w.ty as i32, rows: w.rows as i32, row0, out, ..Seg::default() };
+        let mut s = Seg {
+            w: Planes(w.planes),
+            ty: w.ty as i32,
+            rows: w.rows as i32,
+            row0,
+            out,
+            ..Seg::default()
+        };
         need |= if uses_q8k(w.ty) { 2 } else { 1 };
         // gate/up/swiglu
         if bias.is_none()
-            && let Some(&Op::Matmul { w: w2, bias: None, x: x2, rows: 1, out: out2 }) = ops.get(j + 1)
-            && let Some(&Op::Swiglu { gate, up, len, out: act }) = ops.get(j + 2)
+            && let Some(&Op::Matmul {
+                w: w2,
+                bias: None,
+                x: x2,
+                rows: 1,
+                out: out2,
+            }) = ops.get(j + 1)
+            && let Some(&Op::Swiglu {
+                gate,
+                up,
+                len,
+                out: act,
+            }) = ops.get(j + 2)
             && x2 == src
             && w2.cols == inp.n
             && w2.rows == w.rows
@@ -242,7 +327,11 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
     }
     // Outputs of one segment must not be inputs of another (they are all read-only here
     // except through `acc`, which must not be another segment's output).
-    let outs: Vec<DPtr> = segs.iter().flat_map(|s| [s.out, s.out2, s.out3, s.acc]).filter(|&p| p != 0).collect();
+    let outs: Vec<DPtr> = segs
+        .iter()
+        .flat_map(|s| [s.out, s.out2, s.out3, s.acc])
+        .filter(|&p| p != 0)
+        .collect();
     for (a, pa) in outs.iter().enumerate() {
         if outs[a + 1..].contains(pa) {
             return None;
@@ -265,7 +354,12 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
     for (k, s) in segs.into_iter().enumerate() {
         p.seg[k] = s;
     }
-    let label = match (p.seg[0].out3 != 0, inp.norm.is_some(), p.seg[0].acc != 0, p.nseg) {
+    let label = match (
+        p.seg[0].out3 != 0,
+        inp.norm.is_some(),
+        p.seg[0].acc != 0,
+        p.nseg,
+    ) {
         (true, true, _, _) => "gemv norm + gate/up + swiglu",
         (true, false, _, _) => "gemv gate/up + swiglu",
         (false, true, _, n) if n > 1 => "gemv norm + q/k/v",
@@ -276,28 +370,52 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
     let bytes = seg_bytes.iter().sum();
     let types: Vec<GgmlType> = p.seg[..p.nseg as usize]
         .iter()
-        .flat_map(|s| if s.out3 != 0 { vec![s.ty, s.ty2] } else { vec![s.ty] })
+        .flat_map(|s| {
+            if s.out3 != 0 {
+                vec![s.ty, s.ty2]
+            } else {
+                vec![s.ty]
+            }
+        })
         .map(|t| GgmlType::from_id(t as u32).expect("a matrix type"))
         .collect();
-    let (f, smem) = if cx.gemv_tma {
-        let stage = types.iter().map(|&t| tma_stage_bytes(t)).max().unwrap_or(0);
-        p.stage_bytes = stage as i32;
-        (cx.k.gemv_tma, gemv_tma_smem_bytes(inp.n as usize, GEMV_WARPS as usize, stage) as u32)
-    } else {
-        (cx.k.gemv, gemv_smem_bytes(inp.n as usize) as u32)
+    let plain = gemv_smem_bytes(inp.n as usize) as u32;
+    let (f, smem, warps) = match cx.gemv {
+        GemvKind::Plain => (cx.k.gemv, plain, GEMV_WARPS),
+        GemvKind::Plain8x3 => (cx.k.gemv_8x3, plain, GEMV_WARPS),
+        GemvKind::Plain4x4 => (cx.k.gemv_4x4, plain, 4),
+        GemvKind::Tma => {
+            let stage = types.iter().map(|&t| tma_stage_bytes(t)).max().unwrap_or(0);
+            p.stage_bytes = stage as i32;
+            let smem = gemv_tma_smem_bytes(inp.n as usize, GEMV_WARPS as usize, stage) as u32;
+            (cx.k.gemv_tma, smem, GEMV_WARPS)
+        }
     };
-    let occ = (cx.gemv_occupancy)(f, smem);
-    let grid = (row0 as u32).div_ceil(GEMV_WARPS).min(cx.n_sm * occ).max(1);
+    let occ = (cx.gemv_occupancy)(f, warps * 32, smem);
+    let grid = (row0 as u32).div_ceil(warps).min(cx.n_sm * occ).max(1);
     let mut args = Args::new();
     args.push(p);
-    Some((j - start, Cmd::Launch(Launch { f, grid: (grid, 1, 1), block: GEMV_THREADS, smem, args, label, bytes })))
+    Some((
+        j - start,
+        Cmd::Launch(Launch {
+            f,
+            grid: (grid, 1, 1),
+            block: warps * 32,
+            smem,
+            args,
+            label,
+            bytes,
+        }),
+    ))
 }
 
 fn attn_split_kernel(cx: &Ctx, head_dim: u32) -> Result<Func> {
     match head_dim {
         64 => Ok(cx.k.attn_decode_split_64),
         128 => Ok(cx.k.attn_decode_split_128),
-        d => Err(CudaError::Unsupported(format!("head size {d} (the CUDA attention supports 64 and 128)"))),
+        d => Err(CudaError::Unsupported(format!(
+            "head size {d} (the CUDA attention supports 64 and 128)"
+        ))),
     }
 }
 
@@ -317,41 +435,108 @@ fn decode_attention_kernels(
 ) -> Result<()> {
     let s = decode_splits(n_ctx, n_head_kv, cx.n_sm);
     if (n_head * s) as usize > cx.attn.cap_ms || (n_head * s * head_dim) as usize > cx.attn.cap_o {
-        return Err(CudaError::Unsupported(format!("attention of {n_head} heads × {s} splits exceeds the scratch")));
+        return Err(CudaError::Unsupported(format!(
+            "attention of {n_head} heads × {s} splits exceeds the scratch"
+        )));
     }
     let group = n_head / n_head_kv;
     if group > 8 {
-        return Err(CudaError::Unsupported(format!("{group} query heads per KV head (the CUDA decode attention supports 8)")));
+        return Err(CudaError::Unsupported(format!(
+            "{group} query heads per KV head (the CUDA decode attention supports 8)"
+        )));
     }
     let scale = 1.0f32 / (head_dim as f32).sqrt();
     let mut a = Args::new();
-    a.push(q).push(kc).push(vc).push(cx.attn.pm).push(cx.attn.pl).push(cx.attn.po).push(cx.step);
-    a.push(group as i32).push((n_head_kv * head_dim) as i32).push(scale);
-    cmds.push(Cmd::Launch(Launch { f: attn_split_kernel(cx, head_dim)?, grid: (n_head_kv, s, 1), block: 128, smem: 0, args: a, label: "attention split", bytes: 0 }));
+    a.push(q)
+        .push(kc)
+        .push(vc)
+        .push(cx.attn.pm)
+        .push(cx.attn.pl)
+        .push(cx.attn.po)
+        .push(cx.step);
+    a.push(group as i32)
+        .push((n_head_kv * head_dim) as i32)
+        .push(scale);
+    cmds.push(Cmd::Launch(Launch {
+        f: attn_split_kernel(cx, head_dim)?,
+        grid: (n_head_kv, s, 1),
+        block: 128,
+        smem: 0,
+        args: a,
+        label: "attention split",
+        bytes: 0,
+    }));
     let mut r = Args::new();
-    r.push(cx.attn.pm).push(cx.attn.pl).push(cx.attn.po).push(out).push(head_dim as i32).push(s as i32);
-    cmds.push(Cmd::Launch(Launch { f: cx.k.attn_decode_reduce, grid: (n_head, 1, 1), block: head_dim, smem: 0, args: r, label: "attention merge", bytes: 0 }));
+    r.push(cx.attn.pm)
+        .push(cx.attn.pl)
+        .push(cx.attn.po)
+        .push(out)
+        .push(head_dim as i32)
+        .push(s as i32);
+    cmds.push(Cmd::Launch(Launch {
+        f: cx.k.attn_decode_reduce,
+        grid: (n_head, 1, 1),
+        block: head_dim,
+        smem: 0,
+        args: r,
+        label: "attention merge",
+        bytes: 0,
+    }));
     Ok(())
 }
 
 /// `rope(q); rope(k); attention(q, k, v)` for one token.
 fn decode_attention(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<Option<usize>> {
     let (
-        Some(&Op::Rope { x: q, n_head: nq, head_dim: hq, rope: rq }),
-        Some(&Op::Rope { x: k, n_head: nk, head_dim: hk, rope: rk }),
-        Some(&Op::Attention { k_cache, v_cache, n_ctx, n_head, n_head_kv, head_dim, q: aq, k: ak, v, out }),
+        Some(&Op::Rope {
+            x: q,
+            n_head: nq,
+            head_dim: hq,
+            rope: rq,
+        }),
+        Some(&Op::Rope {
+            x: k,
+            n_head: nk,
+            head_dim: hk,
+            rope: rk,
+        }),
+        Some(&Op::Attention {
+            k_cache,
+            v_cache,
+            n_ctx,
+            n_head,
+            n_head_kv,
+            head_dim,
+            q: aq,
+            k: ak,
+            v,
+            out,
+        }),
     ) = (ops.get(i), ops.get(i + 1), ops.get(i + 2))
     else {
         return Ok(None);
     };
-    if !(aq == q && ak == k && nq == n_head && nk == n_head_kv && hq == head_dim && hk == head_dim && rq == rk)
+    if !(aq == q
+        && ak == k
+        && nq == n_head
+        && nk == n_head_kv
+        && hq == head_dim
+        && hk == head_dim
+        && rq == rk)
         || [q, k, v].contains(&out)
     {
         return Ok(None);
     }
     let mut a = Args::new();
-    a.push(q).push(k).push(v).push(k_cache).push(v_cache).push(cx.step);
-    a.push(n_head as i32).push(n_head_kv as i32).push(head_dim as i32);
+    a.push(q)
+        .push(k)
+        .push(v)
+        .push(k_cache)
+        .push(v_cache)
+        .push(cx.step);
+    a.push(n_head as i32)
+        .push(n_head_kv as i32)
+        .push(head_dim as i32);
     push_rope(&mut a, &rq);
     let items = n_head * (rq.n_dims / 2) + n_head_kv * (rq.n_dims / 2) + n_head_kv * head_dim;
     cmds.push(Cmd::Launch(Launch {
@@ -363,12 +548,16 @@ fn decode_attention(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Resu
         label: "rope q,k + kv store",
         bytes: 0,
     }));
-    decode_attention_kernels(cx, cmds, q, k_cache, v_cache, out, n_ctx, n_head, n_head_kv, head_dim)?;
+    decode_attention_kernels(
+        cx, cmds, q, k_cache, v_cache, out, n_ctx, n_head, n_head_kv, head_dim,
+    )?;
     Ok(Some(3))
 }
 
 fn push_rope(a: &mut Args, r: &RopeArgs) {
-    a.push(r.n_dims as i32).push(r.neox as i32).push(r.theta_scale);
+    a.push(r.n_dims as i32)
+        .push(r.neox as i32)
+        .push(r.theta_scale);
 }
 
 /// One op, unfused.
@@ -377,22 +566,69 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
     match *op {
         Op::Embed { table, out } => {
             let mut a = Args::new();
-            a.push(Planes(table.planes)).push(table.ty as i32).push(table.cols as i32).push(cx.step).push(out);
-            cmds.push(Cmd::Launch(Launch { f: cx.k.embed_rows, grid: (n_tok, 1, 1), block: 128, smem: 0, args: a, label: "embed", bytes: 0 }));
+            a.push(Planes(table.planes))
+                .push(table.ty as i32)
+                .push(table.cols as i32)
+                .push(cx.step)
+                .push(out);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.embed_rows,
+                grid: (n_tok, 1, 1),
+                block: 128,
+                smem: 0,
+                args: a,
+                label: "embed",
+                bytes: 0,
+            }));
         }
-        Op::RmsNorm { x, w, n, rows, eps, out } => {
+        Op::RmsNorm {
+            x,
+            w,
+            n,
+            rows,
+            eps,
+            out,
+        } => {
             let mut a = Args::new();
             a.push(x).push(w).push(out).push(n as i32).push(eps);
-            cmds.push(Cmd::Launch(Launch { f: cx.k.rms_norm_rows, grid: (rows, 1, 1), block: 256, smem: 0, args: a, label: "rms_norm", bytes: 0 }));
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.rms_norm_rows,
+                grid: (rows, 1, 1),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "rms_norm",
+                bytes: 0,
+            }));
         }
-        Op::Matmul { w, bias, x, rows, out } => {
+        Op::Matmul {
+            w,
+            bias,
+            x,
+            rows,
+            out,
+        } => {
             if rows == 1 {
                 // Reached only when the group builder declined (aliasing): a one-segment GEMV.
-                let inp = Input { x, norm: None, n: w.cols };
-                let one = [Op::Matmul { w, bias, x, rows, out }];
+                let inp = Input {
+                    x,
+                    norm: None,
+                    n: w.cols,
+                };
+                let one = [Op::Matmul {
+                    w,
+                    bias,
+                    x,
+                    rows,
+                    out,
+                }];
                 match gemv_group(&one, 0, inp, cx) {
                     Some((_, cmd)) => cmds.push(cmd),
-                    None => return Err(CudaError::Unsupported("a product whose output is its input".into())),
+                    None => {
+                        return Err(CudaError::Unsupported(
+                            "a product whose output is its input".into(),
+                        ));
+                    }
                 }
             } else {
                 cmds.push(Cmd::Gemm { w, x, rows, out });
@@ -400,50 +636,143 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
                     let n = rows as u64 * w.rows as u64;
                     let mut a = Args::new();
                     a.push(out).push(b).push(w.rows as i32).push(n as i64);
-                    cmds.push(Cmd::Launch(Launch { f: cx.k.add_bias_rows, grid: grid_1d(n, cx.n_sm), block: 256, smem: 0, args: a, label: "bias", bytes: 0 }));
+                    cmds.push(Cmd::Launch(Launch {
+                        f: cx.k.add_bias_rows,
+                        grid: grid_1d(n, cx.n_sm),
+                        block: 256,
+                        smem: 0,
+                        args: a,
+                        label: "bias",
+                        bytes: 0,
+                    }));
                 }
             }
         }
-        Op::Rope { x, n_head, head_dim, rope } => {
+        Op::Rope {
+            x,
+            n_head,
+            head_dim,
+            rope,
+        } => {
             let mut a = Args::new();
-            a.push(x).push(cx.step).push(n_head as i32).push(head_dim as i32);
+            a.push(x)
+                .push(cx.step)
+                .push(n_head as i32)
+                .push(head_dim as i32);
             push_rope(&mut a, &rope);
-            cmds.push(Cmd::Launch(Launch { f: cx.k.rope_rows, grid: (n_tok, 1, 1), block: 128, smem: 0, args: a, label: "rope", bytes: 0 }));
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.rope_rows,
+                grid: (n_tok, 1, 1),
+                block: 128,
+                smem: 0,
+                args: a,
+                label: "rope",
+                bytes: 0,
+            }));
         }
-        Op::Attention { k_cache, v_cache, n_ctx, n_head, n_head_kv, head_dim, q, k, v, out } => {
+        Op::Attention {
+            k_cache,
+            v_cache,
+            n_ctx,
+            n_head,
+            n_head_kv,
+            head_dim,
+            q,
+            k,
+            v,
+            out,
+        } => {
             let kv_dim = n_head_kv * head_dim;
             let mut a = Args::new();
-            a.push(k).push(v).push(k_cache).push(v_cache).push(cx.step).push(kv_dim as i32);
-            cmds.push(Cmd::Launch(Launch { f: cx.k.kv_store, grid: (n_tok, 1, 1), block: 256, smem: 0, args: a, label: "kv store", bytes: 0 }));
+            a.push(k)
+                .push(v)
+                .push(k_cache)
+                .push(v_cache)
+                .push(cx.step)
+                .push(kv_dim as i32);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.kv_store,
+                grid: (n_tok, 1, 1),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "kv store",
+                bytes: 0,
+            }));
             if n_tok == 1 {
-                decode_attention_kernels(cx, cmds, q, k_cache, v_cache, out, n_ctx, n_head, n_head_kv, head_dim)?;
+                decode_attention_kernels(
+                    cx, cmds, q, k_cache, v_cache, out, n_ctx, n_head, n_head_kv, head_dim,
+                )?;
             } else {
                 let f = match head_dim {
                     64 => cx.k.attn_prefill_64,
                     128 => cx.k.attn_prefill_128,
-                    d => return Err(CudaError::Unsupported(format!("head size {d} (the CUDA attention supports 64 and 128)"))),
+                    d => {
+                        return Err(CudaError::Unsupported(format!(
+                            "head size {d} (the CUDA attention supports 64 and 128)"
+                        )));
+                    }
                 };
                 let scale = 1.0f32 / (head_dim as f32).sqrt();
                 let mut a = Args::new();
-                a.push(q).push(k_cache).push(v_cache).push(out).push(cx.step).push(n_head as i32);
-                a.push((n_head / n_head_kv) as i32).push(kv_dim as i32).push(scale);
-                cmds.push(Cmd::Launch(Launch { f, grid: (n_tok.div_ceil(64), n_head, 1), block: 128, smem: 0, args: a, label: "attention prefill", bytes: 0 }));
+                a.push(q)
+                    .push(k_cache)
+                    .push(v_cache)
+                    .push(out)
+                    .push(cx.step)
+                    .push(n_head as i32);
+                a.push((n_head / n_head_kv) as i32)
+                    .push(kv_dim as i32)
+                    .push(scale);
+                cmds.push(Cmd::Launch(Launch {
+                    f,
+                    grid: (n_tok.div_ceil(64), n_head, 1),
+                    block: 128,
+                    smem: 0,
+                    args: a,
+                    label: "attention prefill",
+                    bytes: 0,
+                }));
             }
         }
         Op::Swiglu { gate, up, len, out } => {
             let mut a = Args::new();
             a.push(gate).push(up).push(out).push(len as i64);
-            cmds.push(Cmd::Launch(Launch { f: cx.k.swiglu, grid: grid_1d(len as u64, cx.n_sm), block: 256, smem: 0, args: a, label: "swiglu", bytes: 0 }));
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.swiglu,
+                grid: grid_1d(len as u64, cx.n_sm),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "swiglu",
+                bytes: 0,
+            }));
         }
         Op::Add { x, y, len } => {
             let mut a = Args::new();
             a.push(x).push(y).push(len as i64);
-            cmds.push(Cmd::Launch(Launch { f: cx.k.add_inplace, grid: grid_1d(len as u64, cx.n_sm), block: 256, smem: 0, args: a, label: "add", bytes: 0 }));
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.add_inplace,
+                grid: grid_1d(len as u64, cx.n_sm),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "add",
+                bytes: 0,
+            }));
         }
         Op::Copy { src, dst, len } => {
             let mut a = Args::new();
             a.push(src).push(dst).push(len as i64);
-            cmds.push(Cmd::Launch(Launch { f: cx.k.copy_f32, grid: grid_1d(len as u64, cx.n_sm), block: 256, smem: 0, args: a, label: "copy", bytes: 0 }));
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.copy_f32,
+                grid: grid_1d(len as u64, cx.n_sm),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "copy",
+                bytes: 0,
+            }));
         }
     }
     Ok(())
@@ -454,48 +783,191 @@ mod tests {
     use super::*;
 
     fn mat(id: u64, ty: GgmlType, rows: u32, cols: u32) -> MatRef {
-        MatRef { planes: [id << 20, 0, 0, 0], ty, rows, cols }
+        MatRef {
+            planes: [id << 20, 0, 0, 0],
+            ty,
+            rows,
+            cols,
+        }
     }
 
     /// The ops the llama family records for one step of `n` tokens (families/llama.rs).
     fn llama_step(n: u32, layers: u32) -> Vec<Op> {
         let (e, f, q, kv, v) = (512u32, 1536u32, 512u32, 128u32, 2048u32);
-        let [x, h, qb, kb, vb, attn, o, gate, up, act, logits] = [1u64, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11].map(|b| b << 40);
-        let rope = RopeArgs { n_dims: 64, neox: false, theta_scale: 0.5 };
-        let mut ops = vec![Op::Embed { table: mat(1, GgmlType::Q4_K, v, e), out: x }];
+        let [x, h, qb, kb, vb, attn, o, gate, up, act, logits] =
+            [1u64, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11].map(|b| b << 40);
+        let rope = RopeArgs {
+            n_dims: 64,
+            neox: false,
+            theta_scale: 0.5,
+        };
+        let mut ops = vec![Op::Embed {
+            table: mat(1, GgmlType::Q4_K, v, e),
+            out: x,
+        }];
         for l in 0..layers as u64 {
             let w = |i: u64, ty, r, c| mat(100 + 10 * l + i, ty, r, c);
-            ops.push(Op::RmsNorm { x, w: 7, n: e, rows: n, eps: 1e-5, out: h });
-            ops.push(Op::Matmul { w: w(0, GgmlType::Q4_K, q, e), bias: None, x: h, rows: n, out: qb });
-            ops.push(Op::Matmul { w: w(1, GgmlType::Q4_K, kv, e), bias: None, x: h, rows: n, out: kb });
-            ops.push(Op::Matmul { w: w(2, GgmlType::Q6_K, kv, e), bias: None, x: h, rows: n, out: vb });
-            ops.push(Op::Rope { x: qb, n_head: 8, head_dim: 64, rope });
-            ops.push(Op::Rope { x: kb, n_head: 2, head_dim: 64, rope });
-            ops.push(Op::Attention { k_cache: 50 << 40, v_cache: 51 << 40, n_ctx: 64, n_head: 8, n_head_kv: 2, head_dim: 64, q: qb, k: kb, v: vb, out: attn });
-            ops.push(Op::Matmul { w: w(3, GgmlType::Q4_K, e, q), bias: None, x: attn, rows: n, out: o });
-            ops.push(Op::Add { x, y: o, len: n * e });
-            ops.push(Op::RmsNorm { x, w: 8, n: e, rows: n, eps: 1e-5, out: h });
-            ops.push(Op::Matmul { w: w(4, GgmlType::Q4_K, f, e), bias: None, x: h, rows: n, out: gate });
-            ops.push(Op::Matmul { w: w(5, GgmlType::Q4_K, f, e), bias: None, x: h, rows: n, out: up });
-            ops.push(Op::Swiglu { gate, up, len: n * f, out: act });
-            ops.push(Op::Matmul { w: w(6, GgmlType::Q6_K, e, f), bias: None, x: act, rows: n, out: o });
-            ops.push(Op::Add { x, y: o, len: n * e });
+            ops.push(Op::RmsNorm {
+                x,
+                w: 7,
+                n: e,
+                rows: n,
+                eps: 1e-5,
+                out: h,
+            });
+            ops.push(Op::Matmul {
+                w: w(0, GgmlType::Q4_K, q, e),
+                bias: None,
+                x: h,
+                rows: n,
+                out: qb,
+            });
+            ops.push(Op::Matmul {
+                w: w(1, GgmlType::Q4_K, kv, e),
+                bias: None,
+                x: h,
+                rows: n,
+                out: kb,
+            });
+            ops.push(Op::Matmul {
+                w: w(2, GgmlType::Q6_K, kv, e),
+                bias: None,
+                x: h,
+                rows: n,
+                out: vb,
+            });
+            ops.push(Op::Rope {
+                x: qb,
+                n_head: 8,
+                head_dim: 64,
+                rope,
+            });
+            ops.push(Op::Rope {
+                x: kb,
+                n_head: 2,
+                head_dim: 64,
+                rope,
+            });
+            ops.push(Op::Attention {
+                k_cache: 50 << 40,
+                v_cache: 51 << 40,
+                n_ctx: 64,
+                n_head: 8,
+                n_head_kv: 2,
+                head_dim: 64,
+                q: qb,
+                k: kb,
+                v: vb,
+                out: attn,
+            });
+            ops.push(Op::Matmul {
+                w: w(3, GgmlType::Q4_K, e, q),
+                bias: None,
+                x: attn,
+                rows: n,
+                out: o,
+            });
+            ops.push(Op::Add {
+                x,
+                y: o,
+                len: n * e,
+            });
+            ops.push(Op::RmsNorm {
+                x,
+                w: 8,
+                n: e,
+                rows: n,
+                eps: 1e-5,
+                out: h,
+            });
+            ops.push(Op::Matmul {
+                w: w(4, GgmlType::Q4_K, f, e),
+                bias: None,
+                x: h,
+                rows: n,
+                out: gate,
+            });
+            ops.push(Op::Matmul {
+                w: w(5, GgmlType::Q4_K, f, e),
+                bias: None,
+                x: h,
+                rows: n,
+                out: up,
+            });
+            ops.push(Op::Swiglu {
+                gate,
+                up,
+                len: n * f,
+                out: act,
+            });
+            ops.push(Op::Matmul {
+                w: w(6, GgmlType::Q6_K, e, f),
+                bias: None,
+                x: act,
+                rows: n,
+                out: o,
+            });
+            ops.push(Op::Add {
+                x,
+                y: o,
+                len: n * e,
+            });
         }
-        ops.push(Op::Copy { src: x + 4 * (n as u64 - 1) * e as u64, dst: o, len: e });
-        ops.push(Op::RmsNorm { x: o, w: 9, n: e, rows: 1, eps: 1e-5, out: h });
-        ops.push(Op::Matmul { w: mat(2, GgmlType::Q6_K, v, e), bias: None, x: h, rows: 1, out: logits });
+        ops.push(Op::Copy {
+            src: x + 4 * (n as u64 - 1) * e as u64,
+            dst: o,
+            len: e,
+        });
+        ops.push(Op::RmsNorm {
+            x: o,
+            w: 9,
+            n: e,
+            rows: 1,
+            eps: 1e-5,
+            out: h,
+        });
+        ops.push(Op::Matmul {
+            w: mat(2, GgmlType::Q6_K, v, e),
+            bias: None,
+            x: h,
+            rows: 1,
+            out: logits,
+        });
         ops
     }
 
     fn lowered(ops: &[Op], n_tok: usize, k: &Kernels) -> Vec<Cmd> {
-        let occ = |_: Func, _: u32| 2;
-        let attn = AttnScratch { pm: 1 << 50, pl: 2 << 50, po: 3 << 50, cap_ms: 1 << 16, cap_o: 1 << 22 };
-        let cx = Ctx { k, n_sm: 132, gemv_occupancy: &occ, gemv_prefetch: 2, gemv_tma: false, step: 99 << 40, n_tok, attn };
+        let occ = |_: Func, _: u32, _: u32| 2;
+        let attn = AttnScratch {
+            pm: 1 << 50,
+            pl: 2 << 50,
+            po: 3 << 50,
+            cap_ms: 1 << 16,
+            cap_o: 1 << 22,
+        };
+        let cx = Ctx {
+            k,
+            n_sm: 132,
+            gemv_occupancy: &occ,
+            gemv_prefetch: 2,
+            gemv: GemvKind::Plain,
+            step: 99 << 40,
+            n_tok,
+            attn,
+        };
         lower(ops, &cx).unwrap()
     }
 
     fn funcs(cmds: &[Cmd]) -> Vec<Func> {
-        cmds.iter().filter_map(|c| if let Cmd::Launch(l) = c { Some(l.f) } else { None }).collect()
+        cmds.iter()
+            .filter_map(|c| {
+                if let Cmd::Launch(l) = c {
+                    Some(l.f)
+                } else {
+                    None
+                }
+            })
+            .collect()
     }
 
     #[test]
@@ -505,7 +977,15 @@ mod tests {
         let f = funcs(&cmds);
         assert_eq!(f.len(), cmds.len(), "no GEMM in a decode step");
         let g = k.gemv;
-        let layer = [g, k.rope_qk_store, k.attn_decode_split_64, k.attn_decode_reduce, g, g, g];
+        let layer = [
+            g,
+            k.rope_qk_store,
+            k.attn_decode_split_64,
+            k.attn_decode_reduce,
+            g,
+            g,
+            g,
+        ];
         let mut want = vec![k.embed_rows];
         for _ in 0..3 {
             want.extend(layer);
@@ -518,7 +998,10 @@ mod tests {
     fn a_prefill_step_runs_op_by_op_with_gemms() {
         let k = Kernels::fake();
         let cmds = lowered(&llama_step(7, 1), 7, &k);
-        let gemms = cmds.iter().filter(|c| matches!(c, Cmd::Gemm { .. })).count();
+        let gemms = cmds
+            .iter()
+            .filter(|c| matches!(c, Cmd::Gemm { .. }))
+            .count();
         assert_eq!(gemms, 7);
         let f = funcs(&cmds);
         assert!(f.contains(&k.attn_prefill_64) && f.contains(&k.kv_store) && f.contains(&k.swiglu));
@@ -533,8 +1016,21 @@ mod tests {
         // A product overwriting the norm's input cannot run inside the norm's launch
         // (other blocks still read it).
         let ops = [
-            Op::RmsNorm { x, w: 7, n: 256, rows: 1, eps: 1e-5, out: 2 << 40 },
-            Op::Matmul { w: mat(1, GgmlType::Q4_0, 256, 256), bias: None, x: 2 << 40, rows: 1, out: x },
+            Op::RmsNorm {
+                x,
+                w: 7,
+                n: 256,
+                rows: 1,
+                eps: 1e-5,
+                out: 2 << 40,
+            },
+            Op::Matmul {
+                w: mat(1, GgmlType::Q4_0, 256, 256),
+                bias: None,
+                x: 2 << 40,
+                rows: 1,
+                out: x,
+            },
         ];
         assert_eq!(funcs(&lowered(&ops, 1, &k)), [k.rms_norm_rows, k.gemv]);
     }

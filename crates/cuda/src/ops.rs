@@ -38,10 +38,31 @@ pub struct RopeArgs {
 /// One recorded operation (the `Backend` trait's operations, with device pointers).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Op {
-    Embed { table: MatRef, out: DPtr },
-    RmsNorm { x: DPtr, w: DPtr, n: u32, rows: u32, eps: f32, out: DPtr },
-    Matmul { w: MatRef, bias: Option<DPtr>, x: DPtr, rows: u32, out: DPtr },
-    Rope { x: DPtr, n_head: u32, head_dim: u32, rope: RopeArgs },
+    Embed {
+        table: MatRef,
+        out: DPtr,
+    },
+    RmsNorm {
+        x: DPtr,
+        w: DPtr,
+        n: u32,
+        rows: u32,
+        eps: f32,
+        out: DPtr,
+    },
+    Matmul {
+        w: MatRef,
+        bias: Option<DPtr>,
+        x: DPtr,
+        rows: u32,
+        out: DPtr,
+    },
+    Rope {
+        x: DPtr,
+        n_head: u32,
+        head_dim: u32,
+        rope: RopeArgs,
+    },
     Attention {
         k_cache: DPtr,
         v_cache: DPtr,
@@ -54,9 +75,22 @@ pub enum Op {
         v: DPtr,
         out: DPtr,
     },
-    Swiglu { gate: DPtr, up: DPtr, len: u32, out: DPtr },
-    Add { x: DPtr, y: DPtr, len: u32 },
-    Copy { src: DPtr, dst: DPtr, len: u32 },
+    Swiglu {
+        gate: DPtr,
+        up: DPtr,
+        len: u32,
+        out: DPtr,
+    },
+    Add {
+        x: DPtr,
+        y: DPtr,
+        len: u32,
+    },
+    Copy {
+        src: DPtr,
+        dst: DPtr,
+        len: u32,
+    },
 }
 
 /// The pending operations of one step of one thread.

@@ -50,7 +50,11 @@ pub fn row_diff(gpu: &[f32], cpu: &[f32]) -> RowDiff {
     }
     let (c1, c2) = top2(cpu);
     RowDiff {
-        nrmse: if den > 0.0 { (num / den).sqrt() } else { num.sqrt() },
+        nrmse: if den > 0.0 {
+            (num / den).sqrt()
+        } else {
+            num.sqrt()
+        },
         max_abs,
         argmax_agree: argmax(gpu) == c1.0,
         cpu_gap: (c1.1 - c2.1) as f64,
@@ -81,7 +85,10 @@ pub fn argmax(v: &[f32]) -> usize {
             m[i] = m[i].max(c[i]);
         }
     }
-    let max = tail.iter().fold(m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)), |a, &b| a.max(b));
+    let max = tail.iter().fold(
+        m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)),
+        |a, &b| a.max(b),
+    );
     v.iter().position(|&x| x == max).unwrap_or(0)
 }
 
@@ -107,7 +114,10 @@ fn summarize(d: &[RowDiff]) -> Summary {
         max_nrmse: n.last().copied().unwrap_or(0.0),
         median_nrmse: n.get(n.len() / 2).copied().unwrap_or(0.0),
         max_abs: d.iter().map(|r| r.max_abs).fold(0.0, f64::max),
-        argmax_mismatch_comfortable: d.iter().filter(|r| !r.argmax_agree && r.cpu_gap > 4.0 * r.max_abs).count(),
+        argmax_mismatch_comfortable: d
+            .iter()
+            .filter(|r| !r.argmax_agree && r.cpu_gap > 4.0 * r.max_abs)
+            .count(),
         argmax_mismatch: d.iter().filter(|r| !r.argmax_agree).count(),
     }
 }
@@ -122,7 +132,10 @@ pub struct Dist {
 fn dist(a: &[Vec<f32>], b: &[Vec<f32>]) -> Dist {
     let d: Vec<RowDiff> = a.iter().zip(b).map(|(x, y)| row_diff(x, y)).collect();
     let s = summarize(&d);
-    Dist { median: s.median_nrmse, max: s.max_nrmse }
+    Dist {
+        median: s.median_nrmse,
+        max: s.max_nrmse,
+    }
 }
 
 /// Each backend's distance to the f64 reference ([`crate::reference`]).
@@ -158,7 +171,9 @@ impl Report {
     /// Whether every tolerance holds (see the constants above and docs/parity.md).
     pub fn passes(&self) -> bool {
         let greedy = self.greedy_common() == self.greedy_cpu.len()
-            || self.greedy_divergence_gap.is_some_and(|g| g < GREEDY_GAP.max(self.decode.max_abs));
+            || self
+                .greedy_divergence_gap
+                .is_some_and(|g| g < GREEDY_GAP.max(self.decode.max_abs));
         let reference = self.reference.is_none_or(|r| {
             r.gpu_decode.median <= DECODE_FACTOR * r.cpu.median + SLACK
                 && r.gpu_decode.max <= DECODE_FACTOR * r.cpu.max + SLACK
@@ -170,7 +185,11 @@ impl Report {
 
     /// Greedy tokens equal before the first divergence.
     pub fn greedy_common(&self) -> usize {
-        self.greedy_cpu.iter().zip(&self.greedy_gpu).take_while(|(a, b)| a == b).count()
+        self.greedy_cpu
+            .iter()
+            .zip(&self.greedy_gpu)
+            .take_while(|(a, b)| a == b)
+            .count()
     }
 }
 
@@ -178,7 +197,10 @@ impl Report {
 /// synthetic vocabularies' BOS/EOS).
 pub fn test_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
     (0..n as u64)
-        .map(|i| (crate::synth::generate::splitmix64(seed ^ i.wrapping_mul(0x9E37_79B9)) % (n_vocab.max(3) - 2) as u64) as u32)
+        .map(|i| {
+            (crate::synth::generate::splitmix64(seed ^ i.wrapping_mul(0x9E37_79B9))
+                % (n_vocab.max(3) - 2) as u64) as u32
+        })
         .collect()
 }
 
@@ -187,16 +209,30 @@ fn all_rows(model: &Arc<dyn Model>, tokens: &[u32], n_ctx: usize) -> Result<Vec<
     s.forward_all(tokens).map_err(eng)
 }
 
-fn decode_rows(model: &Arc<dyn Model>, tokens: &[u32], prompt: usize, n_ctx: usize) -> Result<Vec<Vec<f32>>> {
+fn decode_rows(
+    model: &Arc<dyn Model>,
+    tokens: &[u32],
+    prompt: usize,
+    n_ctx: usize,
+) -> Result<Vec<Vec<f32>>> {
     let mut s = Session::new(model.clone(), n_ctx).map_err(eng)?;
-    let mut rows = vec![s.prefill(&tokens[..prompt], &mut |_, _| {}).map_err(eng)?.to_vec()];
+    let mut rows = vec![
+        s.prefill(&tokens[..prompt], &mut |_, _| {})
+            .map_err(eng)?
+            .to_vec(),
+    ];
     for &t in &tokens[prompt..] {
         rows.push(s.decode(t).map_err(eng)?.to_vec());
     }
     Ok(rows)
 }
 
-fn greedy(model: &Arc<dyn Model>, prompt: &[u32], n: usize, n_ctx: usize) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
+fn greedy(
+    model: &Arc<dyn Model>,
+    prompt: &[u32],
+    n: usize,
+    n_ctx: usize,
+) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
     let mut s = Session::new(model.clone(), n_ctx).map_err(eng)?;
     let mut logits = s.prefill(prompt, &mut |_, _| {}).map_err(eng)?.to_vec();
     let (mut out, mut all) = (Vec::new(), Vec::new());
@@ -227,15 +263,33 @@ pub fn compare(
     let n_vocab = cpu.info().n_vocab;
     let n_ctx = tokens.len() + n_greedy + 8;
     let rows = |v: Vec<f32>| v.chunks(n_vocab).map(<[f32]>::to_vec).collect::<Vec<_>>();
-    let (c_all, g_all) = (rows(all_rows(cpu, tokens, n_ctx)?), rows(all_rows(gpu, tokens, n_ctx)?));
+    let (c_all, g_all) = (
+        rows(all_rows(cpu, tokens, n_ctx)?),
+        rows(all_rows(gpu, tokens, n_ctx)?),
+    );
     let g_again = rows(all_rows(gpu, tokens, n_ctx)?);
-    let prefill: Vec<RowDiff> = c_all.iter().zip(&g_all).map(|(c, g)| row_diff(g, c)).collect();
-    let (c_dec, g_dec) = (decode_rows(cpu, tokens, 1, n_ctx)?, decode_rows(gpu, tokens, 1, n_ctx)?);
+    let prefill: Vec<RowDiff> = c_all
+        .iter()
+        .zip(&g_all)
+        .map(|(c, g)| row_diff(g, c))
+        .collect();
+    let (c_dec, g_dec) = (
+        decode_rows(cpu, tokens, 1, n_ctx)?,
+        decode_rows(gpu, tokens, 1, n_ctx)?,
+    );
     let g_dec_again = decode_rows(gpu, tokens, 1, n_ctx)?;
-    let decode: Vec<RowDiff> = c_dec.iter().zip(&g_dec).map(|(c, g)| row_diff(g, c)).collect();
+    let decode: Vec<RowDiff> = c_dec
+        .iter()
+        .zip(&g_dec)
+        .map(|(c, g)| row_diff(g, c))
+        .collect();
     let (greedy_cpu, c_logits) = greedy(cpu, &tokens[..1], n_greedy, n_ctx)?;
     let (greedy_gpu, _) = greedy(gpu, &tokens[..1], n_greedy, n_ctx)?;
-    let common = greedy_cpu.iter().zip(&greedy_gpu).take_while(|(a, b)| a == b).count();
+    let common = greedy_cpu
+        .iter()
+        .zip(&greedy_gpu)
+        .take_while(|(a, b)| a == b)
+        .count();
     let greedy_divergence_gap = (common < n_greedy).then(|| {
         let (a, b) = top2(&c_logits[common]);
         (a.1 - b.1) as f64
@@ -243,7 +297,11 @@ pub fn compare(
     let reference = match reference {
         Some(f) => {
             let r = crate::reference::logits(f, tokens)?;
-            Some(RefDist { cpu: dist(&c_all, &r), gpu_prefill: dist(&g_all, &r), gpu_decode: dist(&g_dec, &r) })
+            Some(RefDist {
+                cpu: dist(&c_all, &r),
+                gpu_prefill: dist(&g_all, &r),
+                gpu_decode: dist(&g_dec, &r),
+            })
         }
         None => None,
     };

@@ -23,13 +23,21 @@ impl Mat {
     fn mv(&self, x: &[f64]) -> Vec<f64> {
         (0..self.rows)
             .into_par_iter()
-            .map(|r| self.w[r * self.cols..(r + 1) * self.cols].iter().zip(x).map(|(&a, &b)| a as f64 * b).sum())
+            .map(|r| {
+                self.w[r * self.cols..(r + 1) * self.cols]
+                    .iter()
+                    .zip(x)
+                    .map(|(&a, &b)| a as f64 * b)
+                    .sum()
+            })
             .collect()
     }
 }
 
 fn tensor(f: &GgufFile, name: &str) -> Result<Mat> {
-    let t = f.tensor(name).ok_or_else(|| CudaError::Unsupported(format!("reference: tensor '{name}' is missing")))?;
+    let t = f
+        .tensor(name)
+        .ok_or_else(|| CudaError::Unsupported(format!("reference: tensor '{name}' is missing")))?;
     let cols = t.dims[0] as usize;
     let rows = t.n_elements() as usize / cols.max(1);
     let mut w = vec![0f32; rows * cols];
@@ -49,7 +57,9 @@ fn meta(f: &GgufFile, key: &str) -> Result<f64> {
         Some(Value::I32(v)) => Ok(*v as f64),
         Some(Value::F32(v)) => Ok(*v as f64),
         Some(Value::F64(v)) => Ok(*v),
-        _ => Err(CudaError::Unsupported(format!("reference: metadata '{key}' is missing"))),
+        _ => Err(CudaError::Unsupported(format!(
+            "reference: metadata '{key}' is missing"
+        ))),
     }
 }
 
@@ -72,9 +82,19 @@ pub fn logits(f: &GgufFile, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
     let base = meta(f, &k("rope.freq_base")).unwrap_or(10000.0);
     let eps = meta(f, &k("attention.layer_norm_rms_epsilon"))?;
     let emb = tensor(f, "token_embd.weight")?;
-    let out = if f.tensor("output.weight").is_some() { tensor(f, "output.weight")? } else { tensor(f, "token_embd.weight")? };
+    let out = if f.tensor("output.weight").is_some() {
+        tensor(f, "output.weight")?
+    } else {
+        tensor(f, "token_embd.weight")?
+    };
     let onorm = vec64(f, "output_norm.weight")?;
-    let bias = |name: String| -> Result<Option<Vec<f64>>> { if f.tensor(&name).is_some() { vec64(f, &name).map(Some) } else { Ok(None) } };
+    let bias = |name: String| -> Result<Option<Vec<f64>>> {
+        if f.tensor(&name).is_some() {
+            vec64(f, &name).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
     let mut kc = vec![Vec::<Vec<f64>>::new(); n_layer];
     let mut vc = vec![Vec::<Vec<f64>>::new(); n_layer];
     let group = n_head / n_head_kv;
@@ -95,7 +115,10 @@ pub fn logits(f: &GgufFile, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         .collect::<Result<Vec<_>>>()?;
     for (pos, &t) in tokens.iter().enumerate() {
         let t = t as usize;
-        let mut x: Vec<f64> = emb.w[t * n_embd..(t + 1) * n_embd].iter().map(|&v| v as f64).collect();
+        let mut x: Vec<f64> = emb.w[t * n_embd..(t + 1) * n_embd]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
         for (il, [wq, wk, wv, wo, wg, wu, wd]) in layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{il}.{s}");
             let h = rms(&x, &vec64(f, &n("attn_norm.weight"))?, eps);
@@ -110,7 +133,11 @@ pub fn logits(f: &GgufFile, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
                 for head in x.chunks_mut(hd) {
                     for i in 0..n_dims / 2 {
                         let th = pos as f64 * base.powf(-2.0 * i as f64 / n_dims as f64);
-                        let (a, b) = if neox { (i, i + n_dims / 2) } else { (2 * i, 2 * i + 1) };
+                        let (a, b) = if neox {
+                            (i, i + n_dims / 2)
+                        } else {
+                            (2 * i, 2 * i + 1)
+                        };
                         let (x0, x1) = (head[a], head[b]);
                         head[a] = x0 * th.cos() - x1 * th.sin();
                         head[b] = x0 * th.sin() + x1 * th.cos();
@@ -125,7 +152,14 @@ pub fn logits(f: &GgufFile, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
                 let qh = &q[hh * hd..(hh + 1) * hd];
                 let sc: Vec<f64> = kc[il]
                     .iter()
-                    .map(|kr| kr[g * hd..(g + 1) * hd].iter().zip(qh).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt())
+                    .map(|kr| {
+                        kr[g * hd..(g + 1) * hd]
+                            .iter()
+                            .zip(qh)
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
                     .collect();
                 let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
@@ -141,12 +175,21 @@ pub fn logits(f: &GgufFile, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
             }
             let h = rms(&x, &vec64(f, &n("ffn_norm.weight"))?, eps);
             let (g, u) = (wg.mv(&h), wu.mv(&h));
-            let act: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let act: Vec<f64> = g
+                .iter()
+                .zip(&u)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
             for (a, b) in x.iter_mut().zip(wd.mv(&act)) {
                 *a += b;
             }
         }
-        rows.push(out.mv(&rms(&x, &onorm, eps)).into_iter().map(|v| v as f32).collect());
+        rows.push(
+            out.mv(&rms(&x, &onorm, eps))
+                .into_iter()
+                .map(|v| v as f32)
+                .collect(),
+        );
     }
     Ok(rows)
 }

@@ -26,14 +26,18 @@ impl CudaWeight {
     pub(crate) fn mat(&self) -> (&Arc<DevMem>, MatRef) {
         match self {
             CudaWeight::Matrix { mem, m } => (mem, *m),
-            CudaWeight::Vector { .. } => panic!("a vector weight used as a matrix (the model family passed the wrong tensor)"),
+            CudaWeight::Vector { .. } => panic!(
+                "a vector weight used as a matrix (the model family passed the wrong tensor)"
+            ),
         }
     }
 
     pub(crate) fn vec(&self) -> (&Arc<DevMem>, usize) {
         match self {
             CudaWeight::Vector { mem, len } => (mem, *len),
-            CudaWeight::Matrix { .. } => panic!("a matrix weight used as a vector (the model family passed the wrong tensor)"),
+            CudaWeight::Matrix { .. } => panic!(
+                "a matrix weight used as a vector (the model family passed the wrong tensor)"
+            ),
         }
     }
 
@@ -55,7 +59,13 @@ pub enum Source<'a> {
 
 /// Uploads (or generates) tensor `info`. `staging` is a reusable device buffer for the
 /// GGUF-layout bytes before they are split into planes.
-pub fn load(gpu: &Arc<Gpu>, k: &Kernels, staging: &mut Option<DevMem>, src: Source, info: &TensorInfo) -> Result<CudaWeight> {
+pub fn load(
+    gpu: &Arc<Gpu>,
+    k: &Kernels,
+    staging: &mut Option<DevMem>,
+    src: Source,
+    info: &TensorInfo,
+) -> Result<CudaWeight> {
     let cols = info.dims.first().copied().unwrap_or(1) as usize;
     let rows = (info.n_elements() / (cols as u64).max(1)) as usize;
     if info.dims.len() == 1 || rows == 1 {
@@ -65,7 +75,10 @@ pub fn load(gpu: &Arc<Gpu>, k: &Kernels, staging: &mut Option<DevMem>, src: Sour
         };
         let mem = gpu.alloc(v.len() * 4)?;
         gpu.htod(mem.ptr(), as_bytes(&v))?;
-        return Ok(CudaWeight::Vector { mem: Arc::new(mem), len: v.len() });
+        return Ok(CudaWeight::Vector {
+            mem: Arc::new(mem),
+            len: v.len(),
+        });
     }
     let ty = info.dtype;
     if !MATRIX_TYPES.contains(&ty) {
@@ -96,8 +109,19 @@ pub fn load(gpu: &Arc<Gpu>, k: &Kernels, staging: &mut Option<DevMem>, src: Sour
         }
         Source::Synthetic(seed) => {
             let mut a = Args::new();
-            a.push(stage).push(ty as i32).push(ty.type_size() as i32).push(n_blocks as i64).push(generate::tensor_key(seed, &info.name));
-            gpu.launch(k.synth_blocks, grid(n_blocks as u64, gpu), 256, 0, &a, false)?;
+            a.push(stage)
+                .push(ty as i32)
+                .push(ty.type_size() as i32)
+                .push(n_blocks as i64)
+                .push(generate::tensor_key(seed, &info.name));
+            gpu.launch(
+                k.synth_blocks,
+                grid(n_blocks as u64, gpu),
+                256,
+                0,
+                &a,
+                false,
+            )?;
         }
     }
     let mem = gpu.alloc(layout.total)?;
@@ -105,10 +129,30 @@ pub fn load(gpu: &Arc<Gpu>, k: &Kernels, staging: &mut Option<DevMem>, src: Sour
     for (i, &(off, size)) in fields(ty).expect("supported type").iter().enumerate() {
         planes[i] = mem.ptr() + layout.offsets[i] as u64;
         let mut a = Args::new();
-        a.push(stage).push(planes[i]).push(n_blocks as i64).push(ty.type_size() as i32).push(off as i32).push(size as i32);
-        gpu.launch(k.split_plane, grid((n_blocks * size) as u64, gpu), 256, 0, &a, false)?;
+        a.push(stage)
+            .push(planes[i])
+            .push(n_blocks as i64)
+            .push(ty.type_size() as i32)
+            .push(off as i32)
+            .push(size as i32);
+        gpu.launch(
+            k.split_plane,
+            grid((n_blocks * size) as u64, gpu),
+            256,
+            0,
+            &a,
+            false,
+        )?;
     }
-    Ok(CudaWeight::Matrix { mem: Arc::new(mem), m: MatRef { planes, ty, rows: rows as u32, cols: cols as u32 } })
+    Ok(CudaWeight::Matrix {
+        mem: Arc::new(mem),
+        m: MatRef {
+            planes,
+            ty,
+            rows: rows as u32,
+            cols: cols as u32,
+        },
+    })
 }
 
 fn grid(n: u64, gpu: &Gpu) -> (u32, u32, u32) {
@@ -119,9 +163,18 @@ fn grid(n: u64, gpu: &Gpu) -> (u32, u32, u32) {
 fn vector_f32(info: &TensorInfo, data: &[u8]) -> Result<Vec<f32>> {
     let n = info.n_elements() as usize;
     let v: Vec<f32> = match info.dtype {
-        GgmlType::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        GgmlType::F16 => data.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        GgmlType::BF16 => data.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        GgmlType::F32 => data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        GgmlType::F16 => data
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        GgmlType::BF16 => data
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
         ty => {
             return Err(CudaError::Unsupported(format!(
                 "vector tensor '{}' has type {ty}; the CUDA backend reads vectors in f32, f16 or bf16",
@@ -130,7 +183,11 @@ fn vector_f32(info: &TensorInfo, data: &[u8]) -> Result<Vec<f32>> {
         }
     };
     if v.len() != n {
-        return Err(CudaError::Unsupported(format!("tensor '{}': {} values in the file, {n} expected", info.name, v.len())));
+        return Err(CudaError::Unsupported(format!(
+            "tensor '{}': {} values in the file, {n} expected",
+            info.name,
+            v.len()
+        )));
     }
     Ok(v)
 }
@@ -142,12 +199,29 @@ pub(crate) fn as_bytes(v: &[f32]) -> &[u8] {
 
 /// Generates `n_blocks` synthetic blocks of `ty` with `key` on the device and copies
 /// them back (GGUF layout), to check the device generator against the host's.
-pub fn synth_on_device(gpu: &Arc<Gpu>, k: &Kernels, ty: GgmlType, key: u64, n_blocks: usize) -> Result<Vec<u8>> {
+pub fn synth_on_device(
+    gpu: &Arc<Gpu>,
+    k: &Kernels,
+    ty: GgmlType,
+    key: u64,
+    n_blocks: usize,
+) -> Result<Vec<u8>> {
     let bytes = n_blocks * ty.type_size();
     let mem = gpu.alloc(bytes)?;
     let mut a = Args::new();
-    a.push(mem.ptr()).push(ty as i32).push(ty.type_size() as i32).push(n_blocks as i64).push(key);
-    gpu.launch(k.synth_blocks, grid(n_blocks as u64, gpu), 256, 0, &a, false)?;
+    a.push(mem.ptr())
+        .push(ty as i32)
+        .push(ty.type_size() as i32)
+        .push(n_blocks as i64)
+        .push(key);
+    gpu.launch(
+        k.synth_blocks,
+        grid(n_blocks as u64, gpu),
+        256,
+        0,
+        &a,
+        false,
+    )?;
     let mut out = vec![0u8; bytes];
     gpu.dtoh(&mut out, mem.ptr())?;
     Ok(out)

@@ -34,7 +34,14 @@ fn cuda_matches_cpu_on_synthetic_models() {
         let file = Arc::new(GgufFile::open(&path).unwrap());
         let cpu = ds4_engine::loader::load_model(&file, &path).unwrap();
         let cuda = load_model(backend.clone(), &file, &path).unwrap();
-        let rep = compare(&cpu, &cuda, &test_tokens(40, spec.shape.n_vocab, 42), 16, Some(&file)).unwrap();
+        let rep = compare(
+            &cpu,
+            &cuda,
+            &test_tokens(40, spec.shape.n_vocab, 42),
+            16,
+            Some(&file),
+        )
+        .unwrap();
         assert!(rep.passes(), "{name}: {rep:?}");
     }
     std::fs::remove_dir_all(&dir).unwrap();

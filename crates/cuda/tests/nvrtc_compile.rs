@@ -13,7 +13,10 @@ fn required() -> bool {
 #[test]
 fn every_kernel_compiles_for_sm_90a() {
     if !nvrtc_present() {
-        assert!(!required(), "DS4_REQUIRE_GPU=1 but libnvrtc is not on the library path");
+        assert!(
+            !required(),
+            "DS4_REQUIRE_GPU=1 but libnvrtc is not on the library path"
+        );
         eprintln!("skipped: libnvrtc not found (set LD_LIBRARY_PATH to a CUDA 13 lib folder)");
         return;
     }
@@ -22,9 +25,17 @@ fn every_kernel_compiles_for_sm_90a() {
         let ptx = compile(s.file, s.text, "sm_90a", false).unwrap_or_else(|e| panic!("{e}"));
         let ptx = String::from_utf8_lossy(&ptx);
         for k in s.kernels {
-            assert!(ptx.contains(&format!(".entry {k}(")), "{}: kernel {k} not in the PTX", s.file);
+            assert!(
+                ptx.contains(&format!(".entry {k}(")),
+                "{}: kernel {k} not in the PTX",
+                s.file
+            );
         }
         let cubin = compile(s.file, s.text, "sm_90a", true).unwrap_or_else(|e| panic!("{e}"));
-        assert!(cubin.starts_with(b"\x7fELF"), "{}: NVRTC did not return an ELF CUBIN", s.file);
+        assert!(
+            cubin.starts_with(b"\x7fELF"),
+            "{}: NVRTC did not return an ELF CUBIN",
+            s.file
+        );
     }
 }

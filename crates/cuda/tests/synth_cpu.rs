@@ -27,7 +27,8 @@ fn every_quant_runs_on_the_cpu_with_finite_spread_logits() {
             let l = s.prefill(&toks, &mut |_, _| {}).unwrap().to_vec();
             assert!(l.iter().all(|v| v.is_finite()), "{name}: non-finite logits");
             let mean = l.iter().map(|&v| v as f64).sum::<f64>() / l.len() as f64;
-            let sd = (l.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / l.len() as f64).sqrt();
+            let sd =
+                (l.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / l.len() as f64).sqrt();
             assert!(sd > 0.05 && sd < 100.0, "{name}: logits sd {sd}");
             eprintln!("{name}: logits sd {sd:.3}");
         }

@@ -27,7 +27,9 @@ pub fn splitmix64(x: u64) -> u64 {
 
 /// FNV-1a 64-bit hash of a tensor name.
 pub fn fnv1a64(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// The generator key of tensor `name` under `seed`.
@@ -86,11 +88,13 @@ pub fn supported(ty: GgmlType) -> bool {
 pub fn blocks(ty: GgmlType, key: u64, n_blocks: usize) -> Vec<u8> {
     let bs = ty.type_size();
     let mut out = vec![0u8; n_blocks * bs];
-    out.par_chunks_mut(bs * 1024).enumerate().for_each(|(c, chunk)| {
-        for (i, blk) in chunk.chunks_mut(bs).enumerate() {
-            block(ty, key, (c * 1024 + i) as u64, blk);
-        }
-    });
+    out.par_chunks_mut(bs * 1024)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            for (i, blk) in chunk.chunks_mut(bs).enumerate() {
+                block(ty, key, (c * 1024 + i) as u64, blk);
+            }
+        });
     out
 }
 
@@ -141,7 +145,15 @@ mod tests {
 
     #[test]
     fn vectors_are_in_range() {
-        assert!(vector(1, "output_norm.weight", 1000).iter().all(|v| (0.5..1.5).contains(v)));
-        assert!(vector(1, "blk.0.attn_q.bias", 1000).iter().all(|v| (-0.1..0.1).contains(v)));
+        assert!(
+            vector(1, "output_norm.weight", 1000)
+                .iter()
+                .all(|v| (0.5..1.5).contains(v))
+        );
+        assert!(
+            vector(1, "blk.0.attn_q.bias", 1000)
+                .iter()
+                .all(|v| (-0.1..0.1).contains(v))
+        );
     }
 }

@@ -34,7 +34,8 @@ pub fn byte_to_unicode() -> [char; 256] {
     let mut out = ['\0'; 256];
     let mut extra = 0u32;
     for b in 0..256u32 {
-        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
         out[b as usize] = if printable {
             char::from_u32(b).expect("latin-1")
         } else {
@@ -60,7 +61,9 @@ fn vocab(n: usize) -> (Vec<Value>, Vec<Value>) {
             [bu[i >> 8], bu[i & 0xFF]].iter().collect()
         } else {
             let j = i - 65536;
-            [bu[(j >> 16) & 0xFF], bu[(j >> 8) & 0xFF], bu[j & 0xFF]].iter().collect()
+            [bu[(j >> 16) & 0xFF], bu[(j >> 8) & 0xFF], bu[j & 0xFF]]
+                .iter()
+                .collect()
         };
         i += 1;
         if s != space2 {
@@ -70,7 +73,9 @@ fn vocab(n: usize) -> (Vec<Value>, Vec<Value>) {
     tokens.push("<|bos|>".into());
     tokens.push("<|eos|>".into());
     tokens.truncate(n);
-    let types = (0..tokens.len()).map(|k| Value::I32(if k + 2 >= n { 3 } else { 1 })).collect();
+    let types = (0..tokens.len())
+        .map(|k| Value::I32(if k + 2 >= n { 3 } else { 1 }))
+        .collect();
     (tokens.into_iter().map(Value::String).collect(), types)
 }
 
@@ -84,28 +89,61 @@ fn writer(spec: &Spec, data: TensorData) -> Result<GgufWriter> {
     let mut w = GgufWriter::new();
     let mut md = |k: String, v: Value| w.add_metadata(k, v);
     md("general.architecture".into(), Value::String(a.into()))?;
-    md("general.name".into(), Value::String(format!("synthetic {}", spec.name())))?;
-    md("general.file_type".into(), Value::U32(file_type(spec.recipe)))?;
+    md(
+        "general.name".into(),
+        Value::String(format!("synthetic {}", spec.name())),
+    )?;
+    md(
+        "general.file_type".into(),
+        Value::U32(file_type(spec.recipe)),
+    )?;
     md(format!("{a}.vocab_size"), Value::U32(s.n_vocab as u32))?;
-    md(format!("{a}.context_length"), Value::U32(s.n_ctx_train as u32))?;
+    md(
+        format!("{a}.context_length"),
+        Value::U32(s.n_ctx_train as u32),
+    )?;
     md(format!("{a}.embedding_length"), Value::U32(s.n_embd as u32))?;
     md(format!("{a}.block_count"), Value::U32(s.n_layer as u32))?;
-    md(format!("{a}.feed_forward_length"), Value::U32(s.n_ff as u32))?;
-    md(format!("{a}.attention.head_count"), Value::U32(s.n_head as u32))?;
-    md(format!("{a}.attention.head_count_kv"), Value::U32(s.n_head_kv as u32))?;
+    md(
+        format!("{a}.feed_forward_length"),
+        Value::U32(s.n_ff as u32),
+    )?;
+    md(
+        format!("{a}.attention.head_count"),
+        Value::U32(s.n_head as u32),
+    )?;
+    md(
+        format!("{a}.attention.head_count_kv"),
+        Value::U32(s.n_head_kv as u32),
+    )?;
     md(format!("{a}.rope.dimension_count"), Value::U32(hd as u32))?;
     md(format!("{a}.rope.freq_base"), Value::F32(s.rope_base))?;
-    md(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(s.eps))?;
+    md(
+        format!("{a}.attention.layer_norm_rms_epsilon"),
+        Value::F32(s.eps),
+    )?;
     let (tokens, types) = vocab(s.n_vocab);
     md("tokenizer.ggml.model".into(), Value::String("gpt2".into()))?;
     md("tokenizer.ggml.pre".into(), Value::String("default".into()))?;
     md("tokenizer.ggml.tokens".into(), Value::Array(tokens))?;
     md("tokenizer.ggml.token_type".into(), Value::Array(types))?;
     let sp = byte_to_unicode()[b' ' as usize];
-    md("tokenizer.ggml.merges".into(), Value::Array(vec![Value::String(format!("{sp} {sp}"))]))?;
-    md("tokenizer.ggml.bos_token_id".into(), Value::U32(s.n_vocab as u32 - 2))?;
-    md("tokenizer.ggml.eos_token_id".into(), Value::U32(s.n_vocab as u32 - 1))?;
-    md("tokenizer.ggml.add_bos_token".into(), Value::Bool(a == "llama"))?;
+    md(
+        "tokenizer.ggml.merges".into(),
+        Value::Array(vec![Value::String(format!("{sp} {sp}"))]),
+    )?;
+    md(
+        "tokenizer.ggml.bos_token_id".into(),
+        Value::U32(s.n_vocab as u32 - 2),
+    )?;
+    md(
+        "tokenizer.ggml.eos_token_id".into(),
+        Value::U32(s.n_vocab as u32 - 1),
+    )?;
+    md(
+        "tokenizer.ggml.add_bos_token".into(),
+        Value::Bool(a == "llama"),
+    )?;
     for (name, dims, ty) in spec.tensors() {
         let bytes = data(&name, &dims, ty);
         w.add_tensor(name, &dims, ty, bytes)?;
@@ -158,14 +196,19 @@ pub fn header_file(spec: &Spec) -> Result<GgufFile> {
         vec![0u8; (dims.iter().product::<u64>() as usize / ty.block_size()) * ty.type_size()]
     })?;
     let align = w.alignment();
-    let data_len = w
-        .tensor_infos()
-        .last()
-        .map_or(0, |t| t.offset + t.try_n_bytes().unwrap_or(0).next_multiple_of(align));
-    let mut counter = Prefix { keep: usize::MAX, bytes: Vec::new() };
+    let data_len = w.tensor_infos().last().map_or(0, |t| {
+        t.offset + t.try_n_bytes().unwrap_or(0).next_multiple_of(align)
+    });
+    let mut counter = Prefix {
+        keep: usize::MAX,
+        bytes: Vec::new(),
+    };
     // First pass: the total length, to find where the data section starts.
     let total = {
-        let mut c = Prefix { keep: 0, bytes: Vec::new() };
+        let mut c = Prefix {
+            keep: 0,
+            bytes: Vec::new(),
+        };
         w.write_to(&mut c)?
     };
     counter.keep = (total - data_len) as usize;
@@ -173,9 +216,15 @@ pub fn header_file(spec: &Spec) -> Result<GgufFile> {
     let path = std::env::temp_dir().join(format!(
         "ds4-synth-{}-{}.gguf",
         std::process::id(),
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
     ));
-    let io = |e| CudaError::Io { path: path.display().to_string(), source: e };
+    let io = |e| CudaError::Io {
+        path: path.display().to_string(),
+        source: e,
+    };
     {
         let mut f = std::fs::File::create(&path).map_err(io)?;
         f.write_all(&counter.bytes).map_err(io)?;
@@ -228,11 +277,21 @@ mod tests {
         assert_eq!(full.tensors(), head.tensors());
         assert_eq!(full.data_offset(), head.data_offset());
         assert_eq!(full.as_bytes().len(), head.as_bytes().len());
-        assert_eq!(full.as_bytes()[..full.data_offset() as usize], head.as_bytes()[..head.data_offset() as usize]);
+        assert_eq!(
+            full.as_bytes()[..full.data_offset() as usize],
+            head.as_bytes()[..head.data_offset() as usize]
+        );
         // The full file's blocks are the generator's.
         let t = full.tensor("blk.1.ffn_up.weight").unwrap();
         let n_blocks = (t.n_elements() / 256) as usize;
-        assert_eq!(full.tensor_data(t), &generate::blocks(GgmlType::Q4_K, generate::tensor_key(spec.seed, &t.name), n_blocks)[..]);
+        assert_eq!(
+            full.tensor_data(t),
+            &generate::blocks(
+                GgmlType::Q4_K,
+                generate::tensor_key(spec.seed, &t.name),
+                n_blocks
+            )[..]
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -182,19 +182,33 @@ impl Spec {
         let known = || {
             let shapes: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
             let quants: Vec<&str> = QUANTS.iter().map(|q| q.0).collect();
-            format!("shapes: {}; quants: {}", shapes.join(", "), quants.join(", "))
+            format!(
+                "shapes: {}; quants: {}",
+                shapes.join(", "),
+                quants.join(", ")
+            )
         };
-        let (s, q) = name
-            .split_once(':')
-            .ok_or_else(|| CudaError::Unsupported(format!("synthetic model '{name}' is not SHAPE:QUANT ({})", known())))?;
+        let (s, q) = name.split_once(':').ok_or_else(|| {
+            CudaError::Unsupported(format!(
+                "synthetic model '{name}' is not SHAPE:QUANT ({})",
+                known()
+            ))
+        })?;
         let shape = SHAPES
             .iter()
             .find(|x| x.name.eq_ignore_ascii_case(s))
-            .ok_or_else(|| CudaError::Unsupported(format!("unknown synthetic shape '{s}' ({})", known())))?;
+            .ok_or_else(|| {
+                CudaError::Unsupported(format!("unknown synthetic shape '{s}' ({})", known()))
+            })?;
         let recipe = match QUANTS.iter().find(|x| x.0.eq_ignore_ascii_case(q)) {
             Some((_, None)) => Recipe::Q4KM,
             Some((_, Some(t))) => Recipe::Uniform(*t),
-            None => return Err(CudaError::Unsupported(format!("unknown synthetic quant '{q}' ({})", known()))),
+            None => {
+                return Err(CudaError::Unsupported(format!(
+                    "unknown synthetic quant '{q}' ({})",
+                    known()
+                )));
+            }
         };
         for &d in [shape.n_embd, shape.n_ff].iter() {
             let ty_block = match recipe {
@@ -202,10 +216,16 @@ impl Spec {
                 Recipe::Uniform(t) => t.block_size(),
             };
             if d % ty_block != 0 {
-                return Err(CudaError::Unsupported(format!("shape {s} has a dimension {d} that {q} blocks do not divide")));
+                return Err(CudaError::Unsupported(format!(
+                    "shape {s} has a dimension {d} that {q} blocks do not divide"
+                )));
             }
         }
-        Ok(Spec { shape: *shape, recipe, seed: DEFAULT_SEED })
+        Ok(Spec {
+            shape: *shape,
+            recipe,
+            seed: DEFAULT_SEED,
+        })
     }
 
     /// The canonical name (`llama3-8b:q4_k_m`).
@@ -235,7 +255,11 @@ impl Spec {
         let hd = s.n_embd / s.n_head;
         let (q_dim, kv_dim) = ((s.n_head * hd) as u64, (s.n_head_kv * hd) as u64);
         let (e, f, v) = (s.n_embd as u64, s.n_ff as u64, s.n_vocab as u64);
-        let mut t = vec![("token_embd.weight".to_string(), vec![e, v], self.ty(Role::Embedding))];
+        let mut t = vec![(
+            "token_embd.weight".to_string(),
+            vec![e, v],
+            self.ty(Role::Embedding),
+        )];
         for i in 0..s.n_layer {
             let n = |x: &str| format!("blk.{i}.{x}");
             t.push((n("attn_norm.weight"), vec![e], GgmlType::F32));
@@ -247,7 +271,11 @@ impl Spec {
                 t.push((n("attn_k.bias"), vec![kv_dim], GgmlType::F32));
                 t.push((n("attn_v.bias"), vec![kv_dim], GgmlType::F32));
             }
-            t.push((n("attn_output.weight"), vec![q_dim, e], self.ty(Role::Other)));
+            t.push((
+                n("attn_output.weight"),
+                vec![q_dim, e],
+                self.ty(Role::Other),
+            ));
             t.push((n("ffn_norm.weight"), vec![e], GgmlType::F32));
             t.push((n("ffn_gate.weight"), vec![e, f], self.ty(Role::Other)));
             t.push((n("ffn_up.weight"), vec![e, f], self.ty(Role::Other)));
@@ -255,14 +283,23 @@ impl Spec {
         }
         t.push(("output_norm.weight".to_string(), vec![e], GgmlType::F32));
         if !s.tied {
-            t.push(("output.weight".to_string(), vec![e, v], self.ty(Role::Output)));
+            t.push((
+                "output.weight".to_string(),
+                vec![e, v],
+                self.ty(Role::Output),
+            ));
         }
         t
     }
 
     /// Bytes of all tensors (the GGUF data section without padding).
     pub fn weight_bytes(&self) -> u64 {
-        self.tensors().iter().map(|(_, d, ty)| d.iter().product::<u64>() / ty.block_size() as u64 * ty.type_size() as u64).sum()
+        self.tensors()
+            .iter()
+            .map(|(_, d, ty)| {
+                d.iter().product::<u64>() / ty.block_size() as u64 * ty.type_size() as u64
+            })
+            .sum()
     }
 }
 
@@ -290,7 +327,12 @@ mod tests {
 
     #[test]
     fn names_parse_and_round_trip() {
-        for n in ["tiny-llama:q4_0", "tiny-qwen2:iq2_xxs", "qwen2.5-7b:q4_k_m", "small-llama:q6_k"] {
+        for n in [
+            "tiny-llama:q4_0",
+            "tiny-qwen2:iq2_xxs",
+            "qwen2.5-7b:q4_k_m",
+            "small-llama:q6_k",
+        ] {
             assert_eq!(Spec::parse(n).unwrap().name(), n);
         }
         assert!(Spec::parse("llama3-8b").is_err());
