@@ -34,6 +34,17 @@ unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
     }
 }
 
+/// Eight f16 values in the low halves of eight i32 lanes, as f32.
+#[inline(always)]
+unsafe fn halves_to_f32(v: __m256i) -> __m256 {
+    // SAFETY: AVX2 and F16C enabled by every caller.
+    unsafe {
+        let p = _mm256_packus_epi32(v, v);
+        let p = _mm256_permute4x64_epi64::<0b1000>(p);
+        _mm256_cvtph_ps(_mm256_castsi256_si128(p))
+    }
+}
+
 /// Eight rows from `r0` (clamped to the matrix) × `NT` tokens from `t0` (clamped).
 #[inline(always)]
 unsafe fn rows8<F: RowFmt, D: Dot, const NT: usize>(
@@ -45,11 +56,29 @@ unsafe fn rows8<F: RowFmt, D: Dot, const NT: usize>(
     t_end: usize,
     out: &Out,
 ) {
-    let rows: [*const u8; 8] = std::array::from_fn(|i| w.row((r0 + i).min(r_end - 1)).as_ptr());
+    let rb = w.cols / F::BLOCK * F::BYTES;
+    assert!(r_end <= w.rows && w.data.len() >= w.rows * rb);
+    let base = w.data.as_ptr();
+    let rows: [*const u8; 8] =
+        std::array::from_fn(|i| base.wrapping_add((r0 + i).min(r_end - 1) * rb));
     // The same rows of the next group of 8, prefetched block by block: the hardware
     // prefetchers do not follow eight interleaved short streams well.
     let next: [*const u8; 8] =
-        std::array::from_fn(|i| w.row((r0 + 8 + i).min(w.rows - 1)).as_ptr());
+        std::array::from_fn(|i| base.wrapping_add((r0 + 8 + i).min(w.rows - 1) * rb));
+    // Byte offsets of the eight rows from the first, for gathering their scales.
+    // SAFETY: AVX enabled by every caller.
+    let offs = unsafe {
+        _mm256_setr_epi32(
+            0,
+            (rows[1] as usize - rows[0] as usize) as i32,
+            (rows[2] as usize - rows[0] as usize) as i32,
+            (rows[3] as usize - rows[0] as usize) as i32,
+            (rows[4] as usize - rows[0] as usize) as i32,
+            (rows[5] as usize - rows[0] as usize) as i32,
+            (rows[6] as usize - rows[0] as usize) as i32,
+            (rows[7] as usize - rows[0] as usize) as i32,
+        )
+    };
     let acts: [ActRow; NT] = std::array::from_fn(|i| x.row((t0 + i).min(t_end - 1)));
     let nblk = w.cols / F::BLOCK;
     // SAFETY: every block pointer is `row + b·BYTES` with `b < nblk`, inside its row;
@@ -64,13 +93,13 @@ unsafe fn rows8<F: RowFmt, D: Dot, const NT: usize>(
                 }
                 _mm_prefetch::<_MM_HINT_T0>(blk.add(F::BYTES - 1) as *const i8);
             }
-            let mut dbits = [0u16; 8];
-            let mut abits = [0u16; 8];
-            for i in 0..8 {
-                (dbits[i], abits[i]) = F::scales(rows[i].add(b * F::BYTES));
-            }
-            let dv = _mm256_cvtph_ps(_mm_loadu_si128(dbits.as_ptr() as *const __m128i));
-            let av = _mm256_cvtph_ps(_mm_loadu_si128(abits.as_ptr() as *const __m128i));
+            let g = _mm256_i32gather_epi32::<1>(
+                rows[0].add(b * F::BYTES + F::SCALE_WORD) as *const i32,
+                offs,
+            );
+            let lo = halves_to_f32(_mm256_and_si256(g, _mm256_set1_epi32(0xffff)));
+            let hi = halves_to_f32(_mm256_srli_epi32(g, 16));
+            let (dv, av) = if F::D_HIGH { (hi, lo) } else { (lo, hi) };
             for t in 0..NT {
                 let mut v = [_mm256_setzero_si256(); 8];
                 let mut ms = [0i32; 8];

@@ -68,6 +68,11 @@ pub(crate) trait RowFmt {
     /// Factor on the final result (IQ2_XXS: 1/8).
     const FINAL: f32;
 
+    /// Offset of a 4-byte word inside the block holding `d` (high half if `D_HIGH`)
+    /// and the second scale (`m`/`dmin`) in the other half, if the format has one.
+    const SCALE_WORD: usize;
+    const D_HIGH: bool;
+
     /// f16 bits of `d` and of the second scale (`m` or `dmin`; 0 if none).
     unsafe fn scales(w: *const u8) -> (u16, u16);
 
@@ -246,6 +251,8 @@ impl RowFmt for Q4_0 {
     const BIAS: i32 = 8;
     const KIND: Kind = Kind::Sym;
     const FINAL: f32 = 1.0;
+    const SCALE_WORD: usize = 0;
+    const D_HIGH: bool = false;
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> (u16, u16) {
         // SAFETY: see the trait.
@@ -266,6 +273,8 @@ impl RowFmt for Q4_1 {
     const BIAS: i32 = 0;
     const KIND: Kind = Kind::FloatMin;
     const FINAL: f32 = 1.0;
+    const SCALE_WORD: usize = 0;
+    const D_HIGH: bool = false;
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> (u16, u16) {
         // SAFETY: see the trait.
@@ -286,6 +295,8 @@ impl RowFmt for Q5_0 {
     const BIAS: i32 = 16;
     const KIND: Kind = Kind::Sym;
     const FINAL: f32 = 1.0;
+    const SCALE_WORD: usize = 0;
+    const D_HIGH: bool = false;
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> (u16, u16) {
         // SAFETY: see the trait.
@@ -309,6 +320,8 @@ impl RowFmt for Q5_1 {
     const BIAS: i32 = 0;
     const KIND: Kind = Kind::FloatMin;
     const FINAL: f32 = 1.0;
+    const SCALE_WORD: usize = 0;
+    const D_HIGH: bool = false;
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> (u16, u16) {
         // SAFETY: see the trait.
@@ -329,6 +342,8 @@ impl RowFmt for Q8_0 {
     const BIAS: i32 = 0;
     const KIND: Kind = Kind::Sym;
     const FINAL: f32 = 1.0;
+    const SCALE_WORD: usize = 0;
+    const D_HIGH: bool = false;
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> (u16, u16) {
         // SAFETY: see the trait.
@@ -348,6 +363,8 @@ impl RowFmt for Q2K {
     const BIAS: i32 = 0;
     const KIND: Kind = Kind::IntMin;
     const FINAL: f32 = 1.0;
+    const SCALE_WORD: usize = 80;
+    const D_HIGH: bool = false;
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> (u16, u16) {
         // SAFETY: see the trait.
@@ -376,6 +393,8 @@ impl RowFmt for Q3K {
     const BIAS: i32 = 0;
     const KIND: Kind = Kind::Sym;
     const FINAL: f32 = 1.0;
+    const SCALE_WORD: usize = 106;
+    const D_HIGH: bool = true;
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> (u16, u16) {
         // SAFETY: see the trait.
@@ -425,6 +444,8 @@ impl RowFmt for Q4K {
     const BIAS: i32 = 0;
     const KIND: Kind = Kind::IntMin;
     const FINAL: f32 = 1.0;
+    const SCALE_WORD: usize = 0;
+    const D_HIGH: bool = false;
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> (u16, u16) {
         // SAFETY: see the trait.
@@ -455,6 +476,8 @@ impl RowFmt for Q5K {
     const BIAS: i32 = 0;
     const KIND: Kind = Kind::IntMin;
     const FINAL: f32 = 1.0;
+    const SCALE_WORD: usize = 0;
+    const D_HIGH: bool = false;
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> (u16, u16) {
         // SAFETY: see the trait.
@@ -513,6 +536,8 @@ impl RowFmt for Q6K {
     const BIAS: i32 = 0;
     const KIND: Kind = Kind::Sym;
     const FINAL: f32 = 1.0;
+    const SCALE_WORD: usize = 206;
+    const D_HIGH: bool = true;
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> (u16, u16) {
         // SAFETY: see the trait.
@@ -547,6 +572,8 @@ impl RowFmt for Iq2Xxs {
     const BIAS: i32 = 0;
     const KIND: Kind = Kind::Sym;
     const FINAL: f32 = 0.125;
+    const SCALE_WORD: usize = 0;
+    const D_HIGH: bool = false;
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> (u16, u16) {
         // SAFETY: see the trait.
