@@ -159,3 +159,23 @@ impl Drop for Kernels {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::compile::SOURCES;
+
+    #[test]
+    fn every_kernel_looked_up_is_declared_in_its_source() {
+        let this = include_str!("kernels.rs");
+        for part in this.split("get(\"").skip(1) {
+            let name = &part[..part.find('"').unwrap()];
+            if name.is_empty() || name.contains(' ') {
+                continue;
+            }
+            assert!(
+                SOURCES.iter().any(|s| s.kernels.contains(&name)),
+                "kernel {name} is not listed in compile::SOURCES"
+            );
+        }
+    }
+}
