@@ -57,7 +57,7 @@ unsafe fn rows8<F: RowFmt, D: Dot, const NT: usize>(
     out: &Out,
 ) {
     let rb = w.cols / F::BLOCK * F::BYTES;
-    assert!(r_end <= w.rows && w.data.len() >= w.rows * rb);
+    assert!(r_end <= w.rows && w.data.len() >= w.rows * rb && 8 * rb < i32::MAX as usize);
     let base = w.data.as_ptr();
     let rows: [*const u8; 8] =
         std::array::from_fn(|i| base.wrapping_add((r0 + i).min(r_end - 1) * rb));
