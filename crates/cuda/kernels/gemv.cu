@@ -13,7 +13,11 @@
 // `dp4a` against the int8 activation, scaled per block as ggml's `vec_dot_*` do.
 //
 // Epilogues: `+bias`; `acc[r] += value` (the residual add); and for a pair segment
-// (gate, up) `out3[r] = silu(gate)·up`. Every buffer the unfused operations would
+// (gate, up) `out3[r] = silu(gate)·up`.
+//
+// Kernels: `gemv` (8 warps, 2 blocks per SM; the default), `gemv_8x3` and `gemv_4x4`
+// (other block shapes, for measurements) and `gemv_tma` (weights streamed through
+// shared memory with bulk copies; correct, slower so far — docs/benchmarks.md). Every buffer the unfused operations would
 // write is still written (h, q, k, v, gate, up), so the fused step computes the same
 // values as the op-by-op one.
 

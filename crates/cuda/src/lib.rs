@@ -13,6 +13,8 @@
 //! - [`synth`]: synthetic models of real shapes (`llama3-8b:q4_k_m` …), as GGUF files
 //!   or generated directly in GPU memory; works without CUDA.
 //! - [`bench`]: the copy-bandwidth probe and the derived decode figures.
+//! - [`parity`] and [`reference`]: CUDA-versus-CPU comparison against an f64 reference
+//!   forward pass (docs/parity.md).
 //!
 //! CUDA libraries are loaded dynamically: the crate builds and its CPU-side tests run
 //! on machines without CUDA. [`gpu_available`] tells whether a device can be opened.
