@@ -22,7 +22,7 @@ use crate::source::TensorSource;
 pub enum Preset {
     /// GLM-5.3-Flash geometry, 8 layers, 32 experts.
     Bench,
-    /// Hidden 256, 8 layers, 16 experts.
+    /// Hidden 256, 8 layers, 8 experts.
     Small,
 }
 
@@ -48,8 +48,8 @@ impl Preset {
             ),
             Preset::Small => format!(
                 r#"{{"vocab_size": {vocab}, "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256,
-                "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 16,
-                "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2, "layer_types": {layer_types}, "mlp_layer_types": {mlp},
+                "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 8,
+                "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "layer_types": {layer_types}, "mlp_layer_types": {mlp},
                 "linear_num_heads": 4, "linear_head_dim": 64, "q_lora_rank": 256, "kv_lora_rank": 256,
                 "qk_nope_head_dim": 64, "v_head_dim": 64, "index_n_heads": 16, "index_head_dim": 64,
                 "index_topk": 64, "index_kpool": 8, "swiglu_limit": 3.0, "max_position_embeddings": 4096}}"#
