@@ -77,7 +77,14 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Buf,
     );
     /// Rotates `n_head` heads of every row of `x` in place at the step's positions.
-    fn rope(&self, step: &Self::Step, rope: &Rope, n_head: usize, head_dim: usize, x: &mut Self::Buf);
+    fn rope(
+        &self,
+        step: &Self::Step,
+        rope: &Rope,
+        n_head: usize,
+        head_dim: usize,
+        x: &mut Self::Buf,
+    );
     /// Stores the step's `k`, `v` rows in layer `layer` of `kv` at the step's positions,
     /// then computes causal grouped-query attention of `q` over positions `0..=pos`
     /// (softmax scaled by `1/sqrt(head_dim)`), writing `n_head × head_dim` per row.
@@ -98,7 +105,14 @@ pub trait Backend: Send + Sync + 'static {
     /// `x += y` over `len` values.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
     /// Copies `len` values from `src[src_off..]` to `dst[dst_off..]`.
-    fn copy(&self, src: &Self::Buf, src_off: usize, dst: &mut Self::Buf, dst_off: usize, len: usize);
+    fn copy(
+        &self,
+        src: &Self::Buf,
+        src_off: usize,
+        dst: &mut Self::Buf,
+        dst_off: usize,
+        len: usize,
+    );
     /// Reads `len` values from `buf[off..]` back to the host, appending to `out`.
     fn read(&self, buf: &Self::Buf, off: usize, len: usize, out: &mut Vec<f32>);
 }

@@ -14,6 +14,9 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
+pub mod attention;
+mod ggml_math;
+
 use super::{AttnShape, Backend, Rope};
 use crate::{EngineError, Result};
 
@@ -247,59 +250,17 @@ impl Backend for CpuBackend {
         v: &Vec<f32>,
         out: &mut Vec<f32>,
     ) {
-        let hd = shape.head_dim;
         let kv_dim = kv.kv_dim;
         let n_tok = step.tokens.len();
-        let q_dim = shape.n_head * hd;
         let p0 = step.pos0;
         let (kc, vc) = (&mut kv.k[layer], &mut kv.v[layer]);
         kc[p0 * kv_dim..(p0 + n_tok) * kv_dim].convert_from_f32_slice(&k[..n_tok * kv_dim]);
         vc[p0 * kv_dim..(p0 + n_tok) * kv_dim].convert_from_f32_slice(&v[..n_tok * kv_dim]);
-        let (kc, vc) = (&*kc, &*vc);
-        let group = shape.n_head / shape.n_head_kv;
-        let scale = 1.0 / (hd as f32).sqrt();
-        out[..n_tok * q_dim]
-            .par_chunks_mut(hd)
-            .enumerate()
-            .for_each_init(
-                || (vec![0f32; hd], vec![0f32; p0 + n_tok], vec![0f32; hd]),
-                |(qh, scores, kr), (idx, o)| {
-                    let (t, h) = (idx / shape.n_head, idx % shape.n_head);
-                    let g = h / group;
-                    let n = p0 + t + 1;
-                    // The query is rounded to f16 (ggml converts it for the f16 dot).
-                    for (d, &s) in qh.iter_mut().zip(&q[t * q_dim + h * hd..][..hd]) {
-                        *d = f16::from_f32(s).to_f32();
-                    }
-                    let mut max = f32::NEG_INFINITY;
-                    for (j, s) in scores[..n].iter_mut().enumerate() {
-                        kc[j * kv_dim + g * hd..][..hd].convert_to_f32_slice(kr);
-                        *s = dot(qh, kr) * scale;
-                        max = max.max(*s);
-                    }
-                    let mut sum = 0f64;
-                    for s in scores[..n].iter_mut() {
-                        *s = (*s - max).exp();
-                        sum += *s as f64;
-                    }
-                    let inv = (1.0 / sum) as f32;
-                    o.fill(0.0);
-                    for (j, &s) in scores[..n].iter().enumerate() {
-                        // The weights are rounded to f16 for the product with f16 V.
-                        let p = f16::from_f32(s * inv).to_f32();
-                        vc[j * kv_dim + g * hd..][..hd].convert_to_f32_slice(kr);
-                        for (a, &b) in o.iter_mut().zip(kr.iter()) {
-                            *a += p * b;
-                        }
-                    }
-                },
-            );
+        attention::attention(shape, p0, n_tok, q, kc, vc, kv_dim, out);
     }
 
     fn swiglu(&self, gate: &Vec<f32>, up: &Vec<f32>, len: usize, out: &mut Vec<f32>) {
-        for ((o, &g), &u) in out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
-            *o = g / (1.0 + (-g).exp()) * u;
-        }
+        ggml_math::swiglu(&gate[..len], &up[..len], &mut out[..len]);
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
@@ -315,21 +276,4 @@ impl Backend for CpuBackend {
     fn read(&self, buf: &Vec<f32>, off: usize, len: usize, out: &mut Vec<f32>) {
         out.extend_from_slice(&buf[off..off + len]);
     }
-}
-
-/// f32 dot product with 8 independent accumulators (vectorizes to AVX2 FMA lanes).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
 }

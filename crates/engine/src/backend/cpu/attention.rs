@@ -1,0 +1,114 @@
+//! Causal grouped-query attention over the f16 KV cache, in llama.cpp's arithmetic
+//! (`llm_graph_context::build_attn_mha` with flash attention off): `kq = K·q` with the
+//! query rounded to f16, `softmax(kq · scale + mask)`, the weights rounded to f16,
+//! `out = V·p`. ggml computes both products with `tinyBLAS` when the step has at least
+//! two tokens and with `ggml_vec_dot_f16` for a single token; the two accumulate in
+//! different orders ([`ggml_math::dot_f16_tiny`], [`ggml_math::dot_f16_vec`]) and we
+//! follow whichever ggml would use, so prefill and decode both match it.
+//!
+//! Shapes: `q` is `n_tok × n_head·head_dim`; the cache holds `n_ctx × n_head_kv·head_dim`
+//! f16 values per layer for K and for V; `out` is `n_tok × n_head·head_dim`.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+use super::ggml_math::{LANES, dot_f16_tiny, dot_f16_vec, reduce_add_16, softmax};
+use crate::backend::AttnShape;
+
+/// ggml pads the KV length of the attention products; padding with zero weights does
+/// not change any sum, so a multiple of the 64-element step is enough here.
+const KV_PAD: usize = 64;
+
+/// Attention of `n_tok` query rows at positions `p0..p0 + n_tok` over cache rows
+/// `0..=p0 + t` (row `t` sees its own position and earlier ones).
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    shape: &AttnShape,
+    p0: usize,
+    n_tok: usize,
+    q: &[f32],
+    kc: &[f16],
+    vc: &[f16],
+    kv_dim: usize,
+    out: &mut [f32],
+) {
+    let hd = shape.head_dim;
+    let q_dim = shape.n_head * hd;
+    let group = shape.n_head / shape.n_head_kv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let tiny = n_tok >= 2;
+    let len_max = (p0 + n_tok).next_multiple_of(KV_PAD);
+    out[..n_tok * q_dim].par_chunks_mut(hd).enumerate().for_each_init(
+        || Scratch::new(hd, len_max),
+        |s, (idx, o)| {
+            let (t, h) = (idx / shape.n_head, idx % shape.n_head);
+            let g = h / group;
+            let n = p0 + t + 1;
+            let len = n.next_multiple_of(KV_PAD);
+            // The query is converted to f16 for the f16 product.
+            for (d, &x) in s.q.iter_mut().zip(&q[t * q_dim + h * hd..][..hd]) {
+                *d = f16::from_f32(x).to_f32();
+            }
+            let scores = &mut s.scores[..len];
+            for (j, sc) in scores[..n].iter_mut().enumerate() {
+                kc[j * kv_dim + g * hd..][..hd].convert_to_f32_slice(&mut s.row);
+                let kq = if tiny { dot_f16_tiny(&s.row, &s.q) } else { dot_f16_vec(&s.row, &s.q) };
+                *sc = kq * scale;
+            }
+            scores[n..].fill(f32::NEG_INFINITY);
+            softmax(scores);
+            weighted_sum(s, vc, kv_dim, g * hd, n, tiny, o);
+        },
+    );
+}
+
+/// Per-task buffers.
+struct Scratch {
+    q: Vec<f32>,
+    row: Vec<f32>,
+    scores: Vec<f32>,
+    /// Accumulators `[group][lane][head_dim]` of the `V·p` product.
+    acc: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(hd: usize, len: usize) -> Self {
+        Scratch { q: vec![0.0; hd], row: vec![0.0; hd], scores: vec![0.0; len], acc: vec![0.0; 4 * LANES * hd] }
+    }
+}
+
+/// `o[d] = Σ_j f16(p_j) · V[j][off + d]` for `j < n`, accumulated per output element in
+/// the order of the dot ggml uses (`tinyBLAS`: one 16-lane accumulator; vec_dot: four
+/// of them over 64-element steps). Vectorised across `d`.
+fn weighted_sum(s: &mut Scratch, vc: &[f16], kv_dim: usize, off: usize, n: usize, tiny: bool, o: &mut [f32]) {
+    let hd = o.len();
+    let groups = if tiny { 1 } else { 4 };
+    let acc = &mut s.acc[..groups * LANES * hd];
+    acc.fill(0.0);
+    for j in 0..n {
+        let p = f16::from_f32(s.scores[j]).to_f32();
+        if p == 0.0 {
+            // Exact zeros add nothing to any lane (every term is finite).
+            continue;
+        }
+        vc[j * kv_dim + off..][..hd].convert_to_f32_slice(&mut s.row);
+        let g = if tiny { 0 } else { (j / LANES) % 4 };
+        let a = &mut acc[(g * LANES + j % LANES) * hd..][..hd];
+        for (x, &v) in a.iter_mut().zip(&s.row) {
+            *x = v.mul_add(p, *x);
+        }
+    }
+    let mut lanes = [0f32; LANES];
+    for (d, od) in o.iter_mut().enumerate() {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            *lane = if tiny {
+                acc[l * hd + d]
+            } else {
+                let at = |g: usize| acc[(g * LANES + l) * hd + d];
+                (at(0) + at(2)) + (at(1) + at(3))
+            };
+        }
+        *od = reduce_add_16(&lanes);
+    }
+}
