@@ -1,7 +1,9 @@
 //! Matrix products at the shapes of the two reference models (SmolLM2-135M Q4_1 and
 //! Qwen2.5-0.5B Q4_K_M): decode (1 token, throughput in weight bytes/s) and prefill
-//! (512 tokens, throughput in FLOP/s, 2 per multiply-add), on rayon's global pool
-//! (`RAYON_NUM_THREADS` sets its size) and single-threaded.
+//! (512 tokens, throughput in FLOP/s, 2 per multiply-add, shown as "elem/s"), on rayon's
+//! global pool (`RAYON_NUM_THREADS` sets its size) and single-threaded; and the
+//! activation quantization of a 512-token prefill (activations/s). Decode benchmarks
+//! reuse one matrix, which stays in cache for all but the output projections.
 //!
 //! `cargo bench -p ds4-quant --bench matmul [-- FILTER]`
 
@@ -85,6 +87,7 @@ fn bench(c: &mut Criterion) {
                 b.iter(|| matmul(&w, black_box(&xn), &mut out))
             });
             let xs = values(cols * n, 5);
+            g.throughput(Throughput::Elements((cols * n) as u64));
             g.bench_function(BenchmarkId::new("quantize_acts512", "pool"), |b| {
                 b.iter(|| QuantizedActs::new(vec_dot_type(ty), black_box(&xs), n, cols))
             });
