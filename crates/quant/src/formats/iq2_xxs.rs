@@ -9,11 +9,14 @@
 //! with Q8_K activations.
 //!
 //! Quantization: ggml only quantizes IQ2_XXS with an importance matrix. Ours needs none:
-//! it weighs errors by `x²` (magnitude weighting) and searches the codebook exactly for
-//! each candidate scale. It is not bit-identical to ggml's, but its blocks are valid and
-//! decode with the format's own rule.
+//! it weighs errors by `x²` (magnitude weighting). Per 32 weights it flips the least
+//! important sign if the count of negatives is odd, scans 13 scales (codebook points
+//! taken from the nearest neighbours of the rounded level pattern, as ggml's search
+//! does), refits the scale by least squares, then quantizes the scale to 4 bits and
+//! picks the final points by an exact search of the codebook. It is not bit-identical
+//! to ggml's quantizer, but its blocks are valid and decode with the format's own rule
+//! (about 0.25 µs per weight on one core).
 
-use super::Unpacked;
 use super::iq2_grid::IQ2XXS_GRID;
 use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, rd_f16, rd_u32, wr_u16};
