@@ -17,6 +17,7 @@
 //! to ggml's quantizer, but its blocks are valid and decode with the format's own rule
 //! (about 0.25 µs per weight on one core).
 
+use super::Unpacked;
 use super::iq2_grid::IQ2XXS_GRID;
 use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, rd_f16, rd_u32, wr_u16};
