@@ -3,10 +3,12 @@
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use ds4_cuda::CudaBackend;
 use ds4_engine::LoadedModel;
 use ds4_engine::generate::GenerateStats;
 use ds4_engine::sampler::SamplerParams;
@@ -24,6 +26,23 @@ pub struct ModelArgs {
     /// CPU threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
+    /// Where the model runs.
+    #[arg(long = "backend", value_enum, default_value_t = BackendKind::Cpu)]
+    pub backend: BackendKind,
+}
+
+/// The backends a model can run on.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Cpu,
+    /// NVIDIA GPU 0 (kernels compiled at run time with NVRTC).
+    Cuda,
+}
+
+/// A loaded model and, on CUDA, the backend (for its statistics).
+pub struct Loaded {
+    pub lm: LoadedModel,
+    pub cuda: Option<Arc<CudaBackend>>,
 }
 
 /// Sampling flags, with ds4's defaults (temperature 1, top-p 1, min-p 0.05, top-k off).
@@ -106,16 +125,36 @@ pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
 
 /// Loads the model named by `args`, with a spinner on a terminal.
 pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
+    Ok(load_on(args)?.lm)
+}
+
+/// Loads the model named by `args` on the chosen backend.
+pub fn load_on(args: &ModelArgs) -> Result<Loaded> {
     init_threads(args.threads)?;
-    let path = model_path(args)?;
-    let bar = spinner(&format!("loading {}", path.display()));
-    let loaded = LoadedModel::open(&path).with_context(|| format!("loading {}", path.display()));
-    bar.finish_and_clear();
-    let loaded = loaded?;
     if args.ctx == 0 {
         bail!("--ctx must be at least 1");
     }
-    Ok(loaded)
+    let path = model_path(args)?;
+    let cuda = match args.backend {
+        BackendKind::Cpu => None,
+        BackendKind::Cuda => Some(cuda_backend()?),
+    };
+    let bar = spinner(&format!("loading {}", path.display()));
+    let lm = match &cuda {
+        None => LoadedModel::open(&path),
+        Some(b) => LoadedModel::open_with(&path, |f, p| ds4_cuda::load_model(b.clone(), f, p)),
+    };
+    bar.finish_and_clear();
+    let lm = lm.with_context(|| format!("loading {}", path.display()))?;
+    Ok(Loaded { lm, cuda })
+}
+
+/// Opens CUDA device 0, with a clear message when there is none.
+pub fn cuda_backend() -> Result<Arc<CudaBackend>> {
+    if let Err(why) = ds4_cuda::gpu_available() {
+        bail!("--backend cuda: no usable GPU ({why})");
+    }
+    Ok(Arc::new(CudaBackend::new(0).context("opening CUDA device 0")?))
 }
 
 fn spinner(msg: &str) -> ProgressBar {

@@ -16,15 +16,23 @@ pub enum EngineError {
     #[error("tensor '{0}' is missing")]
     MissingTensor(String),
     #[error("tensor '{name}' has shape {got:?}, expected {expected:?}")]
-    TensorShape { name: String, got: Vec<u64>, expected: Vec<u64> },
+    TensorShape {
+        name: String,
+        got: Vec<u64>,
+        expected: Vec<u64>,
+    },
     #[error("tensor '{name}' has type {ty}, which this backend does not support")]
     UnsupportedTensorType { name: String, ty: GgmlType },
-    #[error("the prompt needs {needed} tokens but the context holds {n_ctx} (raise --ctx or shorten the prompt)")]
+    #[error(
+        "the prompt needs {needed} tokens but the context holds {n_ctx} (raise --ctx or shorten the prompt)"
+    )]
     ContextFull { needed: usize, n_ctx: usize },
     #[error("token id {id} is outside the vocabulary (n_vocab = {n_vocab})")]
     BadToken { id: u32, n_vocab: usize },
     #[error("cannot rewind to {target} tokens: {reason}")]
     Rewind { target: usize, reason: String },
+    #[error("backend error: {0}")]
+    Backend(String),
     #[error("invalid model configuration: {0}")]
     Config(String),
 }

@@ -31,20 +31,28 @@ impl LoadedModel {
     /// Opens `path`, loads the model on the CPU backend and builds the tokenizer and
     /// chat template.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, crate::loader::load_model)
+    }
+
+    /// Like [`LoadedModel::open`] with the model loaded by `load` (another backend).
+    pub fn open_with(
+        path: &Path,
+        load: impl FnOnce(&Arc<GgufFile>, &Path) -> Result<Arc<dyn Model>>,
+    ) -> Result<Self> {
         let gguf = Arc::new(GgufFile::open(path)?);
+        let model = load(&gguf, path)?;
+        Self::from_parts(path, gguf, model)
+    }
+
+    /// Builds the tokenizer and chat template of `gguf` around an already loaded model
+    /// (e.g. a synthetic one whose weights never existed as a file).
+    pub fn from_parts(path: &Path, gguf: Arc<GgufFile>, model: Arc<dyn Model>) -> Result<Self> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
         let template = match ChatTemplate::from_gguf(&gguf)? {
             Some(t) => t,
             None => ChatTemplate::new(CHATML, "", "")?,
         };
-        let model = crate::loader::load_model(&gguf, path)?;
-        Ok(LoadedModel {
-            path: path.to_path_buf(),
-            gguf,
-            model,
-            tokenizer,
-            template: Arc::new(template),
-        })
+        Ok(LoadedModel { path: path.to_path_buf(), gguf, model, tokenizer, template: Arc::new(template) })
     }
 
     /// Renders `messages` with the chat template and tokenizes the text (special-token
