@@ -51,7 +51,10 @@ impl ServeArgs {
         ServerConfig {
             host: self.host.clone(),
             port: self.port,
-            api_key: self.api_key.clone().or_else(|| std::env::var(API_KEY_ENV).ok().filter(|k| !k.is_empty())),
+            api_key: self
+                .api_key
+                .clone()
+                .or_else(|| std::env::var(API_KEY_ENV).ok().filter(|k| !k.is_empty())),
             cors: self.cors,
             any_model: self.any_model,
             queue: self.queue,

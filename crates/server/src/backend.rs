@@ -31,7 +31,11 @@ pub struct ChatTurn {
 impl ChatTurn {
     /// A turn with only a role and text.
     pub fn text(role: &str, content: &str) -> Self {
-        ChatTurn { role: role.into(), content: Some(content.into()), ..Default::default() }
+        ChatTurn {
+            role: role.into(),
+            content: Some(content.into()),
+            ..Default::default()
+        }
     }
 }
 
@@ -64,7 +68,9 @@ pub enum BackendError {
     #[error("the chat template failed to render the messages: {0}")]
     Template(String),
     /// The prompt does not fit the context.
-    #[error("the prompt needs {needed} tokens but the context holds {n_ctx}; shorten the conversation or restart the server with a larger --ctx")]
+    #[error(
+        "the prompt needs {needed} tokens but the context holds {n_ctx}; shorten the conversation or restart the server with a larger --ctx"
+    )]
     ContextFull { needed: usize, n_ctx: usize },
     /// The caller's cancel check fired.
     #[error("cancelled")]
@@ -116,7 +122,12 @@ pub struct SamplerSettings {
 
 impl SamplerSettings {
     /// ds4's defaults: temperature 1, top-p 1, min-p 0.05, top-k off.
-    pub const DS4_DEFAULT: Self = SamplerSettings { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.05 };
+    pub const DS4_DEFAULT: Self = SamplerSettings {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.05,
+    };
 }
 
 /// Settings of one generation.
@@ -186,7 +197,11 @@ pub trait Engine: Send + 'static {
     /// reusing the longest common prefix. `cancel` is polled between prefill chunks;
     /// when it returns true the sync stops with [`BackendError::Cancelled`], leaving
     /// the session holding a prefix of `prompt`.
-    fn sync(&mut self, prompt: &[u32], cancel: &dyn Fn() -> bool) -> Result<SyncOutcome, BackendError>;
+    fn sync(
+        &mut self,
+        prompt: &[u32],
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<SyncOutcome, BackendError>;
     /// Generates after `prompt` (which [`Engine::sync`] has just brought in). Every
     /// sampled token goes to `on_token`, which may break. The last sampled token is not
     /// evaluated: afterwards the session holds `prompt` plus every sampled token but
@@ -198,3 +213,6 @@ pub trait Engine: Send + 'static {
         on_token: &mut dyn FnMut(Sampled) -> ControlFlow<()>,
     ) -> Result<GenOutcome, BackendError>;
 }
+
+/// A model as the server drives it: the shared text side and the session.
+pub type ModelParts = (std::sync::Arc<dyn Vocab>, Box<dyn Engine>);

@@ -18,12 +18,13 @@ use ds4_engine::logprobs::{logprob, top_logprobs};
 use ds4_engine::sampler::{Rng, SamplerParams, sample};
 use ds4_engine::session::PREFILL_CHUNK;
 use ds4_engine::{EngineError, LoadedModel, Session};
-use ds4_tokenizer::{ChatMessage, RenderOptions, ToolCall, Tokenizer};
+use ds4_tokenizer::{ChatMessage, RenderOptions, Tokenizer, ToolCall};
 use serde_json::Value;
 
 use crate::args::ServeArgs;
 use crate::backend::{
-    BackendError, Engine, GenOutcome, GenSettings, GenStop, RenderRequest, Sampled, SamplerSettings, SyncOutcome, Vocab,
+    BackendError, Engine, GenOutcome, GenSettings, GenStop, ModelParts, RenderRequest, Sampled,
+    SamplerSettings, SyncOutcome, Vocab,
 };
 
 /// A loaded model's text side.
@@ -36,9 +37,16 @@ pub struct EngineVocab {
 impl EngineVocab {
     /// The id is the GGUF file's stem; `general.name` is an alias.
     pub fn new(lm: Arc<LoadedModel>) -> Self {
-        let id = lm.path.file_stem().map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned());
+        let id = lm
+            .path
+            .file_stem()
+            .map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned());
         let name = lm.model.info().name.clone();
-        let aliases = if name.is_empty() || name == id { Vec::new() } else { vec![name] };
+        let aliases = if name.is_empty() || name == id {
+            Vec::new()
+        } else {
+            vec![name]
+        };
         EngineVocab { lm, id, aliases }
     }
 }
@@ -101,11 +109,18 @@ impl Vocab for EngineVocab {
         if let Some(b) = req.vars.get("enable_thinking").and_then(Value::as_bool) {
             opts.enable_thinking = b;
         }
-        self.lm.template.render(&messages, &opts).map_err(|e| BackendError::Template(e.to_string()))
+        self.lm
+            .template
+            .render(&messages, &opts)
+            .map_err(|e| BackendError::Template(e.to_string()))
     }
 
     fn tokenize(&self, text: &str, add_bos: bool) -> Vec<u32> {
-        if add_bos { self.lm.tokenize_rendered(text) } else { self.lm.tokenizer.encode(text, false, true) }
+        if add_bos {
+            self.lm.tokenize_rendered(text)
+        } else {
+            self.lm.tokenizer.encode(text, false, true)
+        }
     }
 
     fn piece(&self, id: u32, render_special: bool) -> Vec<u8> {
@@ -131,7 +146,12 @@ fn engine_error(e: EngineError) -> BackendError {
 }
 
 fn sampler_params(s: &SamplerSettings) -> SamplerParams {
-    SamplerParams { temperature: s.temperature, top_k: s.top_k, top_p: s.top_p, min_p: s.min_p }
+    SamplerParams {
+        temperature: s.temperature,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        min_p: s.min_p,
+    }
 }
 
 fn gen_stop(s: StopReason) -> GenStop {
@@ -154,12 +174,21 @@ impl Engine for EngineSession {
 
     /// `Session::sync` in steps of [`PREFILL_CHUNK`] tokens (the chunks one `sync`
     /// call would evaluate), polling `cancel` between them.
-    fn sync(&mut self, prompt: &[u32], cancel: &dyn Fn() -> bool) -> Result<SyncOutcome, BackendError> {
+    fn sync(
+        &mut self,
+        prompt: &[u32],
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<SyncOutcome, BackendError> {
         if prompt.len() > self.session.n_ctx() {
-            return Err(BackendError::ContextFull { needed: prompt.len(), n_ctx: self.session.n_ctx() });
+            return Err(BackendError::ContextFull {
+                needed: prompt.len(),
+                n_ctx: self.session.n_ctx(),
+            });
         }
         let mut keep = self.session.common_prefix(prompt);
-        if keep == prompt.len() && (keep < self.session.tokens().len() || self.session.logits().is_none()) {
+        if keep == prompt.len()
+            && (keep < self.session.tokens().len() || self.session.logits().is_none())
+        {
             keep = keep.saturating_sub(1);
         }
         let t0 = Instant::now();
@@ -170,13 +199,25 @@ impl Engine for EngineSession {
                 return Err(BackendError::Cancelled);
             }
             end += PREFILL_CHUNK;
-            evaluated += self.session.sync(&prompt[..end], &mut |_, _| {}).map_err(engine_error)?.evaluated;
+            evaluated += self
+                .session
+                .sync(&prompt[..end], &mut |_, _| {})
+                .map_err(engine_error)?
+                .evaluated;
         }
         if cancel() {
             return Err(BackendError::Cancelled);
         }
-        evaluated += self.session.sync(prompt, &mut |_, _| {}).map_err(engine_error)?.evaluated;
-        Ok(SyncOutcome { reused: keep, evaluated, time: (evaluated > 0).then(|| t0.elapsed()) })
+        evaluated += self
+            .session
+            .sync(prompt, &mut |_, _| {})
+            .map_err(engine_error)?
+            .evaluated;
+        Ok(SyncOutcome {
+            reused: keep,
+            evaluated,
+            time: (evaluated > 0).then(|| t0.elapsed()),
+        })
     }
 
     fn generate(
@@ -185,26 +226,54 @@ impl Engine for EngineSession {
         settings: &GenSettings,
         on_token: &mut dyn FnMut(Sampled) -> ControlFlow<()>,
     ) -> Result<GenOutcome, BackendError> {
-        let params = GenerateParams { max_tokens: settings.max_tokens, sampler: sampler_params(&settings.sampler), seed: settings.seed };
+        let params = GenerateParams {
+            max_tokens: settings.max_tokens,
+            sampler: sampler_params(&settings.sampler),
+            seed: settings.seed,
+        };
         let tok = self.tokenizer.clone();
         let Some(k) = settings.top_logprobs else {
-            let stats = generate(&mut self.session, prompt, &params, &|t| tok.is_eog(t), &mut |_, _| {}, &mut |id| {
-                on_token(Sampled { id, logprob: None, top: Vec::new() })
-            })
+            let stats = generate(
+                &mut self.session,
+                prompt,
+                &params,
+                &|t| tok.is_eog(t),
+                &mut |_, _| {},
+                &mut |id| {
+                    on_token(Sampled {
+                        id,
+                        logprob: None,
+                        top: Vec::new(),
+                    })
+                },
+            )
             .map_err(engine_error)?;
-            return Ok(GenOutcome { generated: stats.generated_tokens, decode_time: stats.decode_time, stop: gen_stop(stats.stop) });
+            return Ok(GenOutcome {
+                generated: stats.generated_tokens,
+                decode_time: stats.decode_time,
+                stop: gen_stop(stats.stop),
+            });
         };
         // The loop of `generate`, reading each step's logits for log-probabilities.
-        self.session.sync(prompt, &mut |_, _| {}).map_err(engine_error)?;
+        self.session
+            .sync(prompt, &mut |_, _| {})
+            .map_err(engine_error)?;
         let mut rng = Rng(params.seed);
         let mut generated = 0;
         let mut stop = GenStop::Length;
         let mut t_first = None;
         let mut decode_time = None;
         while generated < params.max_tokens {
-            let logits = self.session.logits().ok_or_else(|| BackendError::Engine("no logits after sync".into()))?;
+            let logits = self
+                .session
+                .logits()
+                .ok_or_else(|| BackendError::Engine("no logits after sync".into()))?;
             let id = sample(logits, &params.sampler, &mut rng);
-            let sampled = Sampled { id, logprob: Some(logprob(logits, id)), top: top_logprobs(logits, k) };
+            let sampled = Sampled {
+                id,
+                logprob: Some(logprob(logits, id)),
+                top: top_logprobs(logits, k),
+            };
             generated += 1;
             let t = *t_first.get_or_insert_with(Instant::now);
             if generated > 1 {
@@ -227,12 +296,16 @@ impl Engine for EngineSession {
             }
             self.session.decode(id).map_err(engine_error)?;
         }
-        Ok(GenOutcome { generated, decode_time, stop })
+        Ok(GenOutcome {
+            generated,
+            decode_time,
+            stop,
+        })
     }
 }
 
 /// The worker's view of a loaded model with a session of `n_ctx` tokens.
-pub fn engine_model(model: LoadedModel, n_ctx: usize) -> Result<(Arc<dyn Vocab>, Box<dyn Engine>), BackendError> {
+pub fn engine_model(model: LoadedModel, n_ctx: usize) -> Result<ModelParts, BackendError> {
     let session = Session::new(model.model.clone(), n_ctx).map_err(engine_error)?;
     let tokenizer = model.tokenizer.clone();
     let vocab: Arc<dyn Vocab> = Arc::new(EngineVocab::new(Arc::new(model)));

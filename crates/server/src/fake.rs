@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{
-    BackendError, ChatTurn, Engine, GenOutcome, GenSettings, GenStop, RenderRequest, Sampled, SyncOutcome, Vocab,
+    BackendError, ChatTurn, Engine, GenOutcome, GenSettings, GenStop, ModelParts, RenderRequest,
+    Sampled, SyncOutcome, Vocab,
 };
 
 /// `<|im_start|>`.
@@ -72,7 +73,11 @@ fn render_turn(out: &mut String, m: &ChatTurn, supports_tools: bool) -> Result<(
     let content = match (&m.content, supports_tools) {
         (Some(c), _) => c.as_str(),
         (None, true) => "",
-        (None, false) => return Err(BackendError::Template("can only concatenate str (not \"NoneType\") to str".into())),
+        (None, false) => {
+            return Err(BackendError::Template(
+                "can only concatenate str (not \"NoneType\") to str".into(),
+            ));
+        }
     };
     // Like Qwen 2.5's template: a turn with tool calls writes its content (if any) and
     // each call on a new line after the role.
@@ -170,12 +175,18 @@ impl Vocab for FakeVocab {
             0..=255 => vec![id as u8],
             IM_START | IM_END => {
                 if render_special {
-                    SPECIALS.iter().find(|s| s.1 == id).map(|s| s.0.as_bytes().to_vec()).unwrap_or_default()
+                    SPECIALS
+                        .iter()
+                        .find(|s| s.1 == id)
+                        .map(|s| s.0.as_bytes().to_vec())
+                        .unwrap_or_default()
                 } else {
                     Vec::new()
                 }
             }
-            300.. if ((id - 300) as usize) < MERGES.len() => MERGES[(id - 300) as usize].as_bytes().to_vec(),
+            300.. if ((id - 300) as usize) < MERGES.len() => {
+                MERGES[(id - 300) as usize].as_bytes().to_vec()
+            }
             _ => Vec::new(),
         }
     }
@@ -195,13 +206,21 @@ pub struct FakeEngine {
 
 impl FakeEngine {
     pub fn new(config: FakeConfig) -> Self {
-        FakeEngine { vocab: FakeVocab::new(config.clone()), config, tokens: Vec::new(), logits_known: false }
+        FakeEngine {
+            vocab: FakeVocab::new(config.clone()),
+            config,
+            tokens: Vec::new(),
+            logits_known: false,
+        }
     }
 }
 
 /// A fake model: the shared vocabulary and the engine.
-pub fn fake_model(config: FakeConfig) -> (Arc<dyn Vocab>, Box<dyn Engine>) {
-    (Arc::new(FakeVocab::new(config.clone())), Box::new(FakeEngine::new(config)))
+pub fn fake_model(config: FakeConfig) -> ModelParts {
+    (
+        Arc::new(FakeVocab::new(config.clone())),
+        Box::new(FakeEngine::new(config)),
+    )
 }
 
 impl Engine for FakeEngine {
@@ -213,11 +232,23 @@ impl Engine for FakeEngine {
         &self.tokens
     }
 
-    fn sync(&mut self, prompt: &[u32], cancel: &dyn Fn() -> bool) -> Result<SyncOutcome, BackendError> {
+    fn sync(
+        &mut self,
+        prompt: &[u32],
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<SyncOutcome, BackendError> {
         if prompt.len() > self.config.n_ctx {
-            return Err(BackendError::ContextFull { needed: prompt.len(), n_ctx: self.config.n_ctx });
+            return Err(BackendError::ContextFull {
+                needed: prompt.len(),
+                n_ctx: self.config.n_ctx,
+            });
         }
-        let mut keep = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let mut keep = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
         if keep == prompt.len() && (keep < self.tokens.len() || !self.logits_known) {
             keep = keep.saturating_sub(1);
         }
@@ -233,7 +264,11 @@ impl Engine for FakeEngine {
         }
         self.logits_known = true;
         let evaluated = prompt.len() - keep;
-        Ok(SyncOutcome { reused: keep, evaluated, time: (evaluated > 0).then(|| t0.elapsed()) })
+        Ok(SyncOutcome {
+            reused: keep,
+            evaluated,
+            time: (evaluated > 0).then(|| t0.elapsed()),
+        })
     }
 
     fn generate(
@@ -243,7 +278,10 @@ impl Engine for FakeEngine {
         on_token: &mut dyn FnMut(Sampled) -> ControlFlow<()>,
     ) -> Result<GenOutcome, BackendError> {
         self.sync(prompt, &|| false)?;
-        let text: Vec<u8> = prompt.iter().flat_map(|&t| self.vocab.piece(t, true)).collect();
+        let text: Vec<u8> = prompt
+            .iter()
+            .flat_map(|&t| self.vocab.piece(t, true))
+            .collect();
         let reply = (self.config.responder)(&String::from_utf8_lossy(&text));
         let script: Vec<u32> = reply.bytes().map(u32::from).chain([IM_END]).collect();
         let mut generated = 0;
@@ -255,7 +293,13 @@ impl Engine for FakeEngine {
             }
             generated += 1;
             let (logprob, top) = match settings.top_logprobs {
-                Some(k) => (Some(-0.25), [(id, -0.25), (u32::from(b'?'), -2.0)].into_iter().take(k).collect()),
+                Some(k) => (
+                    Some(-0.25),
+                    [(id, -0.25), (u32::from(b'?'), -2.0)]
+                        .into_iter()
+                        .take(k)
+                        .collect(),
+                ),
                 None => (None, Vec::new()),
             };
             if on_token(Sampled { id, logprob, top }).is_break() {
@@ -277,6 +321,10 @@ impl Engine for FakeEngine {
             self.tokens.push(id);
         }
         let decode_time = (generated > 1).then(|| t0.elapsed());
-        Ok(GenOutcome { generated, decode_time, stop })
+        Ok(GenOutcome {
+            generated,
+            decode_time,
+            stop,
+        })
     }
 }

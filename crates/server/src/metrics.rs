@@ -57,7 +57,9 @@ impl Metrics {
 
     /// One finished HTTP request.
     pub fn record_request(&self, endpoint: &str, status: u16) {
-        *lock(&self.requests).entry((endpoint.to_string(), status)).or_insert(0) += 1;
+        *lock(&self.requests)
+            .entry((endpoint.to_string(), status))
+            .or_insert(0) += 1;
     }
 
     /// A request refused because the queue was full.
@@ -72,24 +74,37 @@ impl Metrics {
 
     /// A prompt brought into the session: its size, tokens reused, tokens evaluated and
     /// the evaluation time.
-    pub fn record_prefill(&self, prompt: usize, cached: usize, evaluated: usize, time: Option<Duration>) {
-        self.prompt_tokens.fetch_add(prompt as u64, Ordering::Relaxed);
-        self.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
-        self.prefill_tokens.fetch_add(evaluated as u64, Ordering::Relaxed);
+    pub fn record_prefill(
+        &self,
+        prompt: usize,
+        cached: usize,
+        evaluated: usize,
+        time: Option<Duration>,
+    ) {
+        self.prompt_tokens
+            .fetch_add(prompt as u64, Ordering::Relaxed);
+        self.cached_tokens
+            .fetch_add(cached as u64, Ordering::Relaxed);
+        self.prefill_tokens
+            .fetch_add(evaluated as u64, Ordering::Relaxed);
         if let Some(t) = time {
-            self.prefill_us.fetch_add(t.as_micros() as u64, Ordering::Relaxed);
+            self.prefill_us
+                .fetch_add(t.as_micros() as u64, Ordering::Relaxed);
             if t.as_secs_f64() > 0.0 {
                 let tps = evaluated as f64 / t.as_secs_f64();
-                self.last_prefill_tps.store(tps.to_bits(), Ordering::Relaxed);
+                self.last_prefill_tps
+                    .store(tps.to_bits(), Ordering::Relaxed);
             }
         }
     }
 
     /// Tokens generated and the decode time (first to last sampled token).
     pub fn record_decode(&self, generated: usize, time: Option<Duration>) {
-        self.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
+        self.generated_tokens
+            .fetch_add(generated as u64, Ordering::Relaxed);
         if let Some(t) = time {
-            self.decode_us.fetch_add(t.as_micros() as u64, Ordering::Relaxed);
+            self.decode_us
+                .fetch_add(t.as_micros() as u64, Ordering::Relaxed);
             if t.as_secs_f64() > 0.0 && generated > 1 {
                 let tps = (generated - 1) as f64 / t.as_secs_f64();
                 self.last_decode_tps.store(tps.to_bits(), Ordering::Relaxed);
@@ -112,7 +127,10 @@ impl Metrics {
 
     /// Total prompt tokens and cached prompt tokens so far.
     pub fn prompt_totals(&self) -> (u64, u64) {
-        (self.prompt_tokens.load(Ordering::Relaxed), self.cached_tokens.load(Ordering::Relaxed))
+        (
+            self.prompt_tokens.load(Ordering::Relaxed),
+            self.cached_tokens.load(Ordering::Relaxed),
+        )
     }
 
     /// The exposition text.
@@ -124,32 +142,119 @@ impl Metrics {
         let gauge = |s: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
-        let _ = writeln!(s, "# HELP ds4_requests_total HTTP requests by endpoint and status.\n# TYPE ds4_requests_total counter");
+        let _ = writeln!(
+            s,
+            "# HELP ds4_requests_total HTTP requests by endpoint and status.\n# TYPE ds4_requests_total counter"
+        );
         for ((endpoint, status), n) in lock(&self.requests).iter() {
-            let _ = writeln!(s, "ds4_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}");
+            let _ = writeln!(
+                s,
+                "ds4_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
+            );
         }
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-        counter(&mut s, "ds4_rejected_requests_total", "Requests refused because the queue was full.", load(&self.rejected));
-        counter(&mut s, "ds4_cancelled_generations_total", "Generations cancelled by a disconnect or shutdown.", load(&self.cancelled));
-        counter(&mut s, "ds4_prompt_tokens_total", "Prompt tokens of all requests.", load(&self.prompt_tokens));
-        counter(&mut s, "ds4_cached_prompt_tokens_total", "Prompt tokens reused from the live session (not evaluated).", load(&self.cached_tokens));
-        counter(&mut s, "ds4_prefill_tokens_total", "Prompt tokens evaluated.", load(&self.prefill_tokens));
-        counter(&mut s, "ds4_generated_tokens_total", "Tokens generated.", load(&self.generated_tokens));
-        counter(&mut s, "ds4_prefill_seconds_total", "Time spent evaluating prompt tokens.", load(&self.prefill_us) / 1e6);
-        counter(&mut s, "ds4_decode_seconds_total", "Time spent generating (first to last token of each request).", load(&self.decode_us) / 1e6);
+        counter(
+            &mut s,
+            "ds4_rejected_requests_total",
+            "Requests refused because the queue was full.",
+            load(&self.rejected),
+        );
+        counter(
+            &mut s,
+            "ds4_cancelled_generations_total",
+            "Generations cancelled by a disconnect or shutdown.",
+            load(&self.cancelled),
+        );
+        counter(
+            &mut s,
+            "ds4_prompt_tokens_total",
+            "Prompt tokens of all requests.",
+            load(&self.prompt_tokens),
+        );
+        counter(
+            &mut s,
+            "ds4_cached_prompt_tokens_total",
+            "Prompt tokens reused from the live session (not evaluated).",
+            load(&self.cached_tokens),
+        );
+        counter(
+            &mut s,
+            "ds4_prefill_tokens_total",
+            "Prompt tokens evaluated.",
+            load(&self.prefill_tokens),
+        );
+        counter(
+            &mut s,
+            "ds4_generated_tokens_total",
+            "Tokens generated.",
+            load(&self.generated_tokens),
+        );
+        counter(
+            &mut s,
+            "ds4_prefill_seconds_total",
+            "Time spent evaluating prompt tokens.",
+            load(&self.prefill_us) / 1e6,
+        );
+        counter(
+            &mut s,
+            "ds4_decode_seconds_total",
+            "Time spent generating (first to last token of each request).",
+            load(&self.decode_us) / 1e6,
+        );
         let f = |a: &AtomicU64| f64::from_bits(a.load(Ordering::Relaxed));
-        gauge(&mut s, "ds4_prefill_tokens_per_second", "Prefill speed of the last request that evaluated prompt tokens.", f(&self.last_prefill_tps));
-        gauge(&mut s, "ds4_decode_tokens_per_second", "Decode speed of the last request that generated two or more tokens.", f(&self.last_decode_tps));
-        gauge(&mut s, "ds4_queue_depth", "Requests waiting for the engine.", g.queue_depth as f64);
-        gauge(&mut s, "ds4_engine_busy", "1 while the engine runs a request.", if g.busy { 1.0 } else { 0.0 });
-        gauge(&mut s, "ds4_session_tokens", "Tokens held by the live session.", g.session_tokens as f64);
-        gauge(&mut s, "ds4_context_size", "Context size in tokens.", g.n_ctx as f64);
+        gauge(
+            &mut s,
+            "ds4_prefill_tokens_per_second",
+            "Prefill speed of the last request that evaluated prompt tokens.",
+            f(&self.last_prefill_tps),
+        );
+        gauge(
+            &mut s,
+            "ds4_decode_tokens_per_second",
+            "Decode speed of the last request that generated two or more tokens.",
+            f(&self.last_decode_tps),
+        );
+        gauge(
+            &mut s,
+            "ds4_queue_depth",
+            "Requests waiting for the engine.",
+            g.queue_depth as f64,
+        );
+        gauge(
+            &mut s,
+            "ds4_engine_busy",
+            "1 while the engine runs a request.",
+            if g.busy { 1.0 } else { 0.0 },
+        );
+        gauge(
+            &mut s,
+            "ds4_session_tokens",
+            "Tokens held by the live session.",
+            g.session_tokens as f64,
+        );
+        gauge(
+            &mut s,
+            "ds4_context_size",
+            "Context size in tokens.",
+            g.n_ctx as f64,
+        );
         let h = lock(&self.ttft);
-        let _ = writeln!(s, "# HELP ds4_time_to_first_token_seconds Time from queueing to the first generated token.\n# TYPE ds4_time_to_first_token_seconds histogram");
+        let _ = writeln!(
+            s,
+            "# HELP ds4_time_to_first_token_seconds Time from queueing to the first generated token.\n# TYPE ds4_time_to_first_token_seconds histogram"
+        );
         for (i, b) in TTFT_BUCKETS.iter().enumerate() {
-            let _ = writeln!(s, "ds4_time_to_first_token_seconds_bucket{{le=\"{b}\"}} {}", h.counts[i]);
+            let _ = writeln!(
+                s,
+                "ds4_time_to_first_token_seconds_bucket{{le=\"{b}\"}} {}",
+                h.counts[i]
+            );
         }
-        let _ = writeln!(s, "ds4_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {}", h.count);
+        let _ = writeln!(
+            s,
+            "ds4_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {}",
+            h.count
+        );
         let _ = writeln!(s, "ds4_time_to_first_token_seconds_sum {}", h.sum);
         let _ = writeln!(s, "ds4_time_to_first_token_seconds_count {}", h.count);
         s
@@ -167,8 +272,13 @@ mod tests {
         m.record_request("/v1/chat/completions", 200);
         m.record_prefill(100, 90, 10, Some(Duration::from_millis(100)));
         m.record_ttft(Duration::from_millis(300));
-        let text = m.render(Gauges { queue_depth: 2, ..Default::default() });
-        assert!(text.contains("ds4_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 2"));
+        let text = m.render(Gauges {
+            queue_depth: 2,
+            ..Default::default()
+        });
+        assert!(
+            text.contains("ds4_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 2")
+        );
         assert!(text.contains("ds4_cached_prompt_tokens_total 90"));
         assert!(text.contains("ds4_prefill_tokens_per_second 100"));
         assert!(text.contains("ds4_time_to_first_token_seconds_bucket{le=\"0.25\"} 0"));

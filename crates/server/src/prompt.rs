@@ -20,11 +20,20 @@ pub struct PromptPlan {
 }
 
 /// Renders and tokenizes `conv` for `vocab`.
-pub fn chat_prompt(vocab: &dyn Vocab, conv: &Conversation, tool_format: ToolFormat) -> Result<PromptPlan, ApiError> {
+pub fn chat_prompt(
+    vocab: &dyn Vocab,
+    conv: &Conversation,
+    tool_format: ToolFormat,
+) -> Result<PromptPlan, ApiError> {
     let offer_tools = !conv.tools.is_empty() && conv.tool_choice != ToolChoice::None;
     let tools: &[serde_json::Value] = if offer_tools { &conv.tools } else { &[] };
     let text = if vocab.template_supports_tools() {
-        let req = RenderRequest { messages: &conv.messages, tools, add_generation_prompt: true, vars: &conv.vars };
+        let req = RenderRequest {
+            messages: &conv.messages,
+            tools,
+            add_generation_prompt: true,
+            vars: &conv.vars,
+        };
         match vocab.render(&req) {
             Ok(t) => t,
             // Some templates fail on null content; retry with empty text.
@@ -32,20 +41,38 @@ pub fn chat_prompt(vocab: &dyn Vocab, conv: &Conversation, tool_format: ToolForm
                 let filled: Vec<ChatTurn> = conv
                     .messages
                     .iter()
-                    .map(|m| ChatTurn { content: Some(m.content.clone().unwrap_or_default()), ..m.clone() })
+                    .map(|m| ChatTurn {
+                        content: Some(m.content.clone().unwrap_or_default()),
+                        ..m.clone()
+                    })
                     .collect();
-                vocab.render(&RenderRequest { messages: &filled, ..req }).map_err(template_error)?
+                vocab
+                    .render(&RenderRequest {
+                        messages: &filled,
+                        ..req
+                    })
+                    .map_err(template_error)?
             }
             Err(e) => return Err(template_error(e)),
         }
     } else {
         let messages = inline_tools(&conv.messages, tools);
-        let req = RenderRequest { messages: &messages, tools: &[], add_generation_prompt: true, vars: &conv.vars };
+        let req = RenderRequest {
+            messages: &messages,
+            tools: &[],
+            add_generation_prompt: true,
+            vars: &conv.vars,
+        };
         vocab.render(&req).map_err(template_error)?
     };
     let tokens = vocab.tokenize(&text, true);
     let starts_in_reasoning = text.trim_end().ends_with(THINK_OPEN);
-    Ok(PromptPlan { text, tokens, starts_in_reasoning, tool_format: offer_tools.then_some(tool_format) })
+    Ok(PromptPlan {
+        text,
+        tokens,
+        starts_in_reasoning,
+        tool_format: offer_tools.then_some(tool_format),
+    })
 }
 
 fn template_error(e: BackendError) -> ApiError {

@@ -21,7 +21,10 @@ pub struct Mark {
     pub tokens: usize,
 }
 
-const ORIGIN: Mark = Mark { bytes: 0, tokens: 0 };
+const ORIGIN: Mark = Mark {
+    bytes: 0,
+    tokens: 0,
+};
 
 /// A prompt ready for the session, with the text alignment to remember after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +40,12 @@ pub struct AlignedPrompt {
 impl AlignedPrompt {
     /// A prompt given as token ids (no text to align).
     pub fn from_tokens(tokens: Vec<u32>) -> Self {
-        AlignedPrompt { tokens, spliced: 0, text: None, marks: vec![ORIGIN] }
+        AlignedPrompt {
+            tokens,
+            spliced: 0,
+            text: None,
+            marks: vec![ORIGIN],
+        }
     }
 }
 
@@ -50,7 +58,10 @@ pub struct PromptCache {
 
 impl Default for PromptCache {
     fn default() -> Self {
-        PromptCache { bytes: Vec::new(), marks: vec![ORIGIN] }
+        PromptCache {
+            bytes: Vec::new(),
+            marks: vec![ORIGIN],
+        }
     }
 }
 
@@ -83,23 +94,53 @@ impl PromptCache {
             .unwrap_or(ORIGIN);
         let canonical_reuse = common_prefix(&canonical, held);
         if best.tokens == 0 || canonical_reuse >= best.tokens {
-            let marks = vec![ORIGIN, Mark { bytes: text.len(), tokens: canonical.len() }];
-            return AlignedPrompt { tokens: canonical, spliced: 0, text: Some(text.as_bytes().to_vec()), marks };
+            let marks = vec![
+                ORIGIN,
+                Mark {
+                    bytes: text.len(),
+                    tokens: canonical.len(),
+                },
+            ];
+            return AlignedPrompt {
+                tokens: canonical,
+                spliced: 0,
+                text: Some(text.as_bytes().to_vec()),
+                marks,
+            };
         }
         let mut tokens = held[..best.tokens].to_vec();
         tokens.extend(tokenize_rest(&text[best.bytes..]));
-        let mut marks: Vec<Mark> = self.marks.iter().copied().filter(|m| m.tokens <= best.tokens && m.bytes <= best.bytes).collect();
+        let mut marks: Vec<Mark> = self
+            .marks
+            .iter()
+            .copied()
+            .filter(|m| m.tokens <= best.tokens && m.bytes <= best.bytes)
+            .collect();
         if text.len() > best.bytes {
-            marks.push(Mark { bytes: text.len(), tokens: tokens.len() });
+            marks.push(Mark {
+                bytes: text.len(),
+                tokens: tokens.len(),
+            });
         }
-        AlignedPrompt { tokens, spliced: best.tokens, text: Some(text.as_bytes().to_vec()), marks }
+        AlignedPrompt {
+            tokens,
+            spliced: best.tokens,
+            text: Some(text.as_bytes().to_vec()),
+            marks,
+        }
     }
 
     /// Remembers what the session holds after a request: the prompt, then the
     /// generated tokens whose text (`piece`, special tokens rendered) the template will
     /// write back. `held` is the session's actual frontier; marks past the point where
     /// it departs from `prompt + generated` are dropped.
-    pub fn commit(&mut self, prompt: &AlignedPrompt, generated: &[u32], piece: &dyn Fn(u32) -> Vec<u8>, held: &[u32]) {
+    pub fn commit(
+        &mut self,
+        prompt: &AlignedPrompt,
+        generated: &[u32],
+        piece: &dyn Fn(u32) -> Vec<u8>,
+        held: &[u32],
+    ) {
         let n = prompt.tokens.len();
         let mut agree = common_prefix(&prompt.tokens, held);
         if agree == n {
@@ -114,7 +155,10 @@ impl PromptCache {
         if agree > n {
             for (i, &id) in generated[..agree - n].iter().enumerate() {
                 bytes.extend_from_slice(&piece(id));
-                marks.push(Mark { bytes: bytes.len(), tokens: n + i + 1 });
+                marks.push(Mark {
+                    bytes: bytes.len(),
+                    tokens: n + i + 1,
+                });
             }
         }
         marks.retain(|m| m.tokens <= agree);
@@ -147,7 +191,11 @@ mod tests {
     }
 
     fn piece(id: u32) -> Vec<u8> {
-        if id == 99 { b"ab".to_vec() } else { vec![id as u8] }
+        if id == 99 {
+            b"ab".to_vec()
+        } else {
+            vec![id as u8]
+        }
     }
 
     #[test]

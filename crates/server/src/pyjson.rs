@@ -10,11 +10,19 @@ use serde_json::ser::Formatter;
 struct PythonStyle;
 
 impl Formatter for PythonStyle {
-    fn begin_array_value<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
         if first { Ok(()) } else { w.write_all(b", ") }
     }
 
-    fn begin_object_key<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
         if first { Ok(()) } else { w.write_all(b", ") }
     }
 
@@ -37,8 +45,12 @@ mod tests {
     #[test]
     fn matches_python_json_dumps() {
         // python3 -c 'import json; print(json.dumps({"a": [1, {"b": "é\n"}], "c": None}, ensure_ascii=False))'
-        let v: serde_json::Value = serde_json::from_str(r#"{"a": [1, {"b": "é\n"}], "c": null}"#).unwrap();
-        assert_eq!(super::to_string(&v), "{\"a\": [1, {\"b\": \"é\\n\"}], \"c\": null}");
+        let v: serde_json::Value =
+            serde_json::from_str(r#"{"a": [1, {"b": "é\n"}], "c": null}"#).unwrap();
+        assert_eq!(
+            super::to_string(&v),
+            "{\"a\": [1, {\"b\": \"é\\n\"}], \"c\": null}"
+        );
         assert_eq!(super::to_string(&serde_json::json!([])), "[]");
         assert_eq!(super::to_string(&serde_json::json!({})), "{}");
     }

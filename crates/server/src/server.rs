@@ -30,7 +30,10 @@ use crate::worker::Worker;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -63,7 +66,9 @@ impl ServerHandle {
     /// request finish for up to the configured drain timeout, cancel it after that,
     /// wait for open connections and for the engine thread.
     pub async fn shutdown(self) -> Result<(), ServeError> {
-        let ServerHandle { state, stop, task, .. } = self;
+        let ServerHandle {
+            state, stop, task, ..
+        } = self;
         tracing::info!("shutting down");
         state.shutting_down.store(true, Ordering::SeqCst);
         state.worker.close();
@@ -75,7 +80,9 @@ impl ServerHandle {
             tracing::warn!("drain timeout: cancelling the running request");
             worker.cancel_all();
         });
-        let served = task.await.map_err(|e| std::io::Error::other(e.to_string()))?;
+        let served = task
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
         let worker = state.worker.clone();
         let _ = tokio::task::spawn_blocking(move || worker.join()).await;
         cancel.abort();
@@ -113,19 +120,36 @@ async fn shutdown_signal() {
 
 /// Starts serving `vocab` + `engine` as `config` says. Must be called inside a tokio
 /// runtime (multi-threaded); the engine runs on its own thread.
-pub async fn start(config: ServerConfig, vocab: Arc<dyn Vocab>, engine: Box<dyn Engine>) -> Result<ServerHandle, ServeError> {
+pub async fn start(
+    config: ServerConfig,
+    vocab: Arc<dyn Vocab>,
+    engine: Box<dyn Engine>,
+) -> Result<ServerHandle, ServeError> {
     let addr = format!("{}:{}", config.host, config.port);
-    let listener = TcpListener::bind(&addr).await.map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
     let local = listener.local_addr()?;
     let metrics = Arc::new(Metrics::new());
-    let worker = Arc::new(Worker::spawn(engine, vocab.clone(), config.queue, metrics.clone()));
+    let worker = Arc::new(Worker::spawn(
+        engine,
+        vocab.clone(),
+        config.queue,
+        metrics.clone(),
+    ));
     let mut aliases: Vec<String> = config.aliases.clone();
     for a in vocab.model_aliases() {
         if !aliases.iter().any(|x| x.eq_ignore_ascii_case(&a)) {
             aliases.push(a);
         }
     }
-    let names = ModelNames { id: vocab.model_id(), aliases };
+    let names = ModelNames {
+        id: vocab.model_id(),
+        aliases,
+    };
     let tool_format = ToolFormat::detect(&vocab.chat_template_source());
     let state = Arc::new(AppState {
         vocab,
@@ -147,7 +171,12 @@ pub async fn start(config: ServerConfig, vocab: Arc<dyn Vocab>, engine: Box<dyn 
             .await
     });
     tracing::info!("serving '{}' on http://{local}", state.names.id);
-    Ok(ServerHandle { addr: local, state, stop, task })
+    Ok(ServerHandle {
+        addr: local,
+        state,
+        stop,
+        task,
+    })
 }
 
 /// All routes, with and without the `/v1` prefix.
@@ -175,7 +204,8 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
-    ApiError::route_not_found(method.as_str(), uri.path()).into_response_as(Flavor::of_path(uri.path()))
+    ApiError::route_not_found(method.as_str(), uri.path())
+        .into_response_as(Flavor::of_path(uri.path()))
 }
 
 /// Constant-time comparison of secrets.
@@ -187,8 +217,13 @@ fn presented_key(headers: &HeaderMap) -> Option<&str> {
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
-    bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok())).map(str::trim)
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        });
+    bearer
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim)
 }
 
 async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {

@@ -20,7 +20,9 @@ pub struct ModelNames {
 impl ModelNames {
     /// Whether `name` is the id or an alias (ASCII case-insensitive).
     pub fn matches(&self, name: &str) -> bool {
-        std::iter::once(&self.id).chain(&self.aliases).any(|n| n.eq_ignore_ascii_case(name))
+        std::iter::once(&self.id)
+            .chain(&self.aliases)
+            .any(|n| n.eq_ignore_ascii_case(name))
     }
 
     /// The id and the aliases.

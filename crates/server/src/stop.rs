@@ -22,7 +22,10 @@ pub struct StopMatcher {
 impl StopMatcher {
     /// A matcher for `stops` (empty strings are ignored).
     pub fn new(stops: &[String]) -> Self {
-        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), held: String::new() }
+        StopMatcher {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            held: String::new(),
+        }
     }
 
     /// Appends `text`; returns what is safe to release and whether a stop matched
@@ -45,11 +48,17 @@ impl StopMatcher {
             let stop = stop.clone();
             let text = self.held[..pos].to_string();
             self.held.clear();
-            return StopPush { text, stopped: Some(stop) };
+            return StopPush {
+                text,
+                stopped: Some(stop),
+            };
         }
         let text = self.held[..safe].to_string();
         self.held.drain(..safe);
-        StopPush { text, stopped: None }
+        StopPush {
+            text,
+            stopped: None,
+        }
     }
 
     /// Ends the stream: held text that never became a stop sequence is released.
@@ -90,13 +99,19 @@ mod tests {
 
     #[test]
     fn false_start_is_released() {
-        assert_eq!(run(&["END"], &["a E", "Nx", "y"]), ("a ENxy".to_string(), None));
+        assert_eq!(
+            run(&["END"], &["a E", "Nx", "y"]),
+            ("a ENxy".to_string(), None)
+        );
         assert_eq!(run(&["END"], &["a EN"]), ("a EN".to_string(), None));
     }
 
     #[test]
     fn earliest_stop_wins() {
-        assert_eq!(run(&["yz", "x"], &["wxyz"]), ("w".to_string(), Some("x".to_string())));
+        assert_eq!(
+            run(&["yz", "x"], &["wxyz"]),
+            ("w".to_string(), Some("x".to_string()))
+        );
         assert_eq!(run(&[], &["a", "b"]), ("ab".to_string(), None));
     }
 }

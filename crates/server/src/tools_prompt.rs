@@ -43,10 +43,19 @@ pub fn inline_tools(messages: &[ChatTurn], tools: &[Value]) -> Vec<ChatTurn> {
     for m in messages {
         match m.role.as_str() {
             "tool" => {
-                let block = format!("<tool_response>\n{}\n</tool_response>", m.content.as_deref().unwrap_or(""));
+                let block = format!(
+                    "<tool_response>\n{}\n</tool_response>",
+                    m.content.as_deref().unwrap_or("")
+                );
                 // Consecutive results share one user turn, as Qwen's template does it.
                 match out.last_mut() {
-                    Some(prev) if prev.role == "user" && prev.content.as_deref().is_some_and(|c| c.ends_with("</tool_response>")) => {
+                    Some(prev)
+                        if prev.role == "user"
+                            && prev
+                                .content
+                                .as_deref()
+                                .is_some_and(|c| c.ends_with("</tool_response>")) =>
+                    {
                         let c = prev.content.get_or_insert_with(String::new);
                         c.push('\n');
                         c.push_str(&block);
@@ -101,23 +110,46 @@ mod tests {
             ChatTurn {
                 role: "assistant".into(),
                 content: None,
-                tool_calls: vec![TurnToolCall { id: "c1".into(), name: "get_weather".into(), arguments: json!({"city": "Paris"}) }],
+                tool_calls: vec![TurnToolCall {
+                    id: "c1".into(),
+                    name: "get_weather".into(),
+                    arguments: json!({"city": "Paris"}),
+                }],
                 ..Default::default()
             },
-            ChatTurn { role: "tool".into(), content: Some("18C".into()), tool_call_id: Some("c1".into()), ..Default::default() },
-            ChatTurn { role: "tool".into(), content: Some("sunny".into()), tool_call_id: Some("c1".into()), ..Default::default() },
+            ChatTurn {
+                role: "tool".into(),
+                content: Some("18C".into()),
+                tool_call_id: Some("c1".into()),
+                ..Default::default()
+            },
+            ChatTurn {
+                role: "tool".into(),
+                content: Some("sunny".into()),
+                tool_call_id: Some("c1".into()),
+                ..Default::default()
+            },
         ];
         let tools = vec![json!({"type": "function", "function": {"name": "get_weather"}})];
         let out = inline_tools(&msgs, &tools);
         assert_eq!(out.len(), 4);
         let sys = out[0].content.as_deref().unwrap();
         assert!(sys.starts_with("Be brief.\n\n# Tools"));
-        assert!(sys.contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}\n</tools>"));
+        assert!(sys.contains(
+            "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}\n</tools>"
+        ));
         assert_eq!(
             out[2].content.as_deref(),
-            Some("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>")
+            Some(
+                "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+            )
         );
         assert_eq!(out[3].role, "user");
-        assert_eq!(out[3].content.as_deref(), Some("<tool_response>\n18C\n</tool_response>\n<tool_response>\nsunny\n</tool_response>"));
+        assert_eq!(
+            out[3].content.as_deref(),
+            Some(
+                "<tool_response>\n18C\n</tool_response>\n<tool_response>\nsunny\n</tool_response>"
+            )
+        );
     }
 }

@@ -27,7 +27,9 @@ impl Utf8Assembler {
                 }
                 Err(e) => {
                     let valid = start + e.valid_up_to();
-                    out.push_str(std::str::from_utf8(&self.pending[start..valid]).unwrap_or_default());
+                    out.push_str(
+                        std::str::from_utf8(&self.pending[start..valid]).unwrap_or_default(),
+                    );
                     match e.error_len() {
                         // An incomplete sequence at the end: wait for more bytes.
                         None => {

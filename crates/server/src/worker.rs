@@ -102,9 +102,15 @@ pub struct Finished {
 #[derive(Debug, Clone, PartialEq)]
 pub enum WorkerEvent {
     /// The prompt is in the session; generation starts.
-    Started { prompt_tokens: usize, cached_tokens: usize },
+    Started {
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
     /// One sampled token: the text it releases (possibly empty) and its log-probability.
-    Delta { text: String, logprob: Option<TokenLogprob> },
+    Delta {
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
     Done(Finished),
     Failed(JobError),
 }
@@ -112,7 +118,9 @@ pub enum WorkerEvent {
 /// Why a job failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum JobError {
-    #[error("the prompt needs {needed} tokens but the context holds {n_ctx}; shorten the conversation or restart the server with a larger --ctx")]
+    #[error(
+        "the prompt needs {needed} tokens but the context holds {n_ctx}; shorten the conversation or restart the server with a larger --ctx"
+    )]
     ContextFull { needed: usize, n_ctx: usize },
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -152,7 +160,12 @@ pub struct Worker {
 impl Worker {
     /// Starts the worker thread with room for `queue` waiting jobs (0: a job is taken
     /// only while the engine is idle).
-    pub fn spawn(engine: Box<dyn Engine>, vocab: Arc<dyn Vocab>, queue: usize, metrics: Arc<Metrics>) -> Self {
+    pub fn spawn(
+        engine: Box<dyn Engine>,
+        vocab: Arc<dyn Vocab>,
+        queue: usize,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let (tx, rx) = sync_channel(queue);
         let shared = Arc::new(Shared {
             depth: AtomicUsize::new(0),
@@ -163,12 +176,23 @@ impl Worker {
             mean_job_ms: AtomicUsize::new(1000),
         });
         let n_ctx = engine.n_ctx();
-        let state = WorkerState { engine, vocab, cache: PromptCache::new(), shared: shared.clone(), metrics };
+        let state = WorkerState {
+            engine,
+            vocab,
+            cache: PromptCache::new(),
+            shared: shared.clone(),
+            metrics,
+        };
         let thread = std::thread::Builder::new()
             .name("ds4-engine".into())
             .spawn(move || state.run(rx))
             .expect("spawning the engine worker thread");
-        Worker { tx: Mutex::new(Some(tx)), shared, thread: Mutex::new(Some(thread)), n_ctx }
+        Worker {
+            tx: Mutex::new(Some(tx)),
+            shared,
+            thread: Mutex::new(Some(thread)),
+            n_ctx,
+        }
     }
 
     /// The session's context size.
@@ -179,7 +203,9 @@ impl Worker {
     /// Queues a job.
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
         let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(tx) = guard.as_ref() else { return Err(SubmitError::ShuttingDown) };
+        let Some(tx) = guard.as_ref() else {
+            return Err(SubmitError::ShuttingDown);
+        };
         if self.shared.closing.load(Ordering::SeqCst) {
             return Err(SubmitError::ShuttingDown);
         }
@@ -189,7 +215,9 @@ impl Worker {
             Err(e) => {
                 self.shared.depth.fetch_sub(1, Ordering::SeqCst);
                 match e {
-                    TrySendError::Full(_) => Err(SubmitError::Full { depth: self.queue_depth() }),
+                    TrySendError::Full(_) => Err(SubmitError::Full {
+                        depth: self.queue_depth(),
+                    }),
                     TrySendError::Disconnected(_) => Err(SubmitError::ShuttingDown),
                 }
             }
@@ -214,7 +242,9 @@ impl Worker {
     /// A Retry-After estimate in seconds for a refused request.
     pub fn retry_after_secs(&self) -> u64 {
         let mean = self.shared.mean_job_ms.load(Ordering::Relaxed) as u64;
-        ((self.queue_depth() as u64 + 1) * mean).div_ceil(1000).clamp(1, 600)
+        ((self.queue_depth() as u64 + 1) * mean)
+            .div_ceil(1000)
+            .clamp(1, 600)
     }
 
     /// Begins shutdown: no new jobs; queued jobs fail with
@@ -272,8 +302,12 @@ impl WorkerState {
             self.run_job(job);
             let ms = t0.elapsed().as_millis() as usize;
             let old = self.shared.mean_job_ms.load(Ordering::Relaxed);
-            self.shared.mean_job_ms.store((old * 7 + ms) / 8, Ordering::Relaxed);
-            self.shared.session_tokens.store(self.engine.tokens().len(), Ordering::SeqCst);
+            self.shared
+                .mean_job_ms
+                .store((old * 7 + ms) / 8, Ordering::Relaxed);
+            self.shared
+                .session_tokens
+                .store(self.engine.tokens().len(), Ordering::SeqCst);
             self.shared.busy.store(false, Ordering::SeqCst);
         }
     }
@@ -283,24 +317,42 @@ impl WorkerState {
             PromptInput::Tokens(t) => AlignedPrompt::from_tokens(t),
             PromptInput::Text { text, tokens } => {
                 let vocab = &self.vocab;
-                self.cache.align(self.engine.tokens(), &text, tokens, &|rest| vocab.tokenize(rest, false))
+                self.cache
+                    .align(self.engine.tokens(), &text, tokens, &|rest| {
+                        vocab.tokenize(rest, false)
+                    })
             }
         }
     }
 
     fn commit(&mut self, prompt: &AlignedPrompt, generated: &[u32]) {
         let vocab = &self.vocab;
-        self.cache.commit(prompt, generated, &|id| vocab.piece(id, true), self.engine.tokens());
+        self.cache.commit(
+            prompt,
+            generated,
+            &|id| vocab.piece(id, true),
+            self.engine.tokens(),
+        );
     }
 
     fn run_job(&mut self, job: Job) {
-        let Job { id, prompt, settings, stop, events, enqueued } = job;
+        let Job {
+            id,
+            prompt,
+            settings,
+            stop,
+            events,
+            enqueued,
+        } = job;
         let shared = self.shared.clone();
         let cancel = || events.is_closed() || shared.cancel_all.load(Ordering::SeqCst);
         let aligned = self.align(prompt);
         let n_ctx = self.engine.n_ctx();
         if aligned.tokens.len() >= n_ctx {
-            let _ = events.send(WorkerEvent::Failed(JobError::ContextFull { needed: aligned.tokens.len() + 1, n_ctx }));
+            let _ = events.send(WorkerEvent::Failed(JobError::ContextFull {
+                needed: aligned.tokens.len() + 1,
+                n_ctx,
+            }));
             return;
         }
         let sync = match self.engine.sync(&aligned.tokens, &cancel) {
@@ -314,18 +366,21 @@ impl WorkerState {
                         let _ = events.send(WorkerEvent::Failed(JobError::ShuttingDown));
                     }
                     BackendError::ContextFull { needed, n_ctx } => {
-                        let _ = events.send(WorkerEvent::Failed(JobError::ContextFull { needed, n_ctx }));
+                        let _ = events
+                            .send(WorkerEvent::Failed(JobError::ContextFull { needed, n_ctx }));
                     }
                     other => {
                         tracing::error!(%id, "prefill failed: {other}");
-                        let _ = events.send(WorkerEvent::Failed(JobError::Engine(other.to_string())));
+                        let _ =
+                            events.send(WorkerEvent::Failed(JobError::Engine(other.to_string())));
                     }
                 }
                 return;
             }
         };
         let prompt_tokens = aligned.tokens.len();
-        self.metrics.record_prefill(prompt_tokens, sync.reused, sync.evaluated, sync.time);
+        self.metrics
+            .record_prefill(prompt_tokens, sync.reused, sync.evaluated, sync.time);
         let prefill_ms = sync.time.map_or(0.0, |t| t.as_secs_f64() * 1e3);
         tracing::info!(
             %id,
@@ -339,7 +394,10 @@ impl WorkerState {
             prompt_tokens,
             sync.evaluated
         );
-        let _ = events.send(WorkerEvent::Started { prompt_tokens, cached_tokens: sync.reused });
+        let _ = events.send(WorkerEvent::Started {
+            prompt_tokens,
+            cached_tokens: sync.reused,
+        });
 
         let mut text = TextPipeline::new(&stop);
         let mut generated = Vec::new();
@@ -348,31 +406,39 @@ impl WorkerState {
         let mut stopped_by: Option<String> = None;
         let vocab = self.vocab.clone();
         let metrics = self.metrics.clone();
-        let result = self.engine.generate(&aligned.tokens, &settings, &mut |s: Sampled| {
-            if generated.is_empty() {
-                metrics.record_ttft(enqueued.elapsed());
-            }
-            generated.push(s.id);
-            if cancel() {
-                cancelled = true;
-                return ControlFlow::Break(());
-            }
-            if vocab.is_eog(s.id) {
-                return ControlFlow::Continue(());
-            }
-            completion += 1;
-            let (delta, hit) = text.push(&vocab.piece(s.id, false));
-            let logprob = s.logprob.map(|lp| token_logprob(&*vocab, s.id, lp, &s.top));
-            if events.send(WorkerEvent::Delta { text: delta, logprob }).is_err() {
-                cancelled = true;
-                return ControlFlow::Break(());
-            }
-            if let Some(hit) = hit {
-                stopped_by = Some(hit);
-                return ControlFlow::Break(());
-            }
-            ControlFlow::Continue(())
-        });
+        let result = self
+            .engine
+            .generate(&aligned.tokens, &settings, &mut |s: Sampled| {
+                if generated.is_empty() {
+                    metrics.record_ttft(enqueued.elapsed());
+                }
+                generated.push(s.id);
+                if cancel() {
+                    cancelled = true;
+                    return ControlFlow::Break(());
+                }
+                if vocab.is_eog(s.id) {
+                    return ControlFlow::Continue(());
+                }
+                completion += 1;
+                let (delta, hit) = text.push(&vocab.piece(s.id, false));
+                let logprob = s.logprob.map(|lp| token_logprob(&*vocab, s.id, lp, &s.top));
+                if events
+                    .send(WorkerEvent::Delta {
+                        text: delta,
+                        logprob,
+                    })
+                    .is_err()
+                {
+                    cancelled = true;
+                    return ControlFlow::Break(());
+                }
+                if let Some(hit) = hit {
+                    stopped_by = Some(hit);
+                    return ControlFlow::Break(());
+                }
+                ControlFlow::Continue(())
+            });
         self.commit(&aligned, &generated);
         let outcome = match result {
             Ok(o) => o,
@@ -382,7 +448,8 @@ impl WorkerState {
                 return;
             }
         };
-        self.metrics.record_decode(outcome.generated, outcome.decode_time);
+        self.metrics
+            .record_decode(outcome.generated, outcome.decode_time);
         let reason = if cancelled {
             self.metrics.record_cancelled();
             FinishReason::Cancelled
@@ -395,10 +462,16 @@ impl WorkerState {
                 GenStop::ContextFull => FinishReason::ContextFull,
             }
         };
-        if !matches!(reason, FinishReason::StopSequence(_) | FinishReason::Cancelled) {
+        if !matches!(
+            reason,
+            FinishReason::StopSequence(_) | FinishReason::Cancelled
+        ) {
             let rest = text.finish();
             if !rest.is_empty() {
-                let _ = events.send(WorkerEvent::Delta { text: rest, logprob: None });
+                let _ = events.send(WorkerEvent::Delta {
+                    text: rest,
+                    logprob: None,
+                });
             }
         }
         let decode_tps = outcome
@@ -406,7 +479,11 @@ impl WorkerState {
             .filter(|t| t.as_secs_f64() > 0.0 && outcome.generated > 1)
             .map_or(0.0, |t| (outcome.generated - 1) as f64 / t.as_secs_f64());
         tracing::info!(%id, generated = outcome.generated, decode_tps = format!("{decode_tps:.1}"), finish = ?reason, total_ms = enqueued.elapsed().as_millis() as u64, "done");
-        let usage = Usage { prompt_tokens, cached_tokens: sync.reused, completion_tokens: completion };
+        let usage = Usage {
+            prompt_tokens,
+            cached_tokens: sync.reused,
+            completion_tokens: completion,
+        };
         let _ = events.send(WorkerEvent::Done(Finished { reason, usage }));
     }
 }
@@ -419,7 +496,10 @@ struct TextPipeline {
 
 impl TextPipeline {
     fn new(stops: &[String]) -> Self {
-        TextPipeline { utf8: Utf8Assembler::new(), stop: StopMatcher::new(stops) }
+        TextPipeline {
+            utf8: Utf8Assembler::new(),
+            stop: StopMatcher::new(stops),
+        }
     }
 
     /// Text released by one token's bytes, and the stop sequence it completed.

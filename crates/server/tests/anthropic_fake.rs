@@ -10,7 +10,8 @@ use ds4_http::ServerConfig;
 use ds4_http::fake::FakeConfig;
 use serde_json::{Value, json};
 
-const CALL: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+const CALL: &str =
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 
 fn model() -> FakeConfig {
     FakeConfig {
@@ -38,7 +39,10 @@ async fn message_blocks_and_usage() {
     assert_eq!(v["type"], "message");
     assert_eq!(v["role"], "assistant");
     assert!(v["id"].as_str().unwrap().starts_with("msg_"));
-    assert_eq!(v["content"], json!([{"type": "thinking", "thinking": "Easy.", "signature": ""}, {"type": "text", "text": "Hello!"}]));
+    assert_eq!(
+        v["content"],
+        json!([{"type": "thinking", "thinking": "Easy.", "signature": ""}, {"type": "text", "text": "Hello!"}])
+    );
     assert_eq!(v["stop_reason"], "end_turn");
     assert_eq!(v["usage"]["cache_read_input_tokens"], 0);
     let first_input = v["usage"]["input_tokens"].as_u64().unwrap();
@@ -47,12 +51,24 @@ async fn message_blocks_and_usage() {
     let (_, _, v) = post(&url, &body).await;
     assert_eq!(v["usage"]["cache_read_input_tokens"], first_input - 1);
     assert_eq!(v["usage"]["input_tokens"], 1);
-    assert_eq!(v["usage"]["output_tokens"], "<think>Easy.</think>Hello!".len());
+    assert_eq!(
+        v["usage"]["output_tokens"],
+        "<think>Easy.</think>Hello!".len()
+    );
     // max_tokens is required.
-    let (status, _, v) = post(&url, &json!({"messages": [{"role": "user", "content": "Hi"}]})).await;
+    let (status, _, v) = post(
+        &url,
+        &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
     assert_eq!(status, 400);
     common::assert_anthropic_error(&v, "invalid_request_error");
-    assert!(v["error"]["message"].as_str().unwrap().contains("max_tokens"));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_tokens")
+    );
     s.shutdown().await.unwrap();
 }
 
@@ -60,7 +76,8 @@ async fn message_blocks_and_usage() {
 async fn stream_event_sequence() {
     let s = fake_server(model(), ServerConfig::default()).await;
     let url = format!("{}/v1/messages", s.base_url());
-    let body = json!({"max_tokens": 100, "stream": true, "messages": [{"role": "user", "content": "Hi"}]});
+    let body =
+        json!({"max_tokens": 100, "stream": true, "messages": [{"role": "user", "content": "Hi"}]});
     let (status, events, _) = post_sse(&url, &body).await;
     assert_eq!(status, 200);
     let names: Vec<&str> = events.iter().map(|e| e.event.as_deref().unwrap()).collect();
@@ -71,14 +88,24 @@ async fn stream_event_sequence() {
     expected.extend(["content_block_stop", "message_delta", "message_stop"]);
     assert_eq!(names, expected);
     for e in &events {
-        assert_eq!(e.json()["type"], e.event.as_deref().unwrap(), "type field matches the event name");
+        assert_eq!(
+            e.json()["type"],
+            e.event.as_deref().unwrap(),
+            "type field matches the event name"
+        );
     }
     let j: Vec<Value> = events.iter().map(|e| e.json()).collect();
     assert_eq!(j[2]["content_block"]["type"], "thinking");
     assert_eq!(j[3]["delta"]["type"], "thinking_delta");
-    let text_start = j.iter().position(|e| e["content_block"]["type"] == "text").unwrap();
+    let text_start = j
+        .iter()
+        .position(|e| e["content_block"]["type"] == "text")
+        .unwrap();
     assert_eq!(j[text_start]["index"], 1);
-    let text: String = j.iter().filter_map(|e| e["delta"]["text"].as_str().map(String::from)).collect();
+    let text: String = j
+        .iter()
+        .filter_map(|e| e["delta"]["text"].as_str().map(String::from))
+        .collect();
     assert_eq!(text, "Hello!");
     let delta = &j[j.len() - 2];
     assert_eq!(delta["delta"]["stop_reason"], "end_turn");
@@ -92,29 +119,61 @@ async fn tool_use_round_trip() {
     let url = format!("{}/v1/messages", s.base_url());
     let tools = json!([{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
     let mut messages = json!([{"role": "user", "content": "Weather in Paris?"}]);
-    let (_, _, v) = post(&url, &json!({"max_tokens": 200, "tools": tools, "messages": messages})).await;
+    let (_, _, v) = post(
+        &url,
+        &json!({"max_tokens": 200, "tools": tools, "messages": messages}),
+    )
+    .await;
     assert_eq!(v["stop_reason"], "tool_use", "{v}");
-    let block = v["content"].as_array().unwrap().iter().find(|b| b["type"] == "tool_use").cloned().unwrap();
+    let block = v["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .cloned()
+        .unwrap();
     assert_eq!(block["name"], "get_weather");
     assert_eq!(block["input"], json!({"city": "Paris"}));
     assert!(block["id"].as_str().unwrap().starts_with("toolu_"));
-    messages.as_array_mut().unwrap().push(json!({"role": "assistant", "content": v["content"]}));
+    messages
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": v["content"]}));
     messages.as_array_mut().unwrap().push(json!({"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": block["id"], "content": [{"type": "text", "text": "18C"}]}]}));
     // Streamed: input_json_delta pieces rebuild the input.
-    let (_, events, _) = post_sse(&url, &json!({"max_tokens": 200, "tools": tools, "messages": messages, "stream": true})).await;
+    let (_, events, _) = post_sse(
+        &url,
+        &json!({"max_tokens": 200, "tools": tools, "messages": messages, "stream": true}),
+    )
+    .await;
     let j: Vec<Value> = events.iter().map(|e| e.json()).collect();
-    let text: String = j.iter().filter_map(|e| e["delta"]["text"].as_str().map(String::from)).collect();
+    let text: String = j
+        .iter()
+        .filter_map(|e| e["delta"]["text"].as_str().map(String::from))
+        .collect();
     assert_eq!(text, "It is 18 degrees.");
     let start = &j[0]["message"]["usage"];
-    assert!(start["cache_read_input_tokens"].as_u64().unwrap() > 50, "{start}");
+    assert!(
+        start["cache_read_input_tokens"].as_u64().unwrap() > 50,
+        "{start}"
+    );
     // A streamed tool call.
     let (_, events, _) = post_sse(&url, &json!({"max_tokens": 200, "tools": tools, "messages": [{"role": "user", "content": "Weather?"}], "stream": true})).await;
     let j: Vec<Value> = events.iter().map(|e| e.json()).collect();
-    let start = j.iter().find(|e| e["content_block"]["type"] == "tool_use").unwrap();
+    let start = j
+        .iter()
+        .find(|e| e["content_block"]["type"] == "tool_use")
+        .unwrap();
     assert_eq!(start["content_block"]["name"], "get_weather");
-    let partial: String = j.iter().filter_map(|e| e["delta"]["partial_json"].as_str().map(String::from)).collect();
-    assert_eq!(serde_json::from_str::<Value>(&partial).unwrap(), json!({"city": "Paris"}));
+    let partial: String = j
+        .iter()
+        .filter_map(|e| e["delta"]["partial_json"].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&partial).unwrap(),
+        json!({"city": "Paris"})
+    );
     assert_eq!(j[j.len() - 2]["delta"]["stop_reason"], "tool_use");
     s.shutdown().await.unwrap();
 }
@@ -123,15 +182,29 @@ async fn tool_use_round_trip() {
 async fn count_tokens_and_stop_sequences() {
     let s = fake_server(model(), ServerConfig::default()).await;
     let base = s.base_url();
-    let (status, _, v) = post(&format!("{base}/v1/messages/count_tokens"), &json!({"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}]})).await;
+    let (status, _, v) = post(
+        &format!("{base}/v1/messages/count_tokens"),
+        &json!({"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
     assert_eq!(status, 200);
     // "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    assert_eq!(v["input_tokens"], 3 + "user\nHi".len() + 1 + "assistant\n".len());
+    assert_eq!(
+        v["input_tokens"],
+        3 + "user\nHi".len() + 1 + "assistant\n".len()
+    );
     let (_, _, v) = post(&format!("{base}/v1/messages"), &json!({"max_tokens": 50, "stop_sequences": ["llo"], "messages": [{"role": "user", "content": "Hi"}]})).await;
     assert_eq!(v["stop_reason"], "stop_sequence");
     assert_eq!(v["stop_sequence"], "llo");
-    assert_eq!(v["content"].as_array().unwrap().last().unwrap()["text"], "He");
-    let (_, _, v) = post(&format!("{base}/v1/messages"), &json!({"max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}]})).await;
+    assert_eq!(
+        v["content"].as_array().unwrap().last().unwrap()["text"],
+        "He"
+    );
+    let (_, _, v) = post(
+        &format!("{base}/v1/messages"),
+        &json!({"max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
     assert_eq!(v["stop_reason"], "max_tokens");
     let (status, _, v) = post(&format!("{base}/v1/messages"), &json!({"max_tokens": 3, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})).await;
     assert_eq!(status, 400);

@@ -12,14 +12,18 @@ use ds4_http::fake::{FakeConfig, last_user_message};
 use serde_json::{Value, json};
 
 fn replying(text: &'static str) -> FakeConfig {
-    FakeConfig { responder: Arc::new(move |_| text.to_string()), ..Default::default() }
+    FakeConfig {
+        responder: Arc::new(move |_| text.to_string()),
+        ..Default::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_completion_answer_and_usage() {
     let s = fake_server(FakeConfig::default(), ServerConfig::default()).await;
     let url = format!("{}/v1/chat/completions", s.base_url());
-    let body = json!({"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}], "seed": 1});
+    let body =
+        json!({"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}], "seed": 1});
     let (status, _, v) = post(&url, &body).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["object"], "chat.completion");
@@ -28,15 +32,25 @@ async fn chat_completion_answer_and_usage() {
     assert_eq!(v["choices"][0]["message"]["content"], "Hello world");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     // "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n": 3 specials + 19 bytes.
-    assert_eq!(v["usage"]["prompt_tokens"], 3 + "user\nHi".len() + 1 + "assistant\n".len());
+    assert_eq!(
+        v["usage"]["prompt_tokens"],
+        3 + "user\nHi".len() + 1 + "assistant\n".len()
+    );
     assert_eq!(v["usage"]["completion_tokens"], "Hello world".len());
     assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     // The same request again reuses all but the last prompt token.
     let (_, _, v2) = post(&url, &body).await;
     let prompt = v2["usage"]["prompt_tokens"].as_u64().unwrap();
-    assert_eq!(v2["usage"]["prompt_tokens_details"]["cached_tokens"], prompt - 1);
+    assert_eq!(
+        v2["usage"]["prompt_tokens_details"]["cached_tokens"],
+        prompt - 1
+    );
     // Aliases and case-insensitive names answer too; the response repeats the name.
-    let (status, _, v3) = post(&url, &json!({"model": "FAKE MODEL 1B", "messages": [{"role": "user", "content": "x"}]})).await;
+    let (status, _, v3) = post(
+        &url,
+        &json!({"model": "FAKE MODEL 1B", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
     assert_eq!(status, 200);
     assert_eq!(v3["model"], "FAKE MODEL 1B");
     s.shutdown().await.unwrap();
@@ -50,10 +64,20 @@ async fn chat_stream_chunks_usage_and_done() {
     let (status, events, _) = post_sse(&url, &body).await;
     assert_eq!(status, 200);
     assert_eq!(events.last().unwrap().data, "[DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| e.json()).collect();
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| e.json())
+        .collect();
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
     assert_eq!(text, "Hello world");
     let finish = &chunks[chunks.len() - 2];
     assert_eq!(finish["choices"][0]["finish_reason"], "stop");
@@ -65,7 +89,11 @@ async fn chat_stream_chunks_usage_and_done() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_sequences_never_leak_and_max_tokens_cuts() {
-    let s = fake_server(replying("Hello world, how are you"), ServerConfig::default()).await;
+    let s = fake_server(
+        replying("Hello world, how are you"),
+        ServerConfig::default(),
+    )
+    .await;
     let url = format!("{}/v1/chat/completions", s.base_url());
     let msgs = json!([{"role": "user", "content": "Hi"}]);
     let (_, _, v) = post(&url, &json!({"messages": msgs, "stop": ", how"})).await;
@@ -73,14 +101,29 @@ async fn stop_sequences_never_leak_and_max_tokens_cuts() {
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     // Streamed, no piece of the stop sequence shows (the first character of the stop
     // sequence, ",", would leak without hold-back).
-    let (_, events, _) = post_sse(&url, &json!({"messages": msgs, "stop": [", how", "xyz"], "stream": true})).await;
-    let text: String = events.iter().filter_map(|e| e.json()["choices"][0]["delta"]["content"].as_str().map(String::from)).collect();
+    let (_, events, _) = post_sse(
+        &url,
+        &json!({"messages": msgs, "stop": [", how", "xyz"], "stream": true}),
+    )
+    .await;
+    let text: String = events
+        .iter()
+        .filter_map(|e| {
+            e.json()["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
     assert_eq!(text, "Hello world");
     let (_, _, v) = post(&url, &json!({"messages": msgs, "max_tokens": 5})).await;
     assert_eq!(v["choices"][0]["message"]["content"], "Hello");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"]["completion_tokens"], 5);
-    let (_, _, v) = post(&url, &json!({"messages": msgs, "max_completion_tokens": 3, "max_tokens": 9})).await;
+    let (_, _, v) = post(
+        &url,
+        &json!({"messages": msgs, "max_completion_tokens": 3, "max_tokens": 9}),
+    )
+    .await;
     assert_eq!(v["choices"][0]["message"]["content"], "Hel");
     s.shutdown().await.unwrap();
 }
@@ -90,8 +133,19 @@ async fn incomplete_utf8_is_held_back() {
     // "é" is two byte tokens in the toy vocabulary; no chunk may carry half of it.
     let s = fake_server(replying("café €"), ServerConfig::default()).await;
     let url = format!("{}/v1/chat/completions", s.base_url());
-    let (_, events, _) = post_sse(&url, &json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true})).await;
-    let pieces: Vec<String> = events.iter().filter_map(|e| e.json()["choices"][0]["delta"]["content"].as_str().map(String::from)).collect();
+    let (_, events, _) = post_sse(
+        &url,
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true}),
+    )
+    .await;
+    let pieces: Vec<String> = events
+        .iter()
+        .filter_map(|e| {
+            e.json()["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
     assert!(pieces.iter().all(|p| !p.contains('\u{fffd}')), "{pieces:?}");
     assert_eq!(pieces.concat(), "café €");
     s.shutdown().await.unwrap();
@@ -104,7 +158,11 @@ async fn chat_logprobs() {
     let body = json!({"messages": [{"role": "user", "content": "Hi"}], "logprobs": true, "top_logprobs": 2});
     let (_, _, v) = post(&url, &body).await;
     let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
-    assert_eq!(content.len(), 2, "two letters (the end token has no text): {v}");
+    assert_eq!(
+        content.len(),
+        2,
+        "two letters (the end token has no text): {v}"
+    );
     assert_eq!(content[0]["token"], "a");
     assert_eq!(content[0]["bytes"], json!([97]));
     assert_eq!(content[0]["logprob"], -0.25);
@@ -117,16 +175,45 @@ async fn chat_logprobs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reasoning_is_split_off() {
-    let s = fake_server(replying("<think>\nLet me think.\n</think>\n\nThe answer."), ServerConfig::default()).await;
+    let s = fake_server(
+        replying("<think>\nLet me think.\n</think>\n\nThe answer."),
+        ServerConfig::default(),
+    )
+    .await;
     let url = format!("{}/v1/chat/completions", s.base_url());
-    let (_, _, v) = post(&url, &json!({"messages": [{"role": "user", "content": "Hi"}]})).await;
+    let (_, _, v) = post(
+        &url,
+        &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
     let m = &v["choices"][0]["message"];
     assert_eq!(m["reasoning_content"], "Let me think.\n");
     assert_eq!(m["content"], "The answer.");
-    let (_, events, _) = post_sse(&url, &json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true})).await;
-    let reasoning: String = events.iter().filter_map(|e| e.json()["choices"][0]["delta"]["reasoning_content"].as_str().map(String::from)).collect();
-    let content: String = events.iter().filter_map(|e| e.json()["choices"][0]["delta"]["content"].as_str().map(String::from)).collect();
-    assert_eq!((reasoning.as_str(), content.as_str()), ("Let me think.\n", "The answer."));
+    let (_, events, _) = post_sse(
+        &url,
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true}),
+    )
+    .await;
+    let reasoning: String = events
+        .iter()
+        .filter_map(|e| {
+            e.json()["choices"][0]["delta"]["reasoning_content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    let content: String = events
+        .iter()
+        .filter_map(|e| {
+            e.json()["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(
+        (reasoning.as_str(), content.as_str()),
+        ("Let me think.\n", "The answer.")
+    );
     s.shutdown().await.unwrap();
 }
 
@@ -159,7 +246,11 @@ async fn tool_call_round_trip_with_and_without_template_support() {
         let s = fake_server(tool_model(supports_tools), ServerConfig::default()).await;
         let url = format!("{}/v1/chat/completions", s.base_url());
         let mut messages = json!([{"role": "user", "content": "Weather in Paris?"}]);
-        let (status, _, v) = post(&url, &json!({"messages": messages, "tools": weather_tools()})).await;
+        let (status, _, v) = post(
+            &url,
+            &json!({"messages": messages, "tools": weather_tools()}),
+        )
+        .await;
         assert_eq!(status, 200, "{v}");
         let choice = &v["choices"][0];
         assert_eq!(choice["finish_reason"], "tool_calls");
@@ -167,24 +258,41 @@ async fn tool_call_round_trip_with_and_without_template_support() {
         let call = &choice["message"]["tool_calls"][0];
         assert_eq!(call["type"], "function");
         assert_eq!(call["function"]["name"], "get_weather");
-        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        let args: Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
         assert_eq!(args, json!({"city": "Paris", "unit": "celsius"}));
         assert!(call["id"].as_str().unwrap().starts_with("call_"));
         // Send the result back; the assistant turn has null content (the template
         // without tool support would fail on it unless the server fills it in).
-        messages.as_array_mut().unwrap().push(choice["message"].clone());
-        messages.as_array_mut().unwrap().push(json!({"role": "tool", "tool_call_id": call["id"], "content": "18C"}));
-        let (status, _, v) = post(&url, &json!({"messages": messages, "tools": weather_tools()})).await;
+        messages
+            .as_array_mut()
+            .unwrap()
+            .push(choice["message"].clone());
+        messages
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"role": "tool", "tool_call_id": call["id"], "content": "18C"}));
+        let (status, _, v) = post(
+            &url,
+            &json!({"messages": messages, "tools": weather_tools()}),
+        )
+        .await;
         assert_eq!(status, 200, "{v}");
         assert_eq!(v["choices"][0]["message"]["content"], "It is 18 degrees.");
         // Everything up to the end of the generated call was reused: only the new turn
         // is evaluated, "<|im_end|>\n" + the tool result turn + the generation prompt
         // (4 special tokens and 20 bytes with tool support, 4 and 53 without, where
         // the result is wrapped in <tool_response> tags in a user turn).
-        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
         let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
         let expected = if supports_tools { 4 + 20 } else { 4 + 53 };
-        assert_eq!(prompt - cached, expected, "supports_tools={supports_tools}: {cached} of {prompt} cached");
+        assert_eq!(
+            prompt - cached,
+            expected,
+            "supports_tools={supports_tools}: {cached} of {prompt} cached"
+        );
         // tool_choice none: tools not offered, calls not parsed.
         let (_, _, v) = post(&url, &json!({"messages": [{"role": "user", "content": "Hi"}], "tools": weather_tools(), "tool_choice": "none"})).await;
         assert_eq!(v["choices"][0]["message"]["content"], "No tools.");
@@ -198,22 +306,47 @@ async fn tool_call_streams_argument_deltas() {
     let url = format!("{}/v1/chat/completions", s.base_url());
     let body = json!({"messages": [{"role": "user", "content": "Weather?"}], "tools": weather_tools(), "stream": true});
     let (_, events, _) = post_sse(&url, &body).await;
-    let deltas: Vec<Value> = events.iter().map(|e| e.json()).filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array()).collect();
-    assert!(deltas.len() > 5, "arguments were not streamed: {} tool-call chunks", deltas.len());
+    let deltas: Vec<Value> = events
+        .iter()
+        .map(|e| e.json())
+        .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
+        .collect();
+    assert!(
+        deltas.len() > 5,
+        "arguments were not streamed: {} tool-call chunks",
+        deltas.len()
+    );
     let first = &deltas[0]["choices"][0]["delta"]["tool_calls"][0];
     assert_eq!(first["index"], 0);
     assert_eq!(first["function"]["name"], "get_weather");
     assert!(first["id"].is_string());
-    let args: String = deltas.iter().filter_map(|d| d["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str().map(String::from)).collect();
-    assert_eq!(serde_json::from_str::<Value>(&args).unwrap(), json!({"city": "Paris", "unit": "celsius"}));
-    let finish = events.iter().rev().find_map(|e| e.json()["choices"][0]["finish_reason"].as_str().map(String::from));
+    let args: String = deltas
+        .iter()
+        .filter_map(|d| {
+            d["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&args).unwrap(),
+        json!({"city": "Paris", "unit": "celsius"})
+    );
+    let finish = events.iter().rev().find_map(|e| {
+        e.json()["choices"][0]["finish_reason"]
+            .as_str()
+            .map(String::from)
+    });
     assert_eq!(finish.as_deref(), Some("tool_calls"));
     s.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn legacy_completions() {
-    let fake = FakeConfig { responder: Arc::new(|p: &str| format!("<{}>", p.len())), ..Default::default() };
+    let fake = FakeConfig {
+        responder: Arc::new(|p: &str| format!("<{}>", p.len())),
+        ..Default::default()
+    };
     let s = fake_server(fake, ServerConfig::default()).await;
     let url = format!("{}/v1/completions", s.base_url());
     let (status, _, v) = post(&url, &json!({"prompt": "Once upon"})).await;
@@ -224,22 +357,42 @@ async fn legacy_completions() {
     // Token ids as the prompt; the default max_tokens is 16.
     let (_, _, v) = post(&url, &json!({"prompt": [65, 66], "logprobs": 1})).await;
     assert_eq!(v["choices"][0]["text"], "<2>");
-    assert_eq!(v["choices"][0]["logprobs"]["tokens"], json!(["<", "2", ">"]));
-    let (_, events, _) = post_sse(&url, &json!({"prompt": "abc", "stream": true, "max_tokens": 2})).await;
-    let text: String = events.iter().filter_map(|e| e.json()["choices"][0]["text"].as_str().map(String::from)).collect();
+    assert_eq!(
+        v["choices"][0]["logprobs"]["tokens"],
+        json!(["<", "2", ">"])
+    );
+    let (_, events, _) = post_sse(
+        &url,
+        &json!({"prompt": "abc", "stream": true, "max_tokens": 2}),
+    )
+    .await;
+    let text: String = events
+        .iter()
+        .filter_map(|e| e.json()["choices"][0]["text"].as_str().map(String::from))
+        .collect();
     assert_eq!(text, "<3");
     assert_eq!(events.last().unwrap().data, "[DONE]");
     let (status, _, v) = post(&url, &json!({"prompt": [999999]})).await;
-    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("prompt")));
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("prompt"))
+    );
     s.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_answer_and_stream() {
-    let fake = FakeConfig { responder: Arc::new(|p: &str| format!("You said {}", last_user_message(p))), ..Default::default() };
+    let fake = FakeConfig {
+        responder: Arc::new(|p: &str| format!("You said {}", last_user_message(p))),
+        ..Default::default()
+    };
     let s = fake_server(fake, ServerConfig::default()).await;
     let url = format!("{}/v1/responses", s.base_url());
-    let (status, _, v) = post(&url, &json!({"model": "fake-model", "input": "ping", "instructions": "Be terse."})).await;
+    let (status, _, v) = post(
+        &url,
+        &json!({"model": "fake-model", "input": "ping", "instructions": "Be terse."}),
+    )
+    .await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["object"], "response");
     assert_eq!(v["status"], "completed");
@@ -253,20 +406,43 @@ async fn responses_answer_and_stream() {
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "You said first"}]},
         {"role": "user", "content": "second"}
     ]);
-    let (_, events, _) = post_sse(&url, &json!({"input": input, "stream": true, "max_output_tokens": 4})).await;
+    let (_, events, _) = post_sse(
+        &url,
+        &json!({"input": input, "stream": true, "max_output_tokens": 4}),
+    )
+    .await;
     let names: Vec<&str> = events.iter().filter_map(|e| e.event.as_deref()).collect();
     assert_eq!(names.first(), Some(&"response.created"));
     assert_eq!(names.last(), Some(&"response.incomplete"));
-    for n in ["response.output_item.added", "response.content_part.added", "response.output_text.delta", "response.output_text.done", "response.output_item.done"] {
+    for n in [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.output_item.done",
+    ] {
         assert!(names.contains(&n), "missing {n} in {names:?}");
     }
-    let seq: Vec<u64> = events.iter().map(|e| e.json()["sequence_number"].as_u64().unwrap()).collect();
+    let seq: Vec<u64> = events
+        .iter()
+        .map(|e| e.json()["sequence_number"].as_u64().unwrap())
+        .collect();
     assert_eq!(seq, (0..seq.len() as u64).collect::<Vec<_>>());
     let last = events.last().unwrap().json();
     assert_eq!(last["response"]["output"][0]["content"][0]["text"], "You ");
-    assert_eq!(last["response"]["incomplete_details"]["reason"], "max_output_tokens");
-    let (status, _, v) = post(&url, &json!({"input": "x", "previous_response_id": "resp_1"})).await;
-    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("previous_response_id")));
+    assert_eq!(
+        last["response"]["incomplete_details"]["reason"],
+        "max_output_tokens"
+    );
+    let (status, _, v) = post(
+        &url,
+        &json!({"input": "x", "previous_response_id": "resp_1"}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("previous_response_id"))
+    );
     s.shutdown().await.unwrap();
 }
 
@@ -276,17 +452,33 @@ async fn responses_function_calls() {
     let url = format!("{}/v1/responses", s.base_url());
     let tools = json!([{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
     let (_, _, v) = post(&url, &json!({"input": "Weather?", "tools": tools})).await;
-    let call = v["output"].as_array().unwrap().iter().find(|i| i["type"] == "function_call").cloned().unwrap();
+    let call = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .cloned()
+        .unwrap();
     assert_eq!(call["name"], "get_weather");
-    assert_eq!(serde_json::from_str::<Value>(call["arguments"].as_str().unwrap()).unwrap()["city"], "Paris");
+    assert_eq!(
+        serde_json::from_str::<Value>(call["arguments"].as_str().unwrap()).unwrap()["city"],
+        "Paris"
+    );
     let input = json!([
         {"role": "user", "content": "Weather?"},
         {"type": "function_call", "call_id": call["call_id"], "name": "get_weather", "arguments": call["arguments"]},
         {"type": "function_call_output", "call_id": call["call_id"], "output": "18C"}
     ]);
-    let (_, events, _) = post_sse(&url, &json!({"input": input, "tools": tools, "stream": true})).await;
+    let (_, events, _) = post_sse(
+        &url,
+        &json!({"input": input, "tools": tools, "stream": true}),
+    )
+    .await;
     let last = events.last().unwrap().json();
     assert_eq!(last["type"], "response.completed");
-    assert_eq!(last["response"]["output"][0]["content"][0]["text"], "It is 18 degrees.");
+    assert_eq!(
+        last["response"]["output"][0]["content"][0]["text"],
+        "It is 18 degrees."
+    );
     s.shutdown().await.unwrap();
 }

@@ -20,7 +20,9 @@ pub fn agent_system_prompt() -> String {
          cause rather than retrying blindly. Keep answers short.\n\nRules:\n",
     );
     for i in 1..=12 {
-        s.push_str(&format!("{i}. Rule number {i}: respect the project's style guide and its tests.\n"));
+        s.push_str(&format!(
+            "{i}. Rule number {i}: respect the project's style guide and its tests.\n"
+        ));
     }
     s
 }
@@ -32,8 +34,10 @@ async fn twenty_turn_agent_conversation_reuses_the_prefix() {
         supports_tools: true,
         responder: Arc::new(|p: &str| {
             let turn = p.matches("<|im_start|>tool").count();
-            if turn % 2 == 0 {
-                format!("<tool_call>\n{{\"name\": \"read_file\", \"arguments\": {{\"path\": \"src/f{turn}.rs\"}}}}\n</tool_call>")
+            if turn.is_multiple_of(2) {
+                format!(
+                    "<tool_call>\n{{\"name\": \"read_file\", \"arguments\": {{\"path\": \"src/f{turn}.rs\"}}}}\n</tool_call>"
+                )
             } else {
                 format!("Hello world: step {turn} looks fine.")
             }
@@ -43,20 +47,35 @@ async fn twenty_turn_agent_conversation_reuses_the_prefix() {
     let s = fake_server(fake, ServerConfig::default()).await;
     let url = format!("{}/v1/chat/completions", s.base_url());
     let tools = json!([{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]);
-    let mut messages = vec![json!({"role": "system", "content": agent_system_prompt()}), json!({"role": "user", "content": "Fix the failing test."})];
+    let mut messages = vec![
+        json!({"role": "system", "content": agent_system_prompt()}),
+        json!({"role": "user", "content": "Fix the failing test."}),
+    ];
     let mut previous: Option<(u64, u64)> = None;
     for turn in 0..20 {
-        let (status, _, v) = post(&url, &json!({"model": "fake-model", "messages": messages, "tools": tools, "seed": turn})).await;
+        let (status, _, v) = post(
+            &url,
+            &json!({"model": "fake-model", "messages": messages, "tools": tools, "seed": turn}),
+        )
+        .await;
         assert_eq!(status, 200, "{v}");
         let usage = &v["usage"];
         let prompt = usage["prompt_tokens"].as_u64().unwrap();
-        let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        let cached = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
         if let Some((prev_prompt, prev_completion)) = previous {
             let ratio = cached as f64 / prompt as f64;
-            assert!(ratio >= 0.9, "turn {turn}: {cached} of {prompt} prompt tokens cached ({ratio:.3})");
+            assert!(
+                ratio >= 0.9,
+                "turn {turn}: {cached} of {prompt} prompt tokens cached ({ratio:.3})"
+            );
             // Everything the session held (the previous prompt and answer, but its end
             // token) was reused, although the answer re-tokenizes differently.
-            assert!(cached >= prev_prompt + prev_completion, "turn {turn}: cached {cached} < {prev_prompt} + {prev_completion}");
+            assert!(
+                cached >= prev_prompt + prev_completion,
+                "turn {turn}: cached {cached} < {prev_prompt} + {prev_completion}"
+            );
         }
         previous = Some((prompt, usage["completion_tokens"].as_u64().unwrap()));
         let msg = v["choices"][0]["message"].clone();
@@ -69,21 +88,46 @@ async fn twenty_turn_agent_conversation_reuses_the_prefix() {
         }
     }
     // The metrics show it too: cached tokens dominate the prompt tokens.
-    let text = common::client().get(format!("{}/metrics", s.base_url())).send().await.unwrap().text().await.unwrap();
-    let get = |name: &str| -> f64 { text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap() };
-    let (prompt, cached, prefilled) = (get("ds4_prompt_tokens_total"), get("ds4_cached_prompt_tokens_total"), get("ds4_prefill_tokens_total"));
+    let text = common::client()
+        .get(format!("{}/metrics", s.base_url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let get = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap()
+    };
+    let (prompt, cached, prefilled) = (
+        get("ds4_prompt_tokens_total"),
+        get("ds4_cached_prompt_tokens_total"),
+        get("ds4_prefill_tokens_total"),
+    );
     assert!(cached / prompt > 0.9, "{cached} of {prompt}");
-    assert!(prefilled < 0.1 * prompt + 1600.0, "prefilled {prefilled} of {prompt}");
+    assert!(
+        prefilled < 0.1 * prompt + 1600.0,
+        "prefilled {prefilled} of {prompt}"
+    );
     s.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resent_reasoning_and_edited_answers_degrade_gracefully() {
-    let fake = FakeConfig { responder: Arc::new(|_| "<think>Short thought.</think>Hello world again".into()), ..Default::default() };
+    let fake = FakeConfig {
+        responder: Arc::new(|_| "<think>Short thought.</think>Hello world again".into()),
+        ..Default::default()
+    };
     let s = fake_server(fake, ServerConfig::default()).await;
     let url = format!("{}/v1/chat/completions", s.base_url());
     let sys = json!({"role": "system", "content": agent_system_prompt()});
-    let (_, _, v) = post(&url, &json!({"messages": [sys, {"role": "user", "content": "Hi"}]})).await;
+    let (_, _, v) = post(
+        &url,
+        &json!({"messages": [sys, {"role": "user", "content": "Hi"}]}),
+    )
+    .await;
     let m = &v["choices"][0]["message"];
     assert_eq!(m["content"], "Hello world again");
     let first_prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
@@ -95,7 +139,9 @@ async fn resent_reasoning_and_edited_answers_degrade_gracefully() {
         &json!({"messages": [sys, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": m["content"], "reasoning_content": m["reasoning_content"]}, {"role": "user", "content": "More"}]}),
     )
     .await;
-    let cached = v2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let cached = v2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     assert_eq!(cached, first_prompt, "{v2}");
     s.shutdown().await.unwrap();
 }

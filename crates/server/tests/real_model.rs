@@ -24,7 +24,9 @@ fn open(file: &str) -> Option<LoadedModel> {
     match model_path(file) {
         Some(p) => Some(LoadedModel::open(&p).expect("model loads")),
         None => {
-            eprintln!("skipped: {file} not found in $DS4_MODELS or ~/.cache/ds4-server/models (run `make test-models`)");
+            eprintln!(
+                "skipped: {file} not found in $DS4_MODELS or ~/.cache/ds4-server/models (run `make test-models`)"
+            );
             None
         }
     }
@@ -32,7 +34,16 @@ fn open(file: &str) -> Option<LoadedModel> {
 
 async fn serve(lm: LoadedModel) -> ServerHandle {
     let (vocab, engine) = engine_model(lm, N_CTX).expect("session");
-    start(ServerConfig { port: 0, ..Default::default() }, vocab, engine).await.expect("server starts")
+    start(
+        ServerConfig {
+            port: 0,
+            ..Default::default()
+        },
+        vocab,
+        engine,
+    )
+    .await
+    .expect("server starts")
 }
 
 /// What `ds4-server run` prints for these messages: the default template options, a
@@ -43,10 +54,17 @@ fn run_like_cli(lm: &LoadedModel, messages: &[ChatMessage], params: &GeneratePar
     let mut decoder = StreamDecoder::new();
     let mut text = String::new();
     let tok = lm.tokenizer.clone();
-    generate(&mut session, &prompt, params, &|t| tok.is_eog(t), &mut |_, _| {}, &mut |t| {
-        text.push_str(&decoder.push(&tok.piece(t, false)));
-        std::ops::ControlFlow::Continue(())
-    })
+    generate(
+        &mut session,
+        &prompt,
+        params,
+        &|t| tok.is_eog(t),
+        &mut |_, _| {},
+        &mut |t| {
+            text.push_str(&decoder.push(&tok.piece(t, false)));
+            std::ops::ControlFlow::Continue(())
+        },
+    )
     .unwrap();
     text.push_str(&decoder.flush());
     text
@@ -54,16 +72,40 @@ fn run_like_cli(lm: &LoadedModel, messages: &[ChatMessage], params: &GeneratePar
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_text_equals_the_cli_run_for_a_fixed_seed() {
-    let (Some(reference), Some(served)) = (open(SMOLLM2), open(SMOLLM2)) else { return };
-    let messages = [ChatMessage::new("system", "You are a poet."), ChatMessage::new("user", "Write a short poem about the sea.")];
+    let (Some(reference), Some(served)) = (open(SMOLLM2), open(SMOLLM2)) else {
+        return;
+    };
+    let messages = [
+        ChatMessage::new("system", "You are a poet."),
+        ChatMessage::new("user", "Write a short poem about the sea."),
+    ];
     let cases = [
         (SamplerParams::DS4_DEFAULT, 42u64, json!({})),
-        (SamplerParams { temperature: 0.8, top_k: 40, top_p: 0.9, min_p: 0.0 }, 7, json!({"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0})),
+        (
+            SamplerParams {
+                temperature: 0.8,
+                top_k: 40,
+                top_p: 0.9,
+                min_p: 0.0,
+            },
+            7,
+            json!({"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0}),
+        ),
         (SamplerParams::GREEDY, 1, json!({"temperature": 0.0})),
     ];
     let expected: Vec<String> = cases
         .iter()
-        .map(|(sampler, seed, _)| run_like_cli(&reference, &messages, &GenerateParams { max_tokens: 40, sampler: *sampler, seed: *seed }))
+        .map(|(sampler, seed, _)| {
+            run_like_cli(
+                &reference,
+                &messages,
+                &GenerateParams {
+                    max_tokens: 40,
+                    sampler: *sampler,
+                    seed: *seed,
+                },
+            )
+        })
         .collect();
     drop(reference);
     let s = serve(served).await;
@@ -76,7 +118,11 @@ async fn chat_text_equals_the_cli_run_for_a_fixed_seed() {
         }
         let (status, _, v) = post(&url, &body).await;
         assert_eq!(status, 200, "{v}");
-        assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), want, "seed {seed} {extra}");
+        assert_eq!(
+            v["choices"][0]["message"]["content"].as_str().unwrap(),
+            want,
+            "seed {seed} {extra}"
+        );
         assert!(!want.is_empty());
     }
     s.shutdown().await.unwrap();
@@ -106,14 +152,28 @@ fn agent_setup() -> (String, serde_json::Value) {
     {
         system.push_str(&format!("{}. {rule}\n", i + 1));
     }
-    let tool = |name: &str, desc: &str, params: serde_json::Value| {
-        json!({"type": "function", "function": {"name": name, "description": desc, "parameters": {"type": "object", "properties": params}}})
-    };
+    let tool = |name: &str, desc: &str, params: serde_json::Value| json!({"type": "function", "function": {"name": name, "description": desc, "parameters": {"type": "object", "properties": params}}});
     let tools = json!([
-        tool("read_file", "Read a file of the repository and return its text.", json!({"path": {"type": "string", "description": "Path relative to the repository root"}})),
-        tool("write_file", "Replace a file's text.", json!({"path": {"type": "string"}, "text": {"type": "string", "description": "The new contents"}})),
-        tool("run", "Run a shell command in the repository and return its output and exit status.", json!({"command": {"type": "string"}, "timeout_s": {"type": "integer"}})),
-        tool("search", "Search the repository for a regular expression; returns matching lines with paths.", json!({"pattern": {"type": "string"}, "glob": {"type": "string"}})),
+        tool(
+            "read_file",
+            "Read a file of the repository and return its text.",
+            json!({"path": {"type": "string", "description": "Path relative to the repository root"}})
+        ),
+        tool(
+            "write_file",
+            "Replace a file's text.",
+            json!({"path": {"type": "string"}, "text": {"type": "string", "description": "The new contents"}})
+        ),
+        tool(
+            "run",
+            "Run a shell command in the repository and return its output and exit status.",
+            json!({"command": {"type": "string"}, "timeout_s": {"type": "integer"}})
+        ),
+        tool(
+            "search",
+            "Search the repository for a regular expression; returns matching lines with paths.",
+            json!({"pattern": {"type": "string"}, "glob": {"type": "string"}})
+        ),
     ]);
     (system, tools)
 }
@@ -128,17 +188,31 @@ async fn twenty_turn_agent_conversation_is_served_from_the_session() {
     let mut ratios = Vec::new();
     let mut previous: Option<(u64, u64)> = None;
     for turn in 0..20 {
-        messages.push(json!({"role": "user", "content": format!("Step {turn}: what should I check next?")}));
-        let (status, _, v) = post(&url, &json!({"messages": messages, "tools": tools, "max_tokens": 16, "seed": turn})).await;
+        messages.push(
+            json!({"role": "user", "content": format!("Step {turn}: what should I check next?")}),
+        );
+        let (status, _, v) = post(
+            &url,
+            &json!({"messages": messages, "tools": tools, "max_tokens": 16, "seed": turn}),
+        )
+        .await;
         assert_eq!(status, 200, "{v}");
         let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
-        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
         if let Some((prev_prompt, prev_completion)) = previous {
             ratios.push(cached as f64 / prompt as f64);
-            assert!(cached as f64 >= 0.9 * prompt as f64, "turn {turn}: {cached} of {prompt} prompt tokens cached");
+            assert!(
+                cached as f64 >= 0.9 * prompt as f64,
+                "turn {turn}: {cached} of {prompt} prompt tokens cached"
+            );
             // All the session held was reused: the previous prompt and every generated
             // token but the last sampled one (which is never evaluated).
-            assert!(cached + 1 >= prev_prompt + prev_completion, "turn {turn}: cached {cached}, held {prev_prompt} + {prev_completion}");
+            assert!(
+                cached + 1 >= prev_prompt + prev_completion,
+                "turn {turn}: cached {cached}, held {prev_prompt} + {prev_completion}"
+            );
         }
         previous = Some((prompt, v["usage"]["completion_tokens"].as_u64().unwrap()));
         let mut reply = v["choices"][0]["message"].clone();
@@ -152,7 +226,34 @@ async fn twenty_turn_agent_conversation_is_served_from_the_session() {
             messages.push(json!({"role": "tool", "tool_call_id": c["id"], "content": "ok"}));
         }
     }
+    // The metrics show the suffix-only prefill: far fewer tokens evaluated than sent.
+    let text = common::client()
+        .get(format!("{}/metrics", s.base_url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let get = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap()
+    };
+    let (sent, prefilled) = (
+        get("ds4_prompt_tokens_total"),
+        get("ds4_prefill_tokens_total"),
+    );
+    eprintln!("prompt tokens sent {sent}, prefilled {prefilled}");
+    assert!(
+        prefilled < 0.2 * sent,
+        "prefilled {prefilled} of {sent} prompt tokens"
+    );
     let min = ratios.iter().copied().fold(1.0, f64::min);
-    eprintln!("cached fraction of prompt tokens, turns 2-20: min {min:.3}, last {:.3}; final prompt {} tokens", ratios.last().unwrap(), previous.unwrap().0);
+    eprintln!(
+        "cached fraction of prompt tokens, turns 2-20: min {min:.3}, last {:.3}; final prompt {} tokens",
+        ratios.last().unwrap(),
+        previous.unwrap().0
+    );
     s.shutdown().await.unwrap();
 }

@@ -9,7 +9,10 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{assert_anthropic_error, assert_openai_error, client, fake_server, parse_sse, post, post_raw, post_sse};
+use common::{
+    assert_anthropic_error, assert_openai_error, client, fake_server, parse_sse, post, post_raw,
+    post_sse,
+};
 use ds4_http::ServerConfig;
 use ds4_http::fake::FakeConfig;
 use futures_util::StreamExt;
@@ -20,7 +23,11 @@ fn chat(content: &str) -> Value {
 }
 
 async fn still_serving(base: &str) {
-    let (status, _, v) = post(&format!("{base}/v1/chat/completions"), &chat("still there?")).await;
+    let (status, _, v) = post(
+        &format!("{base}/v1/chat/completions"),
+        &chat("still there?"),
+    )
+    .await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["choices"][0]["message"]["content"], "Hello world");
 }
@@ -35,7 +42,12 @@ async fn malformed_and_mistyped_requests() {
     let (status, v) = post_raw(&chat_url, b"{\"messages\": [".to_vec()).await;
     assert_eq!(status, 400);
     assert_openai_error(&v);
-    assert!(v["error"]["message"].as_str().unwrap().contains("not valid JSON"));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON")
+    );
     let (status, v) = post_raw(&msg_url, b"not json".to_vec()).await;
     assert_eq!(status, 400);
     assert_anthropic_error(&v, "invalid_request_error");
@@ -45,16 +57,46 @@ async fn malformed_and_mistyped_requests() {
 
     let cases = [
         (json!({"messages": "hello"}), "messages"),
-        (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content"),
-        (json!({"messages": [{"role": 7, "content": "x"}]}), "messages[0].role"),
-        (json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}), "temperature"),
-        (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}), "max_tokens"),
-        (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), "max_tokens"),
-        (json!({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}), "stream"),
-        (json!({"messages": [{"role": "user", "content": "x"}], "stop": [1, 2]}), "stop"),
-        (json!({"messages": [{"role": "user", "content": "x"}], "top_p": 3}), "top_p"),
-        (json!({"messages": [{"role": "wizard", "content": "x"}]}), "messages[0].role"),
-        (json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}), "messages[0].content[0].type"),
+        (
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            "messages[0].content",
+        ),
+        (
+            json!({"messages": [{"role": 7, "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}),
+            "temperature",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}),
+            "max_tokens",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
+            "max_tokens",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}),
+            "stream",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "stop": [1, 2]}),
+            "stop",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "top_p": 3}),
+            "top_p",
+        ),
+        (
+            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
+            "messages[0].content[0].type",
+        ),
         (json!({"messages": []}), "messages"),
         (json!({"model": "gpt-4"}), "messages"),
     ];
@@ -63,7 +105,10 @@ async fn malformed_and_mistyped_requests() {
         assert_eq!(status, 400, "{body} -> {v}");
         assert_openai_error(&v);
         let got = v["error"]["param"].as_str().unwrap_or("");
-        assert!(got == param || v["error"]["message"].as_str().unwrap().contains(param), "{body}: param {got:?}, wanted {param}: {v}");
+        assert!(
+            got == param || v["error"]["message"].as_str().unwrap().contains(param),
+            "{body}: param {got:?}, wanted {param}: {v}"
+        );
     }
     // Unknown fields are ignored.
     let (status, _, _) = post(&chat_url, &json!({"messages": [{"role": "user", "content": "x", "extra": 1}], "frobnicate": {"a": [1]}})).await;
@@ -89,7 +134,11 @@ async fn malformed_and_mistyped_requests() {
 async fn unknown_models_and_routes() {
     let s = fake_server(FakeConfig::default(), ServerConfig::default()).await;
     let base = s.base_url();
-    let (status, _, v) = post(&format!("{base}/v1/chat/completions"), &json!({"model": "gpt-5", "messages": [{"role": "user", "content": "x"}]})).await;
+    let (status, _, v) = post(
+        &format!("{base}/v1/chat/completions"),
+        &json!({"model": "gpt-5", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
     assert_eq!(status, 404);
     assert_openai_error(&v);
     assert_eq!(v["error"]["code"], "model_not_found");
@@ -99,24 +148,53 @@ async fn unknown_models_and_routes() {
     let (status, _, v) = post(&format!("{base}/v1/nope"), &json!({})).await;
     assert_eq!(status, 404);
     assert_openai_error(&v);
-    let r = client().get(format!("{base}/v1/models")).send().await.unwrap();
+    let r = client()
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap();
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "fake-model");
     assert_eq!(v["data"][1]["id"], "Fake Model 1B");
-    let r = client().get(format!("{base}/v1/models")).header("anthropic-version", "2023-06-01").send().await.unwrap();
+    let r = client()
+        .get(format!("{base}/v1/models"))
+        .header("anthropic-version", "2023-06-01")
+        .send()
+        .await
+        .unwrap();
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["data"][0]["type"], "model");
     assert_eq!(v["has_more"], false);
-    let r = client().get(format!("{base}/v1/models/gpt-5")).send().await.unwrap();
+    let r = client()
+        .get(format!("{base}/v1/models/gpt-5"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
     s.shutdown().await.unwrap();
 
-    let s = fake_server(FakeConfig::default(), ServerConfig { any_model: true, aliases: vec!["my-alias".into()], ..Default::default() }).await;
-    let (status, _, v) = post(&format!("{}/v1/chat/completions", s.base_url()), &json!({"model": "gpt-5", "messages": [{"role": "user", "content": "x"}]})).await;
+    let s = fake_server(
+        FakeConfig::default(),
+        ServerConfig {
+            any_model: true,
+            aliases: vec!["my-alias".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    let (status, _, v) = post(
+        &format!("{}/v1/chat/completions", s.base_url()),
+        &json!({"model": "gpt-5", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
     assert_eq!(status, 200);
     assert_eq!(v["model"], "gpt-5");
-    let r = client().get(format!("{}/v1/models", s.base_url())).send().await.unwrap();
+    let r = client()
+        .get(format!("{}/v1/models", s.base_url()))
+        .send()
+        .await
+        .unwrap();
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["data"][1]["id"], "my-alias");
     s.shutdown().await.unwrap();
@@ -124,18 +202,46 @@ async fn unknown_models_and_routes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompt_over_the_context_and_huge_bodies() {
-    let s = fake_server(FakeConfig { n_ctx: 64, ..Default::default() }, ServerConfig::default()).await;
+    let s = fake_server(
+        FakeConfig {
+            n_ctx: 64,
+            ..Default::default()
+        },
+        ServerConfig::default(),
+    )
+    .await;
     let base = s.base_url();
-    let (status, _, v) = post(&format!("{base}/v1/chat/completions"), &chat(&"x".repeat(100))).await;
+    let (status, _, v) = post(
+        &format!("{base}/v1/chat/completions"),
+        &chat(&"x".repeat(100)),
+    )
+    .await;
     assert_eq!(status, 400);
     assert_openai_error(&v);
-    assert!(v["error"]["message"].as_str().unwrap().contains("context holds 64"), "{v}");
-    let (status, _, v) = post(&format!("{base}/v1/messages"), &json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x".repeat(100)}]})).await;
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("context holds 64"),
+        "{v}"
+    );
+    let (status, _, v) = post(
+        &format!("{base}/v1/messages"),
+        &json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x".repeat(100)}]}),
+    )
+    .await;
     assert_eq!(status, 400);
     assert_anthropic_error(&v, "invalid_request_error");
     // A 50 MB body (the default limit is 32 MiB).
-    let big = format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}", "a".repeat(50 << 20));
-    let (status, v) = post_raw(&format!("{base}/v1/chat/completions"), big.clone().into_bytes()).await;
+    let big = format!(
+        "{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}",
+        "a".repeat(50 << 20)
+    );
+    let (status, v) = post_raw(
+        &format!("{base}/v1/chat/completions"),
+        big.clone().into_bytes(),
+    )
+    .await;
     assert_eq!(status, 413);
     assert_openai_error(&v);
     let (status, v) = post_raw(&format!("{base}/v1/messages"), big.into_bytes()).await;
@@ -156,27 +262,74 @@ async fn prompt_over_the_context_and_huge_bodies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_key_and_cors() {
-    let s = fake_server(FakeConfig::default(), ServerConfig { api_key: Some("sekret".into()), ..Default::default() }).await;
+    let s = fake_server(
+        FakeConfig::default(),
+        ServerConfig {
+            api_key: Some("sekret".into()),
+            ..Default::default()
+        },
+    )
+    .await;
     let base = s.base_url();
     let (status, _, v) = post(&format!("{base}/v1/chat/completions"), &chat("x")).await;
     assert_eq!(status, 401);
     assert_openai_error(&v);
-    let (status, _, v) = post(&format!("{base}/v1/messages"), &json!({"max_tokens": 5, "messages": []})).await;
+    let (status, _, v) = post(
+        &format!("{base}/v1/messages"),
+        &json!({"max_tokens": 5, "messages": []}),
+    )
+    .await;
     assert_eq!(status, 401);
     assert_anthropic_error(&v, "authentication_error");
-    let r = client().post(format!("{base}/v1/chat/completions")).bearer_auth("wrong").json(&chat("x")).send().await.unwrap();
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth("wrong")
+        .json(&chat("x"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
-    let r = client().post(format!("{base}/v1/chat/completions")).bearer_auth("sekret").json(&chat("x")).send().await.unwrap();
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth("sekret")
+        .json(&chat("x"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    let r = client().post(format!("{base}/v1/messages")).header("x-api-key", "sekret")
-        .json(&json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})).send().await.unwrap();
+    let r = client()
+        .post(format!("{base}/v1/messages"))
+        .header("x-api-key", "sekret")
+        .json(&json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(client().get(format!("{base}/health")).send().await.unwrap().status(), 200);
-    assert_eq!(client().get(format!("{base}/metrics")).send().await.unwrap().status(), 401);
+    assert_eq!(
+        client()
+            .get(format!("{base}/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        client()
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
     // No CORS headers unless --cors.
     let preflight = |base: String| async move {
         client()
-            .request(reqwest::Method::OPTIONS, format!("{base}/v1/chat/completions"))
+            .request(
+                reqwest::Method::OPTIONS,
+                format!("{base}/v1/chat/completions"),
+            )
             .header("origin", "http://example.com")
             .header("access-control-request-method", "POST")
             .send()
@@ -186,29 +339,63 @@ async fn api_key_and_cors() {
     let r = preflight(base.clone()).await;
     assert!(r.headers().get("access-control-allow-origin").is_none());
     s.shutdown().await.unwrap();
-    let s = fake_server(FakeConfig::default(), ServerConfig { cors: true, ..Default::default() }).await;
+    let s = fake_server(
+        FakeConfig::default(),
+        ServerConfig {
+            cors: true,
+            ..Default::default()
+        },
+    )
+    .await;
     let r = preflight(s.base_url()).await;
-    assert_eq!(r.headers().get("access-control-allow-origin").unwrap(), "http://example.com");
+    assert_eq!(
+        r.headers().get("access-control-allow-origin").unwrap(),
+        "http://example.com"
+    );
     s.shutdown().await.unwrap();
 }
 
 async fn metric(base: &str, name: &str) -> f64 {
-    let text = client().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
-    text.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.parse().ok())).unwrap_or(f64::NAN)
+    let text = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.strip_prefix(' '))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(f64::NAN)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_mid_stream_cancels_within_a_step() {
     let fake = FakeConfig {
         token_delay: Duration::from_millis(5),
-        responder: Arc::new(|p: &str| if p.contains("long") { "z".repeat(4000) } else { "Hello world".into() }),
+        responder: Arc::new(|p: &str| {
+            if p.contains("long") {
+                "z".repeat(4000)
+            } else {
+                "Hello world".into()
+            }
+        }),
         ..Default::default()
     };
     let s = fake_server(fake, ServerConfig::default()).await;
     let base = s.base_url();
     let mut body = chat("long please");
     body["stream"] = json!(true);
-    let r = client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     let mut stream = r.bytes_stream();
     let mut got = 0;
     while got < 10 {
@@ -220,15 +407,29 @@ async fn disconnect_mid_stream_cancels_within_a_step() {
     // within a few steps.
     let t0 = Instant::now();
     still_serving(&base).await;
-    assert!(t0.elapsed() < Duration::from_secs(3), "the next request waited {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "the next request waited {:?}",
+        t0.elapsed()
+    );
     assert_eq!(metric(&base, "ds4_cancelled_generations_total").await, 1.0);
     s.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_concurrent_clients() {
-    let fake = FakeConfig { token_delay: Duration::from_millis(2), ..Default::default() };
-    let s = fake_server(fake, ServerConfig { queue: 8, ..Default::default() }).await;
+    let fake = FakeConfig {
+        token_delay: Duration::from_millis(2),
+        ..Default::default()
+    };
+    let s = fake_server(
+        fake,
+        ServerConfig {
+            queue: 8,
+            ..Default::default()
+        },
+    )
+    .await;
     let base = s.base_url();
     let tasks: Vec<_> = (0..64)
         .map(|i| {
@@ -275,25 +476,49 @@ async fn sixty_four_concurrent_clients() {
         }
     }
     assert_eq!(ok + limited, 64);
-    assert!(ok >= 9, "at least the running request and a full queue succeed: {ok}");
+    assert!(
+        ok >= 9,
+        "at least the running request and a full queue succeed: {ok}"
+    );
     assert!(limited > 0, "a queue of 8 cannot hold 64 clients");
     still_serving(&base).await;
-    assert_eq!(metric(&base, "ds4_rejected_requests_total").await, limited as f64);
+    assert_eq!(
+        metric(&base, "ds4_rejected_requests_total").await,
+        limited as f64
+    );
     s.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_comments_during_a_long_prefill() {
-    let fake = FakeConfig { prefill_delay: Duration::from_micros(700), ..Default::default() };
+    let fake = FakeConfig {
+        prefill_delay: Duration::from_micros(700),
+        ..Default::default()
+    };
     let keepalive = Duration::from_millis(200);
-    let s = fake_server(fake, ServerConfig { keepalive, ..Default::default() }).await;
+    let s = fake_server(
+        fake,
+        ServerConfig {
+            keepalive,
+            ..Default::default()
+        },
+    )
+    .await;
     let mut body = chat(&"p".repeat(3000));
     body["stream"] = json!(true);
-    let r = client().post(format!("{}/v1/chat/completions", s.base_url())).json(&body).send().await.unwrap();
+    let r = client()
+        .post(format!("{}/v1/chat/completions", s.base_url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     let text = r.text().await.unwrap();
     let before_data = &text[..text.find("data:").unwrap()];
     let comments = before_data.lines().filter(|l| l.starts_with(':')).count();
-    assert!(comments >= 4, "{comments} keep-alive comments during a ~2 s prefill: {before_data:?}");
+    assert!(
+        comments >= 4,
+        "{comments} keep-alive comments during a ~2 s prefill: {before_data:?}"
+    );
     let (events, _) = parse_sse(&text);
     assert_eq!(events.last().unwrap().data, "[DONE]");
     s.shutdown().await.unwrap();
@@ -317,53 +542,155 @@ async fn graceful_shutdown_finishes_running_work_and_refuses_queued() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let queued = tokio::spawn({
         let base = base.clone();
-        async move { post(&format!("{base}/v1/messages"), &json!({"max_tokens": 5, "messages": [{"role": "user", "content": "q"}]})).await }
+        async move {
+            post(
+                &format!("{base}/v1/messages"),
+                &json!({"max_tokens": 5, "messages": [{"role": "user", "content": "q"}]}),
+            )
+            .await
+        }
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     s.shutdown().await.unwrap();
     let (status, events, _) = running.await.unwrap();
     assert_eq!(status, 200);
-    let text: String = events.iter().filter_map(|e| e.json()["choices"][0]["delta"]["content"].as_str().map(String::from)).collect();
+    let text: String = events
+        .iter()
+        .filter_map(|e| {
+            e.json()["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
     assert_eq!(text.len(), 300, "the running request finished");
     assert_eq!(events.last().unwrap().data, "[DONE]");
     let (status, _, v) = queued.await.unwrap();
     assert_eq!(status, 503, "{v}");
     assert_anthropic_error(&v, "overloaded_error");
-    assert!(client().get(format!("{base}/health")).send().await.is_err(), "no longer listening");
+    assert!(
+        client().get(format!("{base}/health")).send().await.is_err(),
+        "no longer listening"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_cancels_after_the_drain_timeout() {
-    let fake = FakeConfig { token_delay: Duration::from_millis(5), responder: Arc::new(|_| "w".repeat(10_000)), ..Default::default() };
-    let s = fake_server(fake, ServerConfig { drain_timeout: Duration::from_millis(300), ..Default::default() }).await;
+    let fake = FakeConfig {
+        token_delay: Duration::from_millis(5),
+        responder: Arc::new(|_| "w".repeat(10_000)),
+        ..Default::default()
+    };
+    let s = fake_server(
+        fake,
+        ServerConfig {
+            drain_timeout: Duration::from_millis(300),
+            ..Default::default()
+        },
+    )
+    .await;
     let base = s.base_url();
-    let running = tokio::spawn(async move { post(&format!("{base}/v1/chat/completions"), &chat("go")).await });
+    let running =
+        tokio::spawn(
+            async move { post(&format!("{base}/v1/chat/completions"), &chat("go")).await },
+        );
     tokio::time::sleep(Duration::from_millis(100)).await;
     let t0 = Instant::now();
     s.shutdown().await.unwrap();
-    assert!(t0.elapsed() < Duration::from_secs(5), "shutdown took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "shutdown took {:?}",
+        t0.elapsed()
+    );
     let (status, _, v) = running.await.unwrap();
     assert_eq!(status, 200);
-    assert!(v["choices"][0]["message"]["content"].as_str().unwrap().len() < 10_000);
+    assert!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .len()
+            < 10_000
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_metrics() {
     let s = fake_server(FakeConfig::default(), ServerConfig::default()).await;
     let base = s.base_url();
-    let v: Value = client().get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
+    let v: Value = client()
+        .get(format!("{base}/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["status"], "ok");
     assert_eq!(v["model"], "fake-model");
     post(&format!("{base}/v1/chat/completions"), &chat("a")).await;
     let (_, _, v) = post(&format!("{base}/v1/chat/completions"), &chat("a")).await;
-    let text = client().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(text.contains("ds4_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 2"), "{text}");
+    let text = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("ds4_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 2"),
+        "{text}"
+    );
     let prompt = v["usage"]["prompt_tokens"].as_f64().unwrap();
     assert_eq!(metric(&base, "ds4_prompt_tokens_total").await, 2.0 * prompt);
-    assert_eq!(metric(&base, "ds4_cached_prompt_tokens_total").await, prompt - 1.0);
-    assert_eq!(metric(&base, "ds4_prefill_tokens_total").await, prompt + 1.0);
+    assert_eq!(
+        metric(&base, "ds4_cached_prompt_tokens_total").await,
+        prompt - 1.0
+    );
+    assert_eq!(
+        metric(&base, "ds4_prefill_tokens_total").await,
+        prompt + 1.0
+    );
     assert_eq!(metric(&base, "ds4_generated_tokens_total").await, 24.0);
-    assert_eq!(metric(&base, "ds4_time_to_first_token_seconds_count").await, 2.0);
+    assert_eq!(
+        metric(&base, "ds4_time_to_first_token_seconds_count").await,
+        2.0
+    );
     assert_eq!(metric(&base, "ds4_queue_depth").await, 0.0);
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_while_waiting_for_a_whole_answer_cancels() {
+    let fake = FakeConfig {
+        token_delay: Duration::from_millis(5),
+        responder: Arc::new(|p: &str| {
+            if p.contains("long") {
+                "z".repeat(4000)
+            } else {
+                "Hello world".into()
+            }
+        }),
+        ..Default::default()
+    };
+    let s = fake_server(fake, ServerConfig::default()).await;
+    let base = s.base_url();
+    let quick = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let r = quick
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&chat("long please"))
+        .send()
+        .await;
+    assert!(r.is_err(), "the client gave up");
+    let t0 = Instant::now();
+    still_serving(&base).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "the next request waited {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(metric(&base, "ds4_cancelled_generations_total").await, 1.0);
     s.shutdown().await.unwrap();
 }

@@ -24,40 +24,73 @@ const N_CTX: usize = 4096;
 /// The venv's python with the pinned SDKs, or why it cannot be had.
 fn sdk_python() -> Result<PathBuf, String> {
     let sdk_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk");
-    let requirements = std::fs::read_to_string(sdk_dir.join("requirements.txt")).map_err(|e| format!("reading requirements.txt: {e}"))?;
+    let requirements = std::fs::read_to_string(sdk_dir.join("requirements.txt"))
+        .map_err(|e| format!("reading requirements.txt: {e}"))?;
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("sdk-venv");
     let python = venv.join("bin/python");
     let stamp = venv.join(".requirements.txt");
-    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(requirements.as_str()) {
+    if python.exists()
+        && std::fs::read_to_string(&stamp).ok().as_deref() == Some(requirements.as_str())
+    {
         return Ok(python);
     }
     let ok = |c: &mut Command| c.status().map(|s| s.success()).unwrap_or(false);
     if !ok(Command::new("python3").arg("--version")) {
         return Err("python3 is not installed".into());
     }
-    if !ok(Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv)) {
-        return Err(format!("`python3 -m venv {}` failed (is the venv module installed?)", venv.display()));
+    if !ok(Command::new("python3")
+        .args(["-m", "venv", "--clear"])
+        .arg(&venv))
+    {
+        return Err(format!(
+            "`python3 -m venv {}` failed (is the venv module installed?)",
+            venv.display()
+        ));
     }
     let pip = Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
         .arg(sdk_dir.join("requirements.txt"))
         .output()
         .map_err(|e| format!("running pip: {e}"))?;
     if !pip.status.success() {
-        return Err(format!("pip install failed (offline or no pip?): {}", String::from_utf8_lossy(&pip.stderr).trim()));
+        return Err(format!(
+            "pip install failed (offline or no pip?): {}",
+            String::from_utf8_lossy(&pip.stderr).trim()
+        ));
     }
-    std::fs::write(&stamp, requirements).map_err(|e| format!("writing {}: {e}", stamp.display()))?;
+    std::fs::write(&stamp, requirements)
+        .map_err(|e| format!("writing {}: {e}", stamp.display()))?;
     Ok(python)
 }
 
 async fn serve(file: &str) -> Option<ServerHandle> {
     let Some(path) = model_path(file) else {
-        eprintln!("skipped: {file} not found in $DS4_MODELS or ~/.cache/ds4-server/models (run `make test-models`)");
+        eprintln!(
+            "skipped: {file} not found in $DS4_MODELS or ~/.cache/ds4-server/models (run `make test-models`)"
+        );
         return None;
     };
     let lm = LoadedModel::open(&path).expect("model loads");
     let (vocab, engine) = engine_model(lm, N_CTX).expect("session");
-    Some(start(ServerConfig { port: 0, ..Default::default() }, vocab, engine).await.expect("server starts"))
+    Some(
+        start(
+            ServerConfig {
+                port: 0,
+                ..Default::default()
+            },
+            vocab,
+            engine,
+        )
+        .await
+        .expect("server starts"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,14 +102,19 @@ async fn official_sdks_against_the_server() {
             return;
         }
     };
-    let (Some(chat), Some(tools)) = (serve("smollm2-135m-instruct-q4_1.gguf").await, serve("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf").await)
-    else {
+    let (Some(chat), Some(tools)) = (
+        serve("smollm2-135m-instruct-q4_1.gguf").await,
+        serve("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf").await,
+    ) else {
         return;
     };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/check_sdks.py");
     let (chat_url, tools_url) = (chat.base_url(), tools.base_url());
     let out = tokio::task::spawn_blocking(move || {
-        Command::new(python).arg(script).args(["--chat-url", &chat_url, "--tools-url", &tools_url]).output()
+        Command::new(python)
+            .arg(script)
+            .args(["--chat-url", &chat_url, "--tools-url", &tools_url])
+            .output()
     })
     .await
     .unwrap()

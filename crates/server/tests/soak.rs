@@ -24,37 +24,72 @@ async fn one(base: &str, i: usize) -> u16 {
     let user = format!("request {i}");
     match i % 7 {
         0 => {
-            let r = c.post(format!("{base}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": user}], "max_tokens": 24})).send().await.unwrap();
+            let r = c
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&json!({"messages": [{"role": "user", "content": user}], "max_tokens": 24}))
+                .send()
+                .await
+                .unwrap();
             let status = r.status().as_u16();
             let v: Value = r.json().await.unwrap();
-            assert!(status == 200 && v["choices"][0]["message"]["content"].is_string() || status == 429, "{status} {v}");
+            assert!(
+                status == 200 && v["choices"][0]["message"]["content"].is_string() || status == 429,
+                "{status} {v}"
+            );
             status
         }
         1 => {
             let body = json!({"messages": [{"role": "user", "content": user}], "max_tokens": 24, "stream": true});
-            let r = c.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+            let r = c
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
             let status = r.status().as_u16();
             let text = r.text().await.unwrap();
-            assert!(status == 200 && parse_sse(&text).0.last().unwrap().data == "[DONE]" || status == 429, "{status} {text}");
+            assert!(
+                status == 200 && parse_sse(&text).0.last().unwrap().data == "[DONE]"
+                    || status == 429,
+                "{status} {text}"
+            );
             status
         }
         2 => {
-            let body = json!({"max_tokens": 24, "stream": i % 2 == 0, "messages": [{"role": "user", "content": user}]});
-            let r = c.post(format!("{base}/v1/messages")).json(&body).send().await.unwrap();
+            let body = json!({"max_tokens": 24, "stream": i.is_multiple_of(2), "messages": [{"role": "user", "content": user}]});
+            let r = c
+                .post(format!("{base}/v1/messages"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
             let status = r.status().as_u16();
             assert!(status == 200 || status == 429, "{status}");
             let _ = r.text().await.unwrap();
             status
         }
         3 => {
-            let r = c.post(format!("{base}/v1/responses")).json(&json!({"input": user, "max_output_tokens": 24})).send().await.unwrap();
+            let r = c
+                .post(format!("{base}/v1/responses"))
+                .json(&json!({"input": user, "max_output_tokens": 24}))
+                .send()
+                .await
+                .unwrap();
             let status = r.status().as_u16();
             let v: Value = r.json().await.unwrap();
-            assert!(status == 200 && v["object"] == "response" || status == 429, "{status} {v}");
+            assert!(
+                status == 200 && v["object"] == "response" || status == 429,
+                "{status} {v}"
+            );
             status
         }
         4 => {
-            let r = c.post(format!("{base}/v1/completions")).json(&json!({"prompt": user, "max_tokens": 8})).send().await.unwrap();
+            let r = c
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"prompt": user, "max_tokens": 8}))
+                .send()
+                .await
+                .unwrap();
             let status = r.status().as_u16();
             assert!(matches!(status, 200 | 429));
             let _ = r.text().await.unwrap();
@@ -62,7 +97,12 @@ async fn one(base: &str, i: usize) -> u16 {
         }
         5 => {
             // A bad request: 400 in the right shape, without touching the engine.
-            let r = c.post(format!("{base}/v1/chat/completions")).body("{\"messages\": 5}").send().await.unwrap();
+            let r = c
+                .post(format!("{base}/v1/chat/completions"))
+                .body("{\"messages\": 5}")
+                .send()
+                .await
+                .unwrap();
             assert_eq!(r.status(), 400);
             let v: Value = r.json().await.unwrap();
             assert!(v["error"]["message"].is_string());
@@ -71,7 +111,12 @@ async fn one(base: &str, i: usize) -> u16 {
         _ => {
             // A client that leaves after the first chunk.
             let body = json!({"messages": [{"role": "user", "content": user}], "max_tokens": 200, "stream": true});
-            let r = c.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+            let r = c
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
             let status = r.status().as_u16();
             if status == 200 {
                 let mut s = r.bytes_stream();
@@ -83,7 +128,12 @@ async fn one(base: &str, i: usize) -> u16 {
 }
 
 /// Runs the mix; returns (requests sent, answered 200).
-async fn soak(server: &ServerHandle, clients: usize, requests: usize, budget: Duration) -> (usize, usize) {
+async fn soak(
+    server: &ServerHandle,
+    clients: usize,
+    requests: usize,
+    budget: Duration,
+) -> (usize, usize) {
     let base = server.base_url();
     let t0 = Instant::now();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -112,11 +162,27 @@ async fn soak(server: &ServerHandle, clients: usize, requests: usize, budget: Du
     for t in tasks {
         t.await.unwrap();
     }
-    let v: Value = client().get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
+    let v: Value = client()
+        .get(format!("{base}/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["status"], "ok");
-    let r = client().post(format!("{base}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": "final"}], "max_tokens": 8})).send().await.unwrap();
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "final"}], "max_tokens": 8}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    (next.load(std::sync::atomic::Ordering::Relaxed).min(requests), ok.load(std::sync::atomic::Ordering::Relaxed))
+    (
+        next.load(std::sync::atomic::Ordering::Relaxed)
+            .min(requests),
+        ok.load(std::sync::atomic::Ordering::Relaxed),
+    )
 }
 
 fn toy() -> FakeConfig {
@@ -129,7 +195,14 @@ fn toy() -> FakeConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn soak_short() {
-    let s = fake_server(toy(), ServerConfig { queue: 4, ..Default::default() }).await;
+    let s = fake_server(
+        toy(),
+        ServerConfig {
+            queue: 4,
+            ..Default::default()
+        },
+    )
+    .await;
     let (done, ok) = soak(&s, 8, 350, Duration::from_secs(60)).await;
     assert_eq!(done, 350);
     assert!(ok > 200, "only {ok} of {done} answered 200");
@@ -139,8 +212,21 @@ async fn soak_short() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "minutes long; run with --ignored"]
 async fn soak_long() {
-    let s = fake_server(FakeConfig { token_delay: Duration::from_millis(2), ..toy() }, ServerConfig { queue: 8, ..Default::default() }).await;
+    let s = fake_server(
+        FakeConfig {
+            token_delay: Duration::from_millis(2),
+            ..toy()
+        },
+        ServerConfig {
+            queue: 8,
+            ..Default::default()
+        },
+    )
+    .await;
     let (done, ok) = soak(&s, 16, 20_000, Duration::from_secs(180)).await;
-    assert!(done > 1000 && ok > done / 2, "{ok} of {done} requests answered 200 in the time budget");
+    assert!(
+        done > 1000 && ok > done / 2,
+        "{ok} of {done} requests answered 200 in the time budget"
+    );
     s.shutdown().await.unwrap();
 }

@@ -16,7 +16,9 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::body::{parse_json, read_body};
-use super::common::{Conversation, Sampling, SeedIn, ToolChoice, max_tokens_field, new_id, resolve_model};
+use super::common::{
+    Conversation, Sampling, SeedIn, ToolChoice, max_tokens_field, new_id, resolve_model,
+};
 use super::error::{AnthropicError, ApiError};
 use super::stream::{StreamFormat, collect, named_event, sse, submit};
 use crate::backend::{ChatTurn, TurnToolCall};
@@ -68,15 +70,28 @@ pub enum SystemIn {
 }
 
 fn block_type<'a>(b: &'a Value, at: &str) -> Result<&'a str, ApiError> {
-    b.get("type").and_then(Value::as_str).ok_or_else(|| ApiError::invalid_field(&format!("{at}.type"), "each content block needs a string `type`"))
+    b.get("type").and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid_field(
+            &format!("{at}.type"),
+            "each content block needs a string `type`",
+        )
+    })
 }
 
 fn block_str<'a>(b: &'a Value, key: &str, at: &str) -> Result<&'a str, ApiError> {
-    b.get(key).and_then(Value::as_str).ok_or_else(|| ApiError::invalid_field(&format!("{at}.{key}"), format!("`{at}.{key}` must be a string")))
+    b.get(key).and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid_field(
+            &format!("{at}.{key}"),
+            format!("`{at}.{key}` must be a string"),
+        )
+    })
 }
 
 fn unsupported(kind: &str, at: &str) -> ApiError {
-    ApiError::invalid_field(&format!("{at}.type"), format!("'{kind}' blocks are not supported: this model reads text only"))
+    ApiError::invalid_field(
+        &format!("{at}.type"),
+        format!("'{kind}' blocks are not supported: this model reads text only"),
+    )
 }
 
 /// The text of text blocks (tool results may hold a string or text blocks).
@@ -95,25 +110,42 @@ fn blocks_text(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
             }
             Ok(texts.join("\n"))
         }
-        Some(_) => Err(ApiError::invalid_field(at, format!("`{at}` must be a string or a list of blocks"))),
+        Some(_) => Err(ApiError::invalid_field(
+            at,
+            format!("`{at}` must be a string or a list of blocks"),
+        )),
     }
 }
 
-fn conversation_messages(system: Option<SystemIn>, messages: Vec<MessageIn>) -> Result<Vec<ChatTurn>, ApiError> {
+fn conversation_messages(
+    system: Option<SystemIn>,
+    messages: Vec<MessageIn>,
+) -> Result<Vec<ChatTurn>, ApiError> {
     let mut out = Vec::new();
     match system {
         Some(SystemIn::Text(s)) => out.push(ChatTurn::text("system", &s)),
-        Some(SystemIn::Blocks(b)) => out.push(ChatTurn::text("system", &blocks_text(Some(&Value::Array(b)), "system")?)),
+        Some(SystemIn::Blocks(b)) => out.push(ChatTurn::text(
+            "system",
+            &blocks_text(Some(&Value::Array(b)), "system")?,
+        )),
         None => {}
     }
     if messages.is_empty() {
-        return Err(ApiError::invalid_field("messages", "`messages` must hold at least one message"));
+        return Err(ApiError::invalid_field(
+            "messages",
+            "`messages` must hold at least one message",
+        ));
     }
     for (i, m) in messages.into_iter().enumerate() {
         let at = format!("messages[{i}]");
         let role = match m.role.as_str() {
             r @ ("user" | "assistant") => r,
-            other => return Err(ApiError::invalid_field(&format!("{at}.role"), format!("role must be 'user' or 'assistant', got '{other}'"))),
+            other => {
+                return Err(ApiError::invalid_field(
+                    &format!("{at}.role"),
+                    format!("role must be 'user' or 'assistant', got '{other}'"),
+                ));
+            }
         };
         let blocks = match m.content {
             ContentIn::Text(t) => {
@@ -149,7 +181,11 @@ fn conversation_messages(system: Option<SystemIn>, messages: Vec<MessageIn>) -> 
         if role == "assistant" {
             out.push(ChatTurn {
                 role: role.into(),
-                content: if texts.is_empty() && !calls.is_empty() { None } else { Some(texts.join("\n")) },
+                content: if texts.is_empty() && !calls.is_empty() {
+                    None
+                } else {
+                    Some(texts.join("\n"))
+                },
                 reasoning_content: (!reasoning.is_empty()).then(|| reasoning.join("\n")),
                 tool_calls: calls,
                 ..Default::default()
@@ -167,10 +203,14 @@ fn chat_tools(tools: Option<Vec<Value>>) -> Result<Vec<Value>, ApiError> {
     let mut out = Vec::new();
     for (i, t) in tools.unwrap_or_default().into_iter().enumerate() {
         let Some(schema) = t.get("input_schema") else {
-            tracing::warn!("ignoring tool {i}: only client tools with an input_schema are supported");
+            tracing::warn!(
+                "ignoring tool {i}: only client tools with an input_schema are supported"
+            );
             continue;
         };
-        let name = t.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::invalid_field(&format!("tools[{i}].name"), "a tool needs a `name`"))?;
+        let name = t.get("name").and_then(Value::as_str).ok_or_else(|| {
+            ApiError::invalid_field(&format!("tools[{i}].name"), "a tool needs a `name`")
+        })?;
         let mut f = json!({"name": name, "parameters": schema});
         if let Some(d) = t.get("description") {
             f["description"] = d.clone();
@@ -181,16 +221,24 @@ fn chat_tools(tools: Option<Vec<Value>>) -> Result<Vec<Value>, ApiError> {
 }
 
 fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
-    let Some(v) = v else { return Ok(ToolChoice::Auto) };
+    let Some(v) = v else {
+        return Ok(ToolChoice::Auto);
+    };
     match v.get("type").and_then(Value::as_str) {
         Some("auto") => Ok(ToolChoice::Auto),
         Some("any") => Ok(ToolChoice::Required),
         Some("none") => Ok(ToolChoice::None),
         Some("tool") => match v.get("name").and_then(Value::as_str) {
             Some(n) => Ok(ToolChoice::Function(n.to_string())),
-            None => Err(ApiError::invalid_field("tool_choice.name", "tool_choice of type 'tool' needs a `name`")),
+            None => Err(ApiError::invalid_field(
+                "tool_choice.name",
+                "tool_choice of type 'tool' needs a `name`",
+            )),
         },
-        _ => Err(ApiError::invalid_field("tool_choice", "tool_choice.type must be 'auto', 'any', 'tool' or 'none'")),
+        _ => Err(ApiError::invalid_field(
+            "tool_choice",
+            "tool_choice.type must be 'auto', 'any', 'tool' or 'none'",
+        )),
     }
 }
 
@@ -216,7 +264,11 @@ fn conversation(req: &mut MessagesRequest) -> Result<Conversation, ApiError> {
 }
 
 /// `POST /v1/messages`.
-pub async fn messages(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, AnthropicError> {
+pub async fn messages(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, AnthropicError> {
     let bytes = read_body(&headers, body, state.config.max_body_bytes).await?;
     let mut req: MessagesRequest = parse_json(&bytes)?;
     let model = resolve_model(&state, req.model.as_deref())?;
@@ -224,7 +276,13 @@ pub async fn messages(State(state): State<Arc<AppState>>, headers: HeaderMap, bo
         return Err(ApiError::invalid_field("max_tokens", "`max_tokens` is required").into());
     };
     let conv = conversation(&mut req)?;
-    let sampling = Sampling { temperature: req.temperature, top_p: req.top_p, top_k: req.top_k, min_p: req.min_p, seed: req.seed };
+    let sampling = Sampling {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        min_p: req.min_p,
+        seed: req.seed,
+    };
     let vocab = state.vocab.clone();
     let tool_format = state.tool_format;
     let plan = tokio::task::spawn_blocking(move || chat_prompt(&*vocab, &conv, tool_format))
@@ -236,13 +294,22 @@ pub async fn messages(State(state): State<Arc<AppState>>, headers: HeaderMap, bo
     let rx = submit(
         &state,
         &id,
-        PromptInput::Text { text: plan.text, tokens: plan.tokens },
+        PromptInput::Text {
+            text: plan.text,
+            tokens: plan.tokens,
+        },
         Some(max_tokens),
         |m| sampling.settings(m, None),
         stop,
     )?;
     if req.stream == Some(true) {
-        let fmt = MessageStream { id, model, index: 0, open: None, tool_use: false };
+        let fmt = MessageStream {
+            id,
+            model,
+            index: 0,
+            open: None,
+            tool_use: false,
+        };
         return Ok(sse(rx, parser, fmt, state.config.keepalive));
     }
     let done = collect(rx, parser).await?;
@@ -271,7 +338,11 @@ pub async fn messages(State(state): State<Arc<AppState>>, headers: HeaderMap, bo
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt's size in tokens.
-pub async fn count_tokens(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, AnthropicError> {
+pub async fn count_tokens(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, AnthropicError> {
     let bytes = read_body(&headers, body, state.config.max_body_bytes).await?;
     let mut req: MessagesRequest = parse_json(&bytes)?;
     resolve_model(&state, req.model.as_deref())?;
@@ -347,24 +418,37 @@ impl MessageStream {
 
     fn open(&mut self, kind: Block, block: Value) -> Vec<Event> {
         let mut out = self.close();
-        out.push(Self::ev("content_block_start", json!({"index": self.index, "content_block": block})));
+        out.push(Self::ev(
+            "content_block_start",
+            json!({"index": self.index, "content_block": block}),
+        ));
         self.open = Some(kind);
         out
     }
 
     fn delta(&self, delta: Value) -> Event {
-        Self::ev("content_block_delta", json!({"index": self.index, "delta": delta}))
+        Self::ev(
+            "content_block_delta",
+            json!({"index": self.index, "delta": delta}),
+        )
     }
 }
 
 impl StreamFormat for MessageStream {
     fn started(&mut self, prompt_tokens: usize, cached_tokens: usize) -> Vec<Event> {
-        let usage = usage_json(&Usage { prompt_tokens, cached_tokens, completion_tokens: 0 });
+        let usage = usage_json(&Usage {
+            prompt_tokens,
+            cached_tokens,
+            completion_tokens: 0,
+        });
         let message = json!({
             "id": self.id, "type": "message", "role": "assistant", "content": [], "model": self.model,
             "stop_reason": null, "stop_sequence": null, "usage": usage,
         });
-        vec![Self::ev("message_start", json!({"message": message})), Self::ev("ping", json!({}))]
+        vec![
+            Self::ev("message_start", json!({"message": message})),
+            Self::ev("ping", json!({})),
+        ]
     }
 
     fn output(&mut self, ev: OutputEvent) -> Vec<Event> {
@@ -372,7 +456,10 @@ impl StreamFormat for MessageStream {
         match ev {
             OutputEvent::Reasoning(t) => {
                 if self.open != Some(Block::Thinking) {
-                    out.extend(self.open(Block::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""})));
+                    out.extend(self.open(
+                        Block::Thinking,
+                        json!({"type": "thinking", "thinking": "", "signature": ""}),
+                    ));
                 }
                 out.push(self.delta(json!({"type": "thinking_delta", "thinking": t})));
             }
@@ -384,11 +471,16 @@ impl StreamFormat for MessageStream {
             }
             OutputEvent::ToolCallBegin { name, .. } => {
                 self.tool_use = true;
-                out.extend(self.open(Block::ToolUse, json!({"type": "tool_use", "id": new_id("toolu_"), "name": name, "input": {}})));
+                out.extend(self.open(
+                    Block::ToolUse,
+                    json!({"type": "tool_use", "id": new_id("toolu_"), "name": name, "input": {}}),
+                ));
             }
             OutputEvent::ToolCallArgs { delta, .. } => {
                 if self.open == Some(Block::ToolUse) {
-                    out.push(self.delta(json!({"type": "input_json_delta", "partial_json": delta})));
+                    out.push(
+                        self.delta(json!({"type": "input_json_delta", "partial_json": delta})),
+                    );
                 }
             }
             OutputEvent::ToolCallEnd { .. } => out.extend(self.close()),

@@ -31,7 +31,8 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     let mut out = Vec::new();
     let mut seen = 0usize;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the request body failed: {e}")))?;
+        let chunk = chunk
+            .map_err(|e| ApiError::bad_request(format!("reading the request body failed: {e}")))?;
         seen += chunk.len();
         if seen > limit {
             if seen > limit + DRAIN_SLACK {
@@ -51,18 +52,25 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
 /// Parses a JSON object body into `T`.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request("the request body is empty; send a JSON object"));
+        return Err(ApiError::bad_request(
+            "the request body is empty; send a JSON object",
+        ));
     }
     let value: serde_json::Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
     if !value.is_object() {
-        return Err(ApiError::bad_request("the request body must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
     }
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
         let inner = inner
-            .replace("data did not match any variant of untagged enum", "the value has the wrong type for")
+            .replace(
+                "data did not match any variant of untagged enum",
+                "the value has the wrong type for",
+            )
             .replace("missing field", "missing required field");
         if path == "." {
             ApiError::bad_request(format!("invalid request: {inner}"))

@@ -80,46 +80,66 @@ pub struct Sampling {
 
 fn check_range(name: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<(), ApiError> {
     match v {
-        Some(x) if !(x.is_finite() && x >= lo && x <= hi) => {
-            Err(ApiError::invalid_field(name, format!("`{name}` must be between {lo} and {hi}, got {x}")))
-        }
+        Some(x) if !(x.is_finite() && x >= lo && x <= hi) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be between {lo} and {hi}, got {x}"),
+        )),
         _ => Ok(()),
     }
 }
 
 /// A seed from the clock, for requests without one (like the CLI).
 pub fn clock_seed() -> u64 {
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     t.as_nanos() as u64 | 1
 }
 
 impl Sampling {
     /// Validated generation settings.
-    pub fn settings(&self, max_tokens: usize, top_logprobs: Option<usize>) -> Result<GenSettings, ApiError> {
+    pub fn settings(
+        &self,
+        max_tokens: usize,
+        top_logprobs: Option<usize>,
+    ) -> Result<GenSettings, ApiError> {
         check_range("temperature", self.temperature, 0.0, 100.0)?;
         check_range("top_p", self.top_p, 0.0, 1.0)?;
         check_range("min_p", self.min_p, 0.0, 1.0)?;
         if let Some(k) = self.top_k
             && k < 0
         {
-            return Err(ApiError::invalid_field("top_k", format!("`top_k` must be 0 (off) or positive, got {k}")));
+            return Err(ApiError::invalid_field(
+                "top_k",
+                format!("`top_k` must be 0 (off) or positive, got {k}"),
+            ));
         }
         let d = SamplerSettings::DS4_DEFAULT;
         let sampler = SamplerSettings {
             temperature: self.temperature.unwrap_or(d.temperature),
-            top_k: self.top_k.map_or(d.top_k, |k| k.min(i32::MAX as i64) as i32),
+            top_k: self
+                .top_k
+                .map_or(d.top_k, |k| k.min(i32::MAX as i64) as i32),
             top_p: self.top_p.unwrap_or(d.top_p),
             min_p: self.min_p.unwrap_or(d.min_p),
         };
         let seed = self.seed.map_or_else(clock_seed, SeedIn::value);
-        Ok(GenSettings { max_tokens, sampler, seed, top_logprobs })
+        Ok(GenSettings {
+            max_tokens,
+            sampler,
+            seed,
+            top_logprobs,
+        })
     }
 }
 
 /// A `max_tokens`-like field: at least 1.
 pub fn max_tokens_field(name: &str, v: Option<u64>) -> Result<Option<usize>, ApiError> {
     match v {
-        Some(0) => Err(ApiError::invalid_field(name, format!("`{name}` must be at least 1"))),
+        Some(0) => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be at least 1"),
+        )),
         Some(n) => Ok(Some(n.min(usize::MAX as u64) as usize)),
         None => Ok(None),
     }
@@ -160,7 +180,9 @@ pub fn new_id(prefix: &str) -> String {
 
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Parses tool-call arguments text into JSON for the template (the raw text as a JSON
@@ -184,10 +206,37 @@ mod tests {
 
     #[test]
     fn sampling_defaults_are_ds4s() {
-        let s = Sampling { seed: Some(SeedIn::Unsigned(7)), ..Default::default() }.settings(10, None).unwrap();
-        assert_eq!(s.sampler, SamplerSettings { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.05 });
+        let s = Sampling {
+            seed: Some(SeedIn::Unsigned(7)),
+            ..Default::default()
+        }
+        .settings(10, None)
+        .unwrap();
+        assert_eq!(
+            s.sampler,
+            SamplerSettings {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.05
+            }
+        );
         assert_eq!(s.seed, 7);
-        assert!(Sampling { top_p: Some(1.5), ..Default::default() }.settings(1, None).is_err());
-        assert!(Sampling { temperature: Some(f32::NAN), ..Default::default() }.settings(1, None).is_err());
+        assert!(
+            Sampling {
+                top_p: Some(1.5),
+                ..Default::default()
+            }
+            .settings(1, None)
+            .is_err()
+        );
+        assert!(
+            Sampling {
+                temperature: Some(f32::NAN),
+                ..Default::default()
+            }
+            .settings(1, None)
+            .is_err()
+        );
     }
 }

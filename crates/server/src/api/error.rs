@@ -36,7 +36,14 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, kind: ErrorKind, message: impl Into<String>) -> Self {
-        ApiError { status, kind, message: message.into(), param: None, code: None, retry_after: None }
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: None,
+        }
     }
 
     /// 400.
@@ -67,7 +74,9 @@ impl ApiError {
         let mut e = Self::new(
             StatusCode::NOT_FOUND,
             ErrorKind::NotFound,
-            format!("model '{name}' is not served here (this server serves '{served}'; start it with --any-model to accept any name)"),
+            format!(
+                "model '{name}' is not served here (this server serves '{served}'; start it with --any-model to accept any name)"
+            ),
         );
         e.param = Some("model".into());
         e.code = Some("model_not_found");
@@ -76,7 +85,11 @@ impl ApiError {
 
     /// 404 for an unknown path.
     pub fn route_not_found(method: &str, path: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, ErrorKind::NotFound, format!("no route for {method} {path}"))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            ErrorKind::NotFound,
+            format!("no route for {method} {path}"),
+        )
     }
 
     /// 413.
@@ -84,7 +97,9 @@ impl ApiError {
         let mut e = Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::TooLarge,
-            format!("the request body exceeds the server's limit of {limit} bytes (--max-body-bytes)"),
+            format!(
+                "the request body exceeds the server's limit of {limit} bytes (--max-body-bytes)"
+            ),
         );
         e.code = Some("request_too_large");
         e
@@ -95,7 +110,9 @@ impl ApiError {
         let mut e = Self::new(
             StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::RateLimit,
-            format!("the server is busy: {depth} requests are waiting for the engine; retry after {retry_after} s"),
+            format!(
+                "the server is busy: {depth} requests are waiting for the engine; retry after {retry_after} s"
+            ),
         );
         e.code = Some("rate_limit_exceeded");
         e.retry_after = Some(retry_after);
@@ -104,20 +121,29 @@ impl ApiError {
 
     /// 503.
     pub fn shutting_down() -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorKind::Unavailable, "the server is shutting down")
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Unavailable,
+            "the server is shutting down",
+        )
     }
 
     /// 500.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorKind::Internal, message)
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::Internal,
+            message,
+        )
     }
 
     /// The OpenAI body.
     pub fn openai_body(&self) -> Value {
         let ty = match self.kind {
-            ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge | ErrorKind::Authentication => {
-                "invalid_request_error"
-            }
+            ErrorKind::InvalidRequest
+            | ErrorKind::NotFound
+            | ErrorKind::TooLarge
+            | ErrorKind::Authentication => "invalid_request_error",
             ErrorKind::RateLimit => "rate_limit_error",
             ErrorKind::Unavailable | ErrorKind::Internal => "server_error",
         };
@@ -184,7 +210,11 @@ impl Flavor {
     /// The API a request path belongs to.
     pub fn of_path(path: &str) -> Flavor {
         let p = path.strip_prefix("/v1").unwrap_or(path);
-        if p == "/messages" || p.starts_with("/messages/") { Flavor::Anthropic } else { Flavor::OpenAi }
+        if p == "/messages" || p.starts_with("/messages/") {
+            Flavor::Anthropic
+        } else {
+            Flavor::OpenAi
+        }
     }
 }
 

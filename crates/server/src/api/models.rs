@@ -18,7 +18,8 @@ fn is_anthropic(headers: &HeaderMap) -> bool {
 }
 
 fn openai_model(state: &AppState, id: &str) -> Value {
-    let mut m = json!({"id": id, "object": "model", "created": state.started, "owned_by": "ds4-server"});
+    let mut m =
+        json!({"id": id, "object": "model", "created": state.started, "owned_by": "ds4-server"});
     m["context_length"] = json!(state.worker.n_ctx());
     if let Some(n) = state.vocab.n_ctx_train() {
         m["max_model_len"] = json!(n);
@@ -37,20 +38,35 @@ pub async fn list(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Res
         let data: Vec<Value> = names.iter().map(|n| anthropic_model(&state, n)).collect();
         let first = names.first().map(|s| s.as_str());
         let last = names.last().map(|s| s.as_str());
-        return axum::Json(json!({"data": data, "has_more": false, "first_id": first, "last_id": last})).into_response();
+        return axum::Json(
+            json!({"data": data, "has_more": false, "first_id": first, "last_id": last}),
+        )
+        .into_response();
     }
     let data: Vec<Value> = names.iter().map(|n| openai_model(&state, n)).collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// `GET /v1/models/{id}`.
-pub async fn get(State(state): State<Arc<AppState>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+pub async fn get(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     let anthropic = is_anthropic(&headers);
     if !(state.names.matches(&id) || state.config.any_model) {
-        let flavor = if anthropic { Flavor::Anthropic } else { Flavor::OpenAi };
+        let flavor = if anthropic {
+            Flavor::Anthropic
+        } else {
+            Flavor::OpenAi
+        };
         return ApiError::model_not_found(&id, &state.names.id).into_response_as(flavor);
     }
-    let body = if anthropic { anthropic_model(&state, &id) } else { openai_model(&state, &id) };
+    let body = if anthropic {
+        anthropic_model(&state, &id)
+    } else {
+        openai_model(&state, &id)
+    };
     axum::Json(body).into_response()
 }
 
@@ -65,7 +81,11 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
         "busy": state.worker.busy(),
         "session_tokens": state.worker.session_tokens(),
     });
-    let status = if closing { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let status = if closing {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
     (status, axum::Json(body)).into_response()
 }
 
@@ -77,5 +97,12 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         session_tokens: state.worker.session_tokens(),
         n_ctx: state.worker.n_ctx(),
     };
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render(g)).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(g),
+    )
+        .into_response()
 }

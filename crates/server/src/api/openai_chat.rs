@@ -13,8 +13,8 @@ use serde_json::{Map, Value, json};
 
 use super::body::{parse_json, read_body};
 use super::common::{
-    Conversation, Sampling, SeedIn, StopIn, ToolChoice, arguments_value, max_tokens_field, new_id, resolve_model,
-    unix_now,
+    Conversation, Sampling, SeedIn, StopIn, ToolChoice, arguments_value, max_tokens_field, new_id,
+    resolve_model, unix_now,
 };
 use super::error::{ApiError, OpenAiError};
 use super::stream::{Completion, StreamFormat, collect, data_event, sse, submit};
@@ -113,12 +113,17 @@ pub fn content_text(content: Option<ContentIn>, param: &str) -> Result<Option<St
                 match (p.kind.as_str(), p.text) {
                     ("text" | "input_text" | "output_text", Some(t)) => texts.push(t),
                     ("text" | "input_text" | "output_text", None) => {
-                        return Err(ApiError::invalid_field(&format!("{param}[{i}].text"), "a text part needs `text`"));
+                        return Err(ApiError::invalid_field(
+                            &format!("{param}[{i}].text"),
+                            "a text part needs `text`",
+                        ));
                     }
                     (other, _) => {
                         return Err(ApiError::invalid_field(
                             &format!("{param}[{i}].type"),
-                            format!("content parts of type '{other}' are not supported: this model reads text only"),
+                            format!(
+                                "content parts of type '{other}' are not supported: this model reads text only"
+                            ),
                         ));
                     }
                 }
@@ -133,7 +138,9 @@ pub fn check_tools(tools: Option<Vec<Value>>) -> Result<Vec<Value>, ApiError> {
     let tools = tools.unwrap_or_default();
     for (i, t) in tools.iter().enumerate() {
         let ok = t.get("type").and_then(Value::as_str) == Some("function")
-            && t.pointer("/function/name").and_then(Value::as_str).is_some();
+            && t.pointer("/function/name")
+                .and_then(Value::as_str)
+                .is_some();
         if !ok {
             return Err(ApiError::invalid_field(
                 &format!("tools[{i}]"),
@@ -152,11 +159,21 @@ pub fn tool_choice(v: Option<Value>) -> Result<ToolChoice, ApiError> {
             "auto" => Ok(ToolChoice::Auto),
             "none" => Ok(ToolChoice::None),
             "required" => Ok(ToolChoice::Required),
-            other => Err(ApiError::invalid_field("tool_choice", format!("unknown tool_choice '{other}'"))),
+            other => Err(ApiError::invalid_field(
+                "tool_choice",
+                format!("unknown tool_choice '{other}'"),
+            )),
         },
-        Some(v) => match v.pointer("/function/name").or_else(|| v.get("name")).and_then(Value::as_str) {
+        Some(v) => match v
+            .pointer("/function/name")
+            .or_else(|| v.get("name"))
+            .and_then(Value::as_str)
+        {
             Some(name) => Ok(ToolChoice::Function(name.to_string())),
-            None => Err(ApiError::invalid_field("tool_choice", "tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": …}}")),
+            None => Err(ApiError::invalid_field(
+                "tool_choice",
+                "tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": …}}",
+            )),
         },
     }
 }
@@ -165,14 +182,18 @@ pub fn tool_choice(v: Option<Value>) -> Result<ToolChoice, ApiError> {
 pub fn reasoning_vars(effort: Option<&str>, mut vars: Map<String, Value>) -> Map<String, Value> {
     if let Some(e) = effort {
         vars.entry("reasoning_effort").or_insert(json!(e));
-        vars.entry("enable_thinking").or_insert(json!(!matches!(e, "none" | "minimal")));
+        vars.entry("enable_thinking")
+            .or_insert(json!(!matches!(e, "none" | "minimal")));
     }
     vars
 }
 
 fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
     if req.messages.is_empty() {
-        return Err(ApiError::invalid_field("messages", "`messages` must hold at least one message"));
+        return Err(ApiError::invalid_field(
+            "messages",
+            "`messages` must hold at least one message",
+        ));
     }
     let mut messages = Vec::with_capacity(req.messages.len());
     for (i, m) in std::mem::take(&mut req.messages).into_iter().enumerate() {
@@ -182,7 +203,10 @@ fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
             "assistant" => "assistant",
             "tool" | "function" => "tool",
             other => {
-                return Err(ApiError::invalid_field(&format!("messages[{i}].role"), format!("unknown role '{other}'")));
+                return Err(ApiError::invalid_field(
+                    &format!("messages[{i}].role"),
+                    format!("unknown role '{other}'"),
+                ));
             }
         };
         let content = content_text(m.content, &format!("messages[{i}].content"))?;
@@ -213,12 +237,19 @@ fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
         messages,
         tools: check_tools(req.tools.take())?,
         tool_choice: tool_choice(req.tool_choice.take())?,
-        vars: reasoning_vars(req.reasoning_effort.as_deref(), req.chat_template_kwargs.take().unwrap_or_default()),
+        vars: reasoning_vars(
+            req.reasoning_effort.as_deref(),
+            req.chat_template_kwargs.take().unwrap_or_default(),
+        ),
     })
 }
 
 /// The handler.
-pub async fn handler(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, OpenAiError> {
+pub async fn handler(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, OpenAiError> {
     let bytes = read_body(&headers, body, state.config.max_body_bytes).await?;
     let mut req: ChatRequest = parse_json(&bytes)?;
     let model = resolve_model(&state, req.model.as_deref())?;
@@ -229,11 +260,23 @@ pub async fn handler(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
     let max_tokens = max_tokens_field("max_completion_tokens", req.max_completion_tokens)?
         .or(max_tokens_field("max_tokens", req.max_tokens)?);
     let top_logprobs = match (req.logprobs, req.top_logprobs) {
-        (_, Some(k)) if k > 20 => return Err(ApiError::invalid_field("top_logprobs", "`top_logprobs` must be at most 20").into()),
+        (_, Some(k)) if k > 20 => {
+            return Err(ApiError::invalid_field(
+                "top_logprobs",
+                "`top_logprobs` must be at most 20",
+            )
+            .into());
+        }
         (Some(true), k) => Some(k.unwrap_or(0) as usize),
         _ => None,
     };
-    let sampling = Sampling { temperature: req.temperature, top_p: req.top_p, top_k: req.top_k, min_p: req.min_p, seed: req.seed };
+    let sampling = Sampling {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        min_p: req.min_p,
+        seed: req.seed,
+    };
     let vocab = state.vocab.clone();
     let tool_format = state.tool_format;
     let plan = tokio::task::spawn_blocking(move || chat_prompt(&*vocab, &conv, tool_format))
@@ -245,15 +288,28 @@ pub async fn handler(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
     let rx = submit(
         &state,
         &id,
-        PromptInput::Text { text: plan.text, tokens: plan.tokens },
+        PromptInput::Text {
+            text: plan.text,
+            tokens: plan.tokens,
+        },
         max_tokens,
         |m| sampling.settings(m, top_logprobs),
         stop,
     )?;
-    let meta = Meta { id, model, created: unix_now(), logprobs: top_logprobs.is_some() };
+    let meta = Meta {
+        id,
+        model,
+        created: unix_now(),
+        logprobs: top_logprobs.is_some(),
+    };
     if req.stream == Some(true) {
         let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true);
-        let fmt = ChatStream { meta, include_usage, calls: 0, pending_logprobs: Vec::new() };
+        let fmt = ChatStream {
+            meta,
+            include_usage,
+            calls: 0,
+            pending_logprobs: Vec::new(),
+        };
         return Ok(sse(rx, parser, fmt, state.config.keepalive));
     }
     let done = collect(rx, parser).await?;
@@ -375,7 +431,9 @@ impl StreamFormat for ChatStream {
                 self.calls = self.calls.max(index + 1);
                 json!({"tool_calls": [{"index": index, "id": new_id("call_"), "type": "function", "function": {"name": name, "arguments": ""}}]})
             }
-            OutputEvent::ToolCallArgs { index, delta } => json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]}),
+            OutputEvent::ToolCallArgs { index, delta } => {
+                json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]})
+            }
             OutputEvent::ToolCallEnd { .. } => return Vec::new(),
         };
         vec![self.chunk(delta, None)]
@@ -400,6 +458,9 @@ impl StreamFormat for ChatStream {
     }
 
     fn failed(&mut self, err: &ApiError) -> Vec<Event> {
-        vec![data_event(&err.openai_body()), Event::default().data("[DONE]")]
+        vec![
+            data_event(&err.openai_body()),
+            Event::default().data("[DONE]"),
+        ]
     }
 }

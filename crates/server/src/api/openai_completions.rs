@@ -55,7 +55,14 @@ pub enum PromptIn {
 
 fn prompt_input(state: &AppState, p: PromptIn) -> Result<PromptInput, ApiError> {
     let one = |n: usize| {
-        if n == 1 { Ok(()) } else { Err(ApiError::invalid_field("prompt", "batches of prompts are not supported; send one prompt per request")) }
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(ApiError::invalid_field(
+                "prompt",
+                "batches of prompts are not supported; send one prompt per request",
+            ))
+        }
     };
     let text = |t: String| {
         let tokens = state.vocab.tokenize(&t, true);
@@ -64,7 +71,10 @@ fn prompt_input(state: &AppState, p: PromptIn) -> Result<PromptInput, ApiError> 
     let tokens = |t: Vec<u32>| {
         let n_vocab = state.vocab.n_vocab();
         match t.iter().find(|&&id| id as usize >= n_vocab) {
-            Some(bad) => Err(ApiError::invalid_field("prompt", format!("token id {bad} is outside the vocabulary ({n_vocab} tokens)"))),
+            Some(bad) => Err(ApiError::invalid_field(
+                "prompt",
+                format!("token id {bad} is outside the vocabulary ({n_vocab} tokens)"),
+            )),
             None => Ok(PromptInput::Tokens(t)),
         }
     };
@@ -83,7 +93,11 @@ fn prompt_input(state: &AppState, p: PromptIn) -> Result<PromptInput, ApiError> 
 }
 
 /// The handler.
-pub async fn handler(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, OpenAiError> {
+pub async fn handler(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, OpenAiError> {
     let bytes = read_body(&headers, body, state.config.max_body_bytes).await?;
     let req: CompletionRequest = parse_json(&bytes)?;
     let model = resolve_model(&state, req.model.as_deref())?;
@@ -99,7 +113,13 @@ pub async fn handler(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
         return Err(ApiError::invalid_field("logprobs", "`logprobs` must be at most 20").into());
     }
     let max_tokens = max_tokens_field("max_tokens", req.max_tokens)?.unwrap_or(DEFAULT_MAX_TOKENS);
-    let sampling = Sampling { temperature: req.temperature, top_p: req.top_p, top_k: req.top_k, min_p: req.min_p, seed: req.seed };
+    let sampling = Sampling {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        min_p: req.min_p,
+        seed: req.seed,
+    };
     let top = req.logprobs.map(|k| k as usize);
     let st = state.clone();
     let prompt = tokio::task::spawn_blocking(move || prompt_input(&st, req.prompt))
@@ -107,11 +127,28 @@ pub async fn handler(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
         .map_err(|e| ApiError::internal(e.to_string()))??;
     let id = new_id("cmpl-");
     let stop = req.stop.map(StopIn::into_vec).unwrap_or_default();
-    let rx = submit(&state, &id, prompt, Some(max_tokens), |m| sampling.settings(m, top), stop)?;
-    let meta = Meta { id, model, created: unix_now(), logprobs: top.is_some() };
+    let rx = submit(
+        &state,
+        &id,
+        prompt,
+        Some(max_tokens),
+        |m| sampling.settings(m, top),
+        stop,
+    )?;
+    let meta = Meta {
+        id,
+        model,
+        created: unix_now(),
+        logprobs: top.is_some(),
+    };
     if req.stream == Some(true) {
         let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true);
-        let fmt = CompletionStream { meta, include_usage, pending: Vec::new(), offset: 0 };
+        let fmt = CompletionStream {
+            meta,
+            include_usage,
+            pending: Vec::new(),
+            offset: 0,
+        };
         return Ok(sse(rx, OutputParser::plain(), fmt, state.config.keepalive));
     }
     let done = collect(rx, OutputParser::plain()).await?;
@@ -223,6 +260,9 @@ impl StreamFormat for CompletionStream {
     }
 
     fn failed(&mut self, err: &ApiError) -> Vec<Event> {
-        vec![data_event(&err.openai_body()), Event::default().data("[DONE]")]
+        vec![
+            data_event(&err.openai_body()),
+            Event::default().data("[DONE]"),
+        ]
     }
 }

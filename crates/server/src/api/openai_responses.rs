@@ -15,7 +15,10 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::body::{parse_json, read_body};
-use super::common::{Conversation, Sampling, SeedIn, StopIn, arguments_value, max_tokens_field, new_id, resolve_model, unix_now};
+use super::common::{
+    Conversation, Sampling, SeedIn, StopIn, arguments_value, max_tokens_field, new_id,
+    resolve_model, unix_now,
+};
 use super::error::{ApiError, OpenAiError};
 use super::openai_chat::{reasoning_vars, tool_choice};
 use super::stream::{StreamFormat, collect, named_event, sse, submit};
@@ -60,9 +63,12 @@ pub enum InputIn {
 }
 
 fn str_field<'a>(item: &'a Value, key: &str, at: &str) -> Result<&'a str, ApiError> {
-    item.get(key)
-        .and_then(Value::as_str)
-        .ok_or_else(|| ApiError::invalid_field(&format!("{at}.{key}"), format!("`{at}.{key}` must be a string")))
+    item.get(key).and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid_field(
+            &format!("{at}.{key}"),
+            format!("`{at}.{key}` must be a string"),
+        )
+    })
 }
 
 /// The text of a `content` value: a string, or parts with `text` (or `refusal`).
@@ -78,22 +84,32 @@ fn content_of(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
                     "input_text" | "output_text" | "text" | "reasoning_text" | "summary_text" => {
                         texts.push(str_field(p, "text", &format!("{at}[{i}]"))?.to_string())
                     }
-                    "refusal" => texts.push(str_field(p, "refusal", &format!("{at}[{i}]"))?.to_string()),
+                    "refusal" => {
+                        texts.push(str_field(p, "refusal", &format!("{at}[{i}]"))?.to_string())
+                    }
                     other => {
                         return Err(ApiError::invalid_field(
                             &format!("{at}[{i}].type"),
-                            format!("content parts of type '{other}' are not supported: this model reads text only"),
+                            format!(
+                                "content parts of type '{other}' are not supported: this model reads text only"
+                            ),
                         ));
                     }
                 }
             }
             Ok(texts.join("\n"))
         }
-        Some(_) => Err(ApiError::invalid_field(at, format!("`{at}` must be a string or a list of parts"))),
+        Some(_) => Err(ApiError::invalid_field(
+            at,
+            format!("`{at}` must be a string or a list of parts"),
+        )),
     }
 }
 
-fn messages_from_input(input: InputIn, instructions: Option<String>) -> Result<Vec<ChatTurn>, ApiError> {
+fn messages_from_input(
+    input: InputIn,
+    instructions: Option<String>,
+) -> Result<Vec<ChatTurn>, ApiError> {
     let mut out: Vec<ChatTurn> = Vec::new();
     if let Some(i) = instructions {
         out.push(ChatTurn::text("system", &i));
@@ -109,16 +125,31 @@ fn messages_from_input(input: InputIn, instructions: Option<String>) -> Result<V
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
         if !item.is_object() {
-            return Err(ApiError::invalid_field(&at, format!("`{at}` must be an object")));
+            return Err(ApiError::invalid_field(
+                &at,
+                format!("`{at}` must be an object"),
+            ));
         }
-        let kind = item.get("type").and_then(Value::as_str).unwrap_or(if item.get("role").is_some() { "message" } else { "" });
+        let kind =
+            item.get("type")
+                .and_then(Value::as_str)
+                .unwrap_or(if item.get("role").is_some() {
+                    "message"
+                } else {
+                    ""
+                });
         match kind {
             "message" => {
                 let role = match str_field(item, "role", &at)? {
                     "system" | "developer" => "system",
                     "user" => "user",
                     "assistant" => "assistant",
-                    other => return Err(ApiError::invalid_field(&format!("{at}.role"), format!("unknown role '{other}'"))),
+                    other => {
+                        return Err(ApiError::invalid_field(
+                            &format!("{at}.role"),
+                            format!("unknown role '{other}'"),
+                        ));
+                    }
                 };
                 let content = content_of(item.get("content"), &format!("{at}.content"))?;
                 let mut turn = ChatTurn::text(role, &content);
@@ -129,12 +160,23 @@ fn messages_from_input(input: InputIn, instructions: Option<String>) -> Result<V
             }
             "function_call" => {
                 let call = TurnToolCall {
-                    id: item.get("call_id").or_else(|| item.get("id")).and_then(Value::as_str).unwrap_or("").to_string(),
+                    id: item
+                        .get("call_id")
+                        .or_else(|| item.get("id"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string(),
                     name: str_field(item, "name", &at)?.to_string(),
-                    arguments: arguments_value(item.get("arguments").and_then(Value::as_str).unwrap_or("{}")),
+                    arguments: arguments_value(
+                        item.get("arguments")
+                            .and_then(Value::as_str)
+                            .unwrap_or("{}"),
+                    ),
                 };
                 match out.last_mut() {
-                    Some(last) if last.role == "assistant" && reasoning.is_none() => last.tool_calls.push(call),
+                    Some(last) if last.role == "assistant" && reasoning.is_none() => {
+                        last.tool_calls.push(call)
+                    }
                     _ => out.push(ChatTurn {
                         role: "assistant".into(),
                         content: None,
@@ -149,7 +191,10 @@ fn messages_from_input(input: InputIn, instructions: Option<String>) -> Result<V
                 out.push(ChatTurn {
                     role: "tool".into(),
                     content: Some(output),
-                    tool_call_id: item.get("call_id").and_then(Value::as_str).map(str::to_string),
+                    tool_call_id: item
+                        .get("call_id")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
                     ..Default::default()
                 });
             }
@@ -180,7 +225,10 @@ fn chat_tools(tools: Option<Vec<Value>>) -> Result<Vec<Value>, ApiError> {
             continue;
         }
         let name = t.get("name").and_then(Value::as_str).ok_or_else(|| {
-            ApiError::invalid_field(&format!("tools[{i}].name"), "a function tool needs a `name`")
+            ApiError::invalid_field(
+                &format!("tools[{i}].name"),
+                "a function tool needs a `name`",
+            )
         })?;
         let mut f = json!({"name": name});
         if let Some(d) = t.get("description") {
@@ -195,7 +243,11 @@ fn chat_tools(tools: Option<Vec<Value>>) -> Result<Vec<Value>, ApiError> {
 }
 
 /// The handler.
-pub async fn handler(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, OpenAiError> {
+pub async fn handler(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, OpenAiError> {
     let bytes = read_body(&headers, body, state.config.max_body_bytes).await?;
     let req: ResponsesRequest = parse_json(&bytes)?;
     let model = resolve_model(&state, req.model.as_deref())?;
@@ -220,13 +272,22 @@ pub async fn handler(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
         messages: messages_from_input(req.input, req.instructions)?,
         tools: chat_tools(req.tools)?,
         tool_choice: tool_choice(req.tool_choice)?,
-        vars: reasoning_vars(effort.as_deref(), req.chat_template_kwargs.unwrap_or_default()),
+        vars: reasoning_vars(
+            effort.as_deref(),
+            req.chat_template_kwargs.unwrap_or_default(),
+        ),
     };
     if conv.messages.is_empty() {
         return Err(ApiError::invalid_field("input", "`input` must hold at least one item").into());
     }
     let max_tokens = max_tokens_field("max_output_tokens", req.max_output_tokens)?;
-    let sampling = Sampling { temperature: req.temperature, top_p: req.top_p, top_k: req.top_k, min_p: req.min_p, seed: req.seed };
+    let sampling = Sampling {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        min_p: req.min_p,
+        seed: req.seed,
+    };
     let vocab = state.vocab.clone();
     let tool_format = state.tool_format;
     let plan = tokio::task::spawn_blocking(move || chat_prompt(&*vocab, &conv, tool_format))
@@ -238,14 +299,27 @@ pub async fn handler(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
     let rx = submit(
         &state,
         &id,
-        PromptInput::Text { text: plan.text, tokens: plan.tokens },
+        PromptInput::Text {
+            text: plan.text,
+            tokens: plan.tokens,
+        },
         max_tokens,
         |m| sampling.settings(m, None),
         stop,
     )?;
-    let meta = Meta { id, model, created: unix_now(), echo };
+    let meta = Meta {
+        id,
+        model,
+        created: unix_now(),
+        echo,
+    };
     if req.stream == Some(true) {
-        let fmt = ResponseStream { meta, seq: 0, items: Vec::new(), open: None };
+        let fmt = ResponseStream {
+            meta,
+            seq: 0,
+            items: Vec::new(),
+            open: None,
+        };
         return Ok(sse(rx, parser, fmt, state.config.keepalive));
     }
     let done = collect(rx, parser).await?;
@@ -257,9 +331,20 @@ pub async fn handler(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
         items.push(message_item(&new_id("msg_"), &done.out.text, "completed"));
     }
     for c in &done.out.tool_calls {
-        items.push(call_item(&new_id("fc_"), &new_id("call_"), &c.name, &c.arguments, "completed"));
+        items.push(call_item(
+            &new_id("fc_"),
+            &new_id("call_"),
+            &c.name,
+            &c.arguments,
+            "completed",
+        ));
     }
-    Ok(axum::Json(meta.response(status_of(&done.finish), items, Some((&done.usage, done.reasoning_tokens)))).into_response())
+    Ok(axum::Json(meta.response(
+        status_of(&done.finish),
+        items,
+        Some((&done.usage, done.reasoning_tokens)),
+    ))
+    .into_response())
 }
 
 /// Request fields the response object repeats.
@@ -296,7 +381,11 @@ fn text_part(text: &str) -> Value {
 }
 
 fn message_item(id: &str, text: &str, status: &str) -> Value {
-    let content = if status == "completed" { vec![text_part(text)] } else { Vec::new() };
+    let content = if status == "completed" {
+        vec![text_part(text)]
+    } else {
+        Vec::new()
+    };
     json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
 }
 
@@ -342,9 +431,20 @@ impl Meta {
 
 /// The output item being streamed.
 enum Open {
-    Reasoning { id: String, text: String },
-    Message { id: String, text: String },
-    Call { id: String, call_id: String, name: String, arguments: String },
+    Reasoning {
+        id: String,
+        text: String,
+    },
+    Message {
+        id: String,
+        text: String,
+    },
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
 }
 
 struct ResponseStream {
@@ -369,12 +469,15 @@ impl ResponseStream {
 
     /// Closes the open item, if any.
     fn close(&mut self) -> Vec<Event> {
-        let Some(open) = self.open.take() else { return Vec::new() };
+        let Some(open) = self.open.take() else {
+            return Vec::new();
+        };
         let idx = self.index();
         let (events, item) = match open {
             Open::Reasoning { id, text } => {
                 let item = reasoning_item(&id, &text);
-                let done = json!({"item_id": id, "output_index": idx, "content_index": 0, "text": text});
+                let done =
+                    json!({"item_id": id, "output_index": idx, "content_index": 0, "text": text});
                 (vec![self.event("response.reasoning_text.done", done)], item)
             }
             Open::Message { id, text } => {
@@ -389,14 +492,25 @@ impl ResponseStream {
                 );
                 (vec![a, b], item)
             }
-            Open::Call { id, call_id, name, arguments } => {
+            Open::Call {
+                id,
+                call_id,
+                name,
+                arguments,
+            } => {
                 let item = call_item(&id, &call_id, &name, &arguments, "completed");
                 let done = json!({"item_id": id, "output_index": idx, "name": name, "arguments": arguments});
-                (vec![self.event("response.function_call_arguments.done", done)], item)
+                (
+                    vec![self.event("response.function_call_arguments.done", done)],
+                    item,
+                )
             }
         };
         let mut events = events;
-        events.push(self.event("response.output_item.done", json!({"output_index": idx, "item": item.clone()})));
+        events.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": idx, "item": item.clone()}),
+        ));
         self.items.push(item);
         events
     }
@@ -405,11 +519,18 @@ impl ResponseStream {
         let mut events = self.close();
         let idx = self.index();
         let added = match &open {
-            Open::Reasoning { id, .. } => json!({"type": "reasoning", "id": id, "summary": [], "content": []}),
+            Open::Reasoning { id, .. } => {
+                json!({"type": "reasoning", "id": id, "summary": [], "content": []})
+            }
             Open::Message { id, .. } => message_item(id, "", "in_progress"),
-            Open::Call { id, call_id, name, .. } => call_item(id, call_id, name, "", "in_progress"),
+            Open::Call {
+                id, call_id, name, ..
+            } => call_item(id, call_id, name, "", "in_progress"),
         };
-        events.push(self.event("response.output_item.added", json!({"output_index": idx, "item": added})));
+        events.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": idx, "item": added}),
+        ));
         if let Open::Message { id, .. } = &open {
             let part = json!({"item_id": id, "output_index": idx, "content_index": 0, "part": text_part("")});
             events.push(self.event("response.content_part.added", part));
@@ -422,7 +543,10 @@ impl ResponseStream {
 impl StreamFormat for ResponseStream {
     fn started(&mut self, _: usize, _: usize) -> Vec<Event> {
         let r = self.meta.response("in_progress", Vec::new(), None);
-        vec![self.event("response.created", json!({"response": r.clone()})), self.event("response.in_progress", json!({"response": r}))]
+        vec![
+            self.event("response.created", json!({"response": r.clone()})),
+            self.event("response.in_progress", json!({"response": r})),
+        ]
     }
 
     fn output(&mut self, ev: OutputEvent) -> Vec<Event> {
@@ -430,13 +554,18 @@ impl StreamFormat for ResponseStream {
         match ev {
             OutputEvent::Reasoning(t) => {
                 if !matches!(self.open, Some(Open::Reasoning { .. })) {
-                    events.extend(self.open_item(Open::Reasoning { id: new_id("rs_"), text: String::new() }));
+                    events.extend(self.open_item(Open::Reasoning {
+                        id: new_id("rs_"),
+                        text: String::new(),
+                    }));
                 }
                 let idx = self.index();
                 let v = match &mut self.open {
                     Some(Open::Reasoning { id, text }) => {
                         text.push_str(&t);
-                        Some(json!({"item_id": id.clone(), "output_index": idx, "content_index": 0, "delta": t}))
+                        Some(
+                            json!({"item_id": id.clone(), "output_index": idx, "content_index": 0, "delta": t}),
+                        )
                     }
                     _ => None,
                 };
@@ -446,13 +575,18 @@ impl StreamFormat for ResponseStream {
             }
             OutputEvent::Text(t) => {
                 if !matches!(self.open, Some(Open::Message { .. })) {
-                    events.extend(self.open_item(Open::Message { id: new_id("msg_"), text: String::new() }));
+                    events.extend(self.open_item(Open::Message {
+                        id: new_id("msg_"),
+                        text: String::new(),
+                    }));
                 }
                 let idx = self.index();
                 let v = match &mut self.open {
                     Some(Open::Message { id, text }) => {
                         text.push_str(&t);
-                        Some(json!({"item_id": id.clone(), "output_index": idx, "content_index": 0, "delta": t, "logprobs": []}))
+                        Some(
+                            json!({"item_id": id.clone(), "output_index": idx, "content_index": 0, "delta": t, "logprobs": []}),
+                        )
                     }
                     _ => None,
                 };
@@ -461,7 +595,12 @@ impl StreamFormat for ResponseStream {
                 }
             }
             OutputEvent::ToolCallBegin { name, .. } => {
-                events.extend(self.open_item(Open::Call { id: new_id("fc_"), call_id: new_id("call_"), name, arguments: String::new() }));
+                events.extend(self.open_item(Open::Call {
+                    id: new_id("fc_"),
+                    call_id: new_id("call_"),
+                    name,
+                    arguments: String::new(),
+                }));
             }
             OutputEvent::ToolCallArgs { delta, .. } => {
                 let idx = self.index();
@@ -485,12 +624,23 @@ impl StreamFormat for ResponseStream {
         let mut events = self.close();
         if self.items.is_empty() {
             // An empty answer is still one (empty) message.
-            events.extend(self.open_item(Open::Message { id: new_id("msg_"), text: String::new() }));
+            events.extend(self.open_item(Open::Message {
+                id: new_id("msg_"),
+                text: String::new(),
+            }));
             events.extend(self.close());
         }
         let status = status_of(&fin.reason);
-        let r = self.meta.response(status, self.items.clone(), Some((&fin.usage, reasoning_tokens)));
-        let name = if status == "completed" { "response.completed" } else { "response.incomplete" };
+        let r = self.meta.response(
+            status,
+            self.items.clone(),
+            Some((&fin.usage, reasoning_tokens)),
+        );
+        let name = if status == "completed" {
+            "response.completed"
+        } else {
+            "response.incomplete"
+        };
         events.push(self.event(name, json!({"response": r})));
         events
     }

@@ -18,7 +18,9 @@ use crate::backend::GenSettings;
 use crate::output::collect::Collected;
 use crate::output::{OutputEvent, OutputParser};
 use crate::state::AppState;
-use crate::worker::{FinishReason, Finished, Job, PromptInput, SubmitError, TokenLogprob, Usage, WorkerEvent};
+use crate::worker::{
+    FinishReason, Finished, Job, PromptInput, SubmitError, TokenLogprob, Usage, WorkerEvent,
+};
 
 /// Checks the prompt against the context and queues the job.
 pub fn submit(
@@ -41,7 +43,14 @@ pub fn submit(
     }
     let settings = settings(max_tokens.unwrap_or(n_ctx - prompt.len()))?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let job = Job { id: id.to_string(), prompt, settings, stop, events: tx, enqueued: Instant::now() };
+    let job = Job {
+        id: id.to_string(),
+        prompt,
+        settings,
+        stop,
+        events: tx,
+        enqueued: Instant::now(),
+    };
     state.worker.submit(job).map_err(|e| match e {
         SubmitError::Full { depth } => {
             state.metrics.record_rejected();
@@ -64,7 +73,10 @@ pub struct Completion {
 }
 
 /// Waits for the whole answer.
-pub async fn collect(mut rx: UnboundedReceiver<WorkerEvent>, mut parser: OutputParser) -> Result<Completion, ApiError> {
+pub async fn collect(
+    mut rx: UnboundedReceiver<WorkerEvent>,
+    mut parser: OutputParser,
+) -> Result<Completion, ApiError> {
     let mut out = Collected::default();
     let mut logprobs = Vec::new();
     let mut reasoning_tokens = 0;
@@ -81,7 +93,13 @@ pub async fn collect(mut rx: UnboundedReceiver<WorkerEvent>, mut parser: OutputP
             }
             WorkerEvent::Done(Finished { reason, usage }) => {
                 out.extend(parser.finish());
-                return Ok(Completion { out, logprobs, finish: reason, usage, reasoning_tokens });
+                return Ok(Completion {
+                    out,
+                    logprobs,
+                    finish: reason,
+                    usage,
+                    reasoning_tokens,
+                });
             }
             WorkerEvent::Failed(e) => return Err(e.into()),
         }
@@ -90,7 +108,10 @@ pub async fn collect(mut rx: UnboundedReceiver<WorkerEvent>, mut parser: OutputP
 }
 
 fn is_reasoning_only(events: &[OutputEvent]) -> bool {
-    !events.is_empty() && events.iter().all(|e| matches!(e, OutputEvent::Reasoning(_)))
+    !events.is_empty()
+        && events
+            .iter()
+            .all(|e| matches!(e, OutputEvent::Reasoning(_)))
 }
 
 /// One API's streaming format.
@@ -133,8 +154,14 @@ pub fn sse<F: StreamFormat>(
                 ev = rx.recv() => ev,
             };
             let (batch, last) = match ev {
-                None => (fmt.failed(&ApiError::internal("the engine worker stopped")), true),
-                Some(WorkerEvent::Started { prompt_tokens, cached_tokens }) => (fmt.started(prompt_tokens, cached_tokens), false),
+                None => (
+                    fmt.failed(&ApiError::internal("the engine worker stopped")),
+                    true,
+                ),
+                Some(WorkerEvent::Started {
+                    prompt_tokens,
+                    cached_tokens,
+                }) => (fmt.started(prompt_tokens, cached_tokens), false),
                 Some(WorkerEvent::Delta { text, logprob }) => {
                     if let Some(lp) = logprob {
                         fmt.logprob(lp);
@@ -143,10 +170,17 @@ pub fn sse<F: StreamFormat>(
                     if is_reasoning_only(&events) {
                         reasoning_tokens += 1;
                     }
-                    (events.into_iter().flat_map(|e| fmt.output(e)).collect(), false)
+                    (
+                        events.into_iter().flat_map(|e| fmt.output(e)).collect(),
+                        false,
+                    )
                 }
                 Some(WorkerEvent::Done(fin)) => {
-                    let mut batch: Vec<Event> = parser.finish().into_iter().flat_map(|e| fmt.output(e)).collect();
+                    let mut batch: Vec<Event> = parser
+                        .finish()
+                        .into_iter()
+                        .flat_map(|e| fmt.output(e))
+                        .collect();
                     batch.extend(fmt.finished(&fin, reasoning_tokens));
                     (batch, true)
                 }
@@ -163,7 +197,12 @@ pub fn sse<F: StreamFormat>(
         }
     });
     let stream = ReceiverStream::new(out).map(Ok::<_, Infallible>);
-    let mut resp = Sse::new(stream).keep_alive(KeepAlive::new().interval(keepalive).text("keep-alive")).into_response();
-    resp.headers_mut().insert("x-accel-buffering", axum::http::HeaderValue::from_static("no"));
+    let mut resp = Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(keepalive).text("keep-alive"))
+        .into_response();
+    resp.headers_mut().insert(
+        "x-accel-buffering",
+        axum::http::HeaderValue::from_static("no"),
+    );
     resp
 }

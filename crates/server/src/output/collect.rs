@@ -25,9 +25,10 @@ impl Collected {
             match e {
                 OutputEvent::Text(t) => self.text.push_str(&t),
                 OutputEvent::Reasoning(t) => self.reasoning.push_str(&t),
-                OutputEvent::ToolCallBegin { name, .. } => {
-                    self.tool_calls.push(CollectedCall { name, arguments: String::new() })
-                }
+                OutputEvent::ToolCallBegin { name, .. } => self.tool_calls.push(CollectedCall {
+                    name,
+                    arguments: String::new(),
+                }),
                 OutputEvent::ToolCallArgs { index, delta } => {
                     if let Some(c) = self.tool_calls.get_mut(index) {
                         c.arguments.push_str(&delta);

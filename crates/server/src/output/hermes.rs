@@ -91,7 +91,10 @@ fn bare_start(buf: &str) -> Start {
         return Start::Wait;
     }
     if t.starts_with('{') {
-        return Start::Call { skip: lead, close: Close::Bare };
+        return Start::Call {
+            skip: lead,
+            close: Close::Bare,
+        };
     }
     for fence in FENCES {
         if let Some(rest) = t.strip_prefix(fence) {
@@ -100,7 +103,10 @@ fn bare_start(buf: &str) -> Start {
                 return Start::Wait;
             }
             if body.starts_with('{') && rest.starts_with(['\n', '\r', ' ']) {
-                return Start::Call { skip: buf.len() - body.len(), close: Close::Fenced };
+                return Start::Call {
+                    skip: buf.len() - body.len(),
+                    close: Close::Fenced,
+                };
             }
         } else if fence.starts_with(t) {
             return Start::Wait;
@@ -140,10 +146,17 @@ impl HermesParser {
     fn stream_call(&mut self, limit: usize, out: &mut Vec<OutputEvent>) {
         self.scan.feed(&self.buf[..limit]);
         if !self.begun {
-            let name = self.scan.field("name").filter(|f| f.kind == ValueKind::String).and_then(|f| f.end.map(|e| (f.start, e)));
+            let name = self
+                .scan
+                .field("name")
+                .filter(|f| f.kind == ValueKind::String)
+                .and_then(|f| f.end.map(|e| (f.start, e)));
             match name.and_then(|(s, e)| serde_json::from_str::<String>(&self.buf[s..e]).ok()) {
                 Some(name) => {
-                    out.push(OutputEvent::ToolCallBegin { index: self.calls, name });
+                    out.push(OutputEvent::ToolCallBegin {
+                        index: self.calls,
+                        name,
+                    });
                     self.begun = true;
                 }
                 None => return,
@@ -155,7 +168,10 @@ impl HermesParser {
             let end = f.end.unwrap_or(self.scan.pos());
             let from = f.start + self.sent;
             if end > from {
-                out.push(OutputEvent::ToolCallArgs { index: self.calls, delta: self.buf[from..end].to_string() });
+                out.push(OutputEvent::ToolCallArgs {
+                    index: self.calls,
+                    delta: self.buf[from..end].to_string(),
+                });
                 self.sent = end - f.start;
             }
         }
@@ -163,30 +179,48 @@ impl HermesParser {
 
     /// Completes the current call from its whole body (`buf[..body_len]`); `raw` is how
     /// to release it as text if it is not a call.
-    fn finish_call(&mut self, body_len: usize, raw: impl FnOnce(&str) -> String, out: &mut Vec<OutputEvent>) {
+    fn finish_call(
+        &mut self,
+        body_len: usize,
+        raw: impl FnOnce(&str) -> String,
+        out: &mut Vec<OutputEvent>,
+    ) {
         self.stream_call(body_len, out);
         let body = &self.buf[..body_len];
         let parsed = serde_json::from_str::<serde_json::Value>(body.trim()).ok();
         let call = parsed.as_ref().and_then(|v| {
             let name = v.get("name")?.as_str()?.to_string();
-            let args = v.get("arguments").or_else(|| v.get("parameters")).cloned().unwrap_or(serde_json::json!({}));
+            let args = v
+                .get("arguments")
+                .or_else(|| v.get("parameters"))
+                .cloned()
+                .unwrap_or(serde_json::json!({}));
             Some((name, args))
         });
         match call {
             Some((name, args)) => {
                 let full = match &args {
                     serde_json::Value::String(s) => s.clone(),
-                    _ => match args_field(&self.scan).and_then(|f| f.end.map(|e| &body[f.start..e])) {
-                        Some(raw) => raw.to_string(),
-                        None => serde_json::to_string(&args).unwrap_or_default(),
-                    },
+                    _ => {
+                        match args_field(&self.scan).and_then(|f| f.end.map(|e| &body[f.start..e]))
+                        {
+                            Some(raw) => raw.to_string(),
+                            None => serde_json::to_string(&args).unwrap_or_default(),
+                        }
+                    }
                 };
                 if !self.begun {
-                    out.push(OutputEvent::ToolCallBegin { index: self.calls, name });
+                    out.push(OutputEvent::ToolCallBegin {
+                        index: self.calls,
+                        name,
+                    });
                     self.begun = true;
                 }
                 if self.sent < full.len() && full.is_char_boundary(self.sent) {
-                    out.push(OutputEvent::ToolCallArgs { index: self.calls, delta: full[self.sent..].to_string() });
+                    out.push(OutputEvent::ToolCallArgs {
+                        index: self.calls,
+                        delta: full[self.sent..].to_string(),
+                    });
                 }
                 out.push(OutputEvent::ToolCallEnd { index: self.calls });
                 self.calls += 1;
@@ -272,7 +306,11 @@ impl HermesParser {
             return false;
         }
         let end = self.scan.pos();
-        let fence = if close == Close::Fenced { "```json\n" } else { "" };
+        let fence = if close == Close::Fenced {
+            "```json\n"
+        } else {
+            ""
+        };
         self.finish_call(end, |b| format!("{fence}{b}"), out);
         self.buf.drain(..end);
         self.skip_fence = close == Close::Fenced && self.calls > 0 && self.at_boundary;
@@ -314,7 +352,11 @@ impl ToolCallParser for HermesParser {
             }
             None => {
                 let rest = std::mem::take(&mut self.buf);
-                let rest = if self.skip_fence { rest.trim_start().trim_start_matches("```").to_string() } else { rest };
+                let rest = if self.skip_fence {
+                    rest.trim_start().trim_start_matches("```").to_string()
+                } else {
+                    rest
+                };
                 self.emit_text(&rest, out);
             }
         }
@@ -354,10 +396,22 @@ mod tests {
         assert_eq!(c.text, "");
         assert_eq!(c.tool_calls.len(), 1);
         assert_eq!(c.tool_calls[0].name, "get_weather");
-        assert_eq!(c.tool_calls[0].arguments, "{\"city\": \"Paris\", \"days\": 3}");
-        let deltas = events.iter().filter(|e| matches!(e, OutputEvent::ToolCallArgs { .. })).count();
+        assert_eq!(
+            c.tool_calls[0].arguments,
+            "{\"city\": \"Paris\", \"days\": 3}"
+        );
+        let deltas = events
+            .iter()
+            .filter(|e| matches!(e, OutputEvent::ToolCallArgs { .. }))
+            .count();
         assert!(deltas > 5, "arguments were not streamed: {deltas} deltas");
-        assert_eq!(events.first(), Some(&OutputEvent::ToolCallBegin { index: 0, name: "get_weather".into() }));
+        assert_eq!(
+            events.first(),
+            Some(&OutputEvent::ToolCallBegin {
+                index: 0,
+                name: "get_weather".into()
+            })
+        );
         assert_eq!(events.last(), Some(&OutputEvent::ToolCallEnd { index: 0 }));
     }
 
@@ -369,14 +423,22 @@ mod tests {
         ]);
         assert_eq!(c.text, "Let me check.\n");
         assert_eq!(c.tool_calls.len(), 2);
-        assert_eq!((c.tool_calls[1].name.as_str(), c.tool_calls[1].arguments.as_str()), ("b", "{\"x\": 1}"));
+        assert_eq!(
+            (
+                c.tool_calls[1].name.as_str(),
+                c.tool_calls[1].arguments.as_str()
+            ),
+            ("b", "{\"x\": 1}")
+        );
     }
 
     #[test]
     fn string_arguments_and_parameters_key() {
-        let (c, _) = parse(&["<tool_call>{\"name\": \"a\", \"arguments\": \"{\\\"q\\\": 2}\"}</tool_call>"]);
+        let (c, _) =
+            parse(&["<tool_call>{\"name\": \"a\", \"arguments\": \"{\\\"q\\\": 2}\"}</tool_call>"]);
         assert_eq!(c.tool_calls[0].arguments, "{\"q\": 2}");
-        let (c, _) = parse(&["<tool_call>{\"name\": \"a\", \"parameters\": {\"q\": 2}}</tool_call>"]);
+        let (c, _) =
+            parse(&["<tool_call>{\"name\": \"a\", \"parameters\": {\"q\": 2}}</tool_call>"]);
         assert_eq!(c.tool_calls[0].arguments, "{\"q\": 2}");
     }
 
@@ -411,10 +473,18 @@ mod tests {
         assert_eq!(c.text, "");
         assert_eq!(c.tool_calls.len(), 1);
         assert_eq!(c.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
-        assert!(events.iter().filter(|e| matches!(e, OutputEvent::ToolCallArgs { .. })).count() > 3);
+        assert!(
+            events
+                .iter()
+                .filter(|e| matches!(e, OutputEvent::ToolCallArgs { .. }))
+                .count()
+                > 3
+        );
         let (c, _) = parse(&["\n```json\n{\"name\": \"a\", \"arguments\": {}}\n```\n"]);
         assert_eq!((c.text.as_str(), c.tool_calls.len()), ("", 1));
-        let (c, _) = parse(&["{\"name\": \"a\", \"arguments\": {}}\n{\"name\": \"b\", \"arguments\": {\"x\": 1}}"]);
+        let (c, _) = parse(&[
+            "{\"name\": \"a\", \"arguments\": {}}\n{\"name\": \"b\", \"arguments\": {\"x\": 1}}",
+        ]);
         assert_eq!(c.tool_calls.len(), 2);
         assert_eq!(c.tool_calls[1].name, "b");
     }
@@ -422,9 +492,15 @@ mod tests {
     #[test]
     fn other_json_and_later_objects_stay_text() {
         let (c, _) = parse(&["{\"answer\": 42}"]);
-        assert_eq!((c.text.as_str(), c.tool_calls.len()), ("{\"answer\": 42}", 0));
+        assert_eq!(
+            (c.text.as_str(), c.tool_calls.len()),
+            ("{\"answer\": 42}", 0)
+        );
         let (c, _) = parse(&["Here: {\"name\": \"a\"}"]);
-        assert_eq!((c.text.as_str(), c.tool_calls.len()), ("Here: {\"name\": \"a\"}", 0));
+        assert_eq!(
+            (c.text.as_str(), c.tool_calls.len()),
+            ("Here: {\"name\": \"a\"}", 0)
+        );
         let (c, _) = parse(&["```python\nprint(1)\n```"]);
         assert_eq!(c.text, "```python\nprint(1)\n```");
         let (c, _) = parse(&["{\"name\": \"a\", \"argu"]);

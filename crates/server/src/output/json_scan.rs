@@ -104,12 +104,22 @@ impl TopLevelScan {
     }
 
     fn begin_value(&mut self, kind: ValueKind, at: usize) {
-        self.fields.push(Field { key: std::mem::take(&mut self.key), kind, start: at, end: None });
+        self.fields.push(Field {
+            key: std::mem::take(&mut self.key),
+            kind,
+            start: at,
+            end: None,
+        });
         self.state = State::InValue;
     }
 
     fn scalar_open(&self) -> bool {
-        self.state == State::InValue && self.depth == 1 && self.fields.last().is_some_and(|f| f.kind == ValueKind::Scalar)
+        self.state == State::InValue
+            && self.depth == 1
+            && self
+                .fields
+                .last()
+                .is_some_and(|f| f.kind == ValueKind::Scalar)
     }
 
     /// Scans `buf[self.pos()..]`; `buf` must extend the text given before.
@@ -127,7 +137,8 @@ impl TopLevelScan {
                 } else if c == b'"' {
                     self.in_string = false;
                     if self.depth == 1 && self.state == State::InKey {
-                        self.key = serde_json::from_str(&buf[self.key_start..=i]).unwrap_or_default();
+                        self.key =
+                            serde_json::from_str(&buf[self.key_start..=i]).unwrap_or_default();
                         self.state = State::ExpectColon;
                     } else if self.depth == 1 && self.state == State::InValue {
                         self.end_value(i + 1);
@@ -224,7 +235,10 @@ mod tests {
         assert!(s.done());
         assert_eq!(slice(buf, s.field("name").unwrap()), r#""get_weather""#);
         assert_eq!(slice(buf, s.field("n").unwrap()), "12");
-        assert_eq!(slice(buf, s.field("arguments").unwrap()), r#"{"city": "Paris", "x": [1, {"y": "}"}]}"#);
+        assert_eq!(
+            slice(buf, s.field("arguments").unwrap()),
+            r#"{"city": "Paris", "x": [1, {"y": "}"}]}"#
+        );
         assert_eq!(slice(buf, s.field("t").unwrap()), "true");
     }
 
@@ -241,7 +255,10 @@ mod tests {
         assert!(s.done());
         assert_eq!(s.field("name").unwrap().key, "name");
         assert_eq!(slice(full, s.field("name").unwrap()), r#""f\"q""#);
-        assert_eq!(slice(full, s.field("arguments").unwrap()), r#"{"a": "b\\"}"#);
+        assert_eq!(
+            slice(full, s.field("arguments").unwrap()),
+            r#"{"a": "b\\"}"#
+        );
     }
 
     #[test]

@@ -82,14 +82,21 @@ impl OutputParser {
     /// calls are plain text).
     pub fn new(starts_in_reasoning: bool, tools: Option<ToolFormat>) -> Self {
         OutputParser {
-            reasoning: Some(ReasoningSplitter::new(THINK_OPEN, THINK_CLOSE, starts_in_reasoning)),
+            reasoning: Some(ReasoningSplitter::new(
+                THINK_OPEN,
+                THINK_CLOSE,
+                starts_in_reasoning,
+            )),
             tools: tools.map(ToolFormat::parser),
         }
     }
 
     /// A pass-through parser: all output is answer text (raw completions).
     pub fn plain() -> Self {
-        OutputParser { reasoning: None, tools: None }
+        OutputParser {
+            reasoning: None,
+            tools: None,
+        }
     }
 
     /// Feeds generated text; returns the events it completes.
@@ -106,7 +113,11 @@ impl OutputParser {
     /// Ends the stream.
     pub fn finish(&mut self) -> Vec<OutputEvent> {
         let mut out = Vec::new();
-        let pieces = self.reasoning.as_mut().map(ReasoningSplitter::finish).unwrap_or_default();
+        let pieces = self
+            .reasoning
+            .as_mut()
+            .map(ReasoningSplitter::finish)
+            .unwrap_or_default();
         self.route(pieces, &mut out);
         if let Some(t) = &mut self.tools {
             t.finish(&mut out);

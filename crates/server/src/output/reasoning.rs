@@ -35,7 +35,13 @@ pub struct ReasoningSplitter {
 impl ReasoningSplitter {
     /// `inside`: the prompt ended with the open tag.
     pub fn new(open: &'static str, close: &'static str, inside: bool) -> Self {
-        ReasoningSplitter { open, close, state: if inside { State::Inside } else { State::Start }, buf: String::new(), strip: true }
+        ReasoningSplitter {
+            open,
+            close,
+            state: if inside { State::Inside } else { State::Start },
+            buf: String::new(),
+            strip: true,
+        }
     }
 
     /// Feeds text; returns the pieces it completes.
@@ -142,18 +148,27 @@ mod tests {
 
     #[test]
     fn splits_a_leading_block() {
-        assert_eq!(split(false, &["\n<thi", "nk>\nhmm</th", "ink>\n\nHello"]), ("hmm".into(), "Hello".into()));
+        assert_eq!(
+            split(false, &["\n<thi", "nk>\nhmm</th", "ink>\n\nHello"]),
+            ("hmm".into(), "Hello".into())
+        );
     }
 
     #[test]
     fn prompt_opened_block() {
         assert_eq!(split(true, &["hmm</think>Hi"]), ("hmm".into(), "Hi".into()));
-        assert_eq!(split(true, &["still thinking"]), ("still thinking".into(), "".into()));
+        assert_eq!(
+            split(true, &["still thinking"]),
+            ("still thinking".into(), "".into())
+        );
     }
 
     #[test]
     fn tags_later_in_the_answer_are_text() {
-        assert_eq!(split(false, &["Hi <think>x</think>"]), ("".into(), "Hi <think>x</think>".into()));
+        assert_eq!(
+            split(false, &["Hi <think>x</think>"]),
+            ("".into(), "Hi <think>x</think>".into())
+        );
         assert_eq!(split(false, &["<"]), ("".into(), "<".into()));
         assert_eq!(split(false, &["  "]), ("".into(), "  ".into()));
     }

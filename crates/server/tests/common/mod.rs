@@ -18,7 +18,10 @@ pub async fn fake_server(fake: FakeConfig, mut config: ServerConfig) -> ServerHa
 }
 
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("client")
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client")
 }
 
 /// POSTs JSON; returns status, headers and the body parsed as JSON (Null if not JSON).
@@ -27,12 +30,22 @@ pub async fn post(url: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, 
     let status = r.status().as_u16();
     let headers = r.headers().clone();
     let text = r.text().await.expect("body");
-    (status, headers, serde_json::from_str(&text).unwrap_or(Value::Null))
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
 }
 
 /// POSTs raw bytes as JSON content.
 pub async fn post_raw(url: &str, body: Vec<u8>) -> (u16, Value) {
-    let r = client().post(url).header("content-type", "application/json").body(body).send().await.expect("request");
+    let r = client()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("request");
     let status = r.status().as_u16();
     let text = r.text().await.expect("body");
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
@@ -68,7 +81,10 @@ pub fn parse_sse(text: &str) -> (Vec<Sse>, usize) {
             }
         }
         if !data.is_empty() {
-            events.push(Sse { event, data: data.join("\n") });
+            events.push(Sse {
+                event,
+                data: data.join("\n"),
+            });
         }
     }
     (events, comments)
@@ -86,23 +102,37 @@ pub async fn post_sse(url: &str, body: &Value) -> (u16, Vec<Sse>, usize) {
 /// The OpenAI error shape.
 pub fn assert_openai_error(body: &Value) {
     let e = &body["error"];
-    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "no error.message in {body}");
+    assert!(
+        e["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "no error.message in {body}"
+    );
     assert!(e["type"].is_string(), "no error.type in {body}");
-    assert!(e.get("param").is_some() && e.get("code").is_some(), "missing param/code in {body}");
+    assert!(
+        e.get("param").is_some() && e.get("code").is_some(),
+        "missing param/code in {body}"
+    );
 }
 
 /// The Anthropic error shape.
 pub fn assert_anthropic_error(body: &Value, ty: &str) {
     assert_eq!(body["type"], "error", "{body}");
     assert_eq!(body["error"]["type"], ty, "{body}");
-    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
 }
 
 /// Where the real models live: `$DS4_MODELS` or `~/.cache/ds4-server/models`.
 pub fn model_path(file: &str) -> Option<std::path::PathBuf> {
     let dir = std::env::var_os("DS4_MODELS")
         .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/ds4-server/models")))?;
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| std::path::PathBuf::from(h).join(".cache/ds4-server/models"))
+        })?;
     let p = dir.join(file);
     p.exists().then_some(p)
 }
