@@ -15,24 +15,39 @@ use crate::{EngineError, Result};
 /// Architectures this build can run.
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "glm5next", "glm5-next"];
 
-/// Loads the model in `file` on the CPU backend.
+/// Loads the model in `file` on the CPU backend, with as many threads as rayon's
+/// global pool has (the CLI sizes it with `--threads`).
 pub fn load_model(file: &Arc<GgufFile>, path: &Path) -> Result<Arc<dyn Model>> {
-    load_model_with(Arc::new(CpuBackend), file, path)
+    load_model_with(
+        Arc::new(CpuBackend::new(rayon::current_num_threads())?),
+        file,
+        path,
+    )
 }
 
 /// Loads the model in `file` on `backend` (the CLI picks the backend; backends living
 /// in other crates, such as CUDA, call this without the engine depending on them).
-pub fn load_model_with<B: Backend>(backend: Arc<B>, file: &Arc<GgufFile>, path: &Path) -> Result<Arc<dyn Model>> {
+pub fn load_model_with<B: Backend>(
+    backend: Arc<B>,
+    file: &Arc<GgufFile>,
+    path: &Path,
+) -> Result<Arc<dyn Model>> {
     let hp = Hparams::new(file)?;
     let name = match file.get("general.name") {
         Some(Value::String(s)) => s.clone(),
-        _ => path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        _ => path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
     };
-    let _span = tracing::info_span!("load", arch = hp.arch(), backend = backend.name(), %name).entered();
+    let _span =
+        tracing::info_span!("load", arch = hp.arch(), backend = backend.name(), %name).entered();
     let model: Arc<dyn Model> = match hp.arch() {
         "llama" => Arc::new(Llama::load(backend, file, Variant::Llama, name)?),
         "qwen2" => Arc::new(Llama::load(backend, file, Variant::Qwen2, name)?),
-        "glm5next" | "glm5-next" => Arc::new(crate::families::glm5_next::Glm5Next::load(file, name)?),
+        "glm5next" | "glm5-next" => {
+            Arc::new(crate::families::glm5_next::Glm5Next::load(file, name)?)
+        }
         other => return Err(EngineError::UnknownArchitecture(other.to_string())),
     };
     Ok(model)
@@ -62,8 +77,14 @@ impl<'a> Hparams<'a> {
     /// Reads `general.architecture`.
     pub fn new(file: &'a GgufFile) -> Result<Self> {
         match file.get("general.architecture") {
-            Some(Value::String(a)) => Ok(Hparams { file, arch: a.clone() }),
-            _ => Err(EngineError::Metadata { key: "general.architecture".into(), detail: String::new() }),
+            Some(Value::String(a)) => Ok(Hparams {
+                file,
+                arch: a.clone(),
+            }),
+            _ => Err(EngineError::Metadata {
+                key: "general.architecture".into(),
+                detail: String::new(),
+            }),
         }
     }
 
@@ -76,7 +97,10 @@ impl<'a> Hparams<'a> {
     }
 
     fn missing(&self, k: &str, detail: &str) -> EngineError {
-        EngineError::Metadata { key: self.key(k), detail: detail.to_string() }
+        EngineError::Metadata {
+            key: self.key(k),
+            detail: detail.to_string(),
+        }
     }
 
     /// An unsigned integer `{arch}.k`.
@@ -95,7 +119,9 @@ impl<'a> Hparams<'a> {
             Some(v) => as_u64(v)
                 .and_then(|x| usize::try_from(x).ok())
                 .map(Some)
-                .ok_or_else(|| self.missing(k, &format!(" (expected an unsigned integer, found {v:?})"))),
+                .ok_or_else(|| {
+                    self.missing(k, &format!(" (expected an unsigned integer, found {v:?})"))
+                }),
         }
     }
 
@@ -130,13 +156,24 @@ pub struct TensorLoader<'a, B: Backend> {
 
 impl<'a, B: Backend> TensorLoader<'a, B> {
     pub fn new(backend: Arc<B>, file: &'a Arc<GgufFile>) -> Self {
-        TensorLoader { backend, file, n_params: 0, decode_bytes: 0 }
+        TensorLoader {
+            backend,
+            file,
+            n_params: 0,
+            decode_bytes: 0,
+        }
     }
 
     fn load(&mut self, name: &str, expected: &[Option<usize>]) -> Result<Option<B::Weight>> {
-        let Some(info) = self.file.tensor(name) else { return Ok(None) };
+        let Some(info) = self.file.tensor(name) else {
+            return Ok(None);
+        };
         let ok = info.dims.len() == expected.len()
-            && info.dims.iter().zip(expected).all(|(&d, e)| e.is_none_or(|e| d == e as u64));
+            && info
+                .dims
+                .iter()
+                .zip(expected)
+                .all(|(&d, e)| e.is_none_or(|e| d == e as u64));
         if !ok {
             return Err(EngineError::TensorShape {
                 name: name.to_string(),
@@ -151,11 +188,17 @@ impl<'a, B: Backend> TensorLoader<'a, B> {
 
     /// A matrix with rows of `cols` elements (and `rows` rows when given).
     pub fn matrix(&mut self, name: &str, cols: usize, rows: Option<usize>) -> Result<B::Weight> {
-        self.optional_matrix(name, cols, rows)?.ok_or_else(|| EngineError::MissingTensor(name.into()))
+        self.optional_matrix(name, cols, rows)?
+            .ok_or_else(|| EngineError::MissingTensor(name.into()))
     }
 
     /// Like [`Self::matrix`] but `None` when the tensor is absent.
-    pub fn optional_matrix(&mut self, name: &str, cols: usize, rows: Option<usize>) -> Result<Option<B::Weight>> {
+    pub fn optional_matrix(
+        &mut self,
+        name: &str,
+        cols: usize,
+        rows: Option<usize>,
+    ) -> Result<Option<B::Weight>> {
         self.load(name, &[Some(cols), rows])
     }
 
@@ -177,7 +220,8 @@ impl<'a, B: Backend> TensorLoader<'a, B> {
 
     /// A vector of `len` elements.
     pub fn vector(&mut self, name: &str, len: usize) -> Result<B::Weight> {
-        self.optional_vector(name, len)?.ok_or_else(|| EngineError::MissingTensor(name.into()))
+        self.optional_vector(name, len)?
+            .ok_or_else(|| EngineError::MissingTensor(name.into()))
     }
 
     /// Like [`Self::vector`] but `None` when the tensor is absent.
@@ -187,7 +231,10 @@ impl<'a, B: Backend> TensorLoader<'a, B> {
 
     /// The number of rows of a 2-D tensor.
     pub fn rows_of(&self, name: &str) -> Result<usize> {
-        let info = self.file.tensor(name).ok_or_else(|| EngineError::MissingTensor(name.into()))?;
+        let info = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
         Ok(info.dims.get(1).copied().unwrap_or(1) as usize)
     }
 

@@ -60,6 +60,12 @@ pub trait Backend: Send + Sync + 'static {
     fn kv(&self, n_layer: usize, n_ctx: usize, kv_dim: usize) -> Self::Kv;
     /// A copy of the first `len` positions of `kv`.
     fn kv_snapshot(&self, kv: &Self::Kv, len: usize) -> Self::Kv;
+    /// Runs one forward step (every operation `f` issues) on the backend's workers. The
+    /// CPU backend runs it inside its thread pool so the operations' parallel loops do
+    /// not have to wake a caller outside the pool once per operation.
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
     /// Hands over the inputs of one step: `tokens[i]` sits at position `pos0 + i`.
     fn step(&self, tokens: &[u32], pos0: usize) -> Self::Step;
 

@@ -107,7 +107,12 @@ pub struct LlamaCache<B: Backend> {
 
 impl<B: Backend> Llama<B> {
     /// Loads the model from `file` onto `backend`.
-    pub fn load(backend: Arc<B>, file: &Arc<GgufFile>, variant: Variant, name: String) -> Result<Self> {
+    pub fn load(
+        backend: Arc<B>,
+        file: &Arc<GgufFile>,
+        variant: Variant,
+        name: String,
+    ) -> Result<Self> {
         let hp = Hparams::new(file)?;
         let n_embd = hp.usize("embedding_length")?;
         let n_head = hp.usize("attention.head_count")?;
@@ -122,7 +127,11 @@ impl<B: Backend> Llama<B> {
             n_embd,
             n_ff: hp.usize("feed_forward_length")?,
             n_layer: hp.usize("block_count")?,
-            attn: AttnShape { n_head, n_head_kv, head_dim },
+            attn: AttnShape {
+                n_head,
+                n_head_kv,
+                head_dim,
+            },
             rope: Rope {
                 n_dims: hp.usize_or("rope.dimension_count", head_dim)?,
                 freq_base: hp.f32_or("rope.freq_base", 10000.0)?,
@@ -145,9 +154,14 @@ impl<B: Backend> Llama<B> {
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let opt_bias = |t: &mut TensorLoader<B>, s: &str, len: usize| -> Result<Option<B::Weight>> {
-                if bias { t.optional_vector(&n(s), len) } else { Ok(None) }
-            };
+            let opt_bias =
+                |t: &mut TensorLoader<B>, s: &str, len: usize| -> Result<Option<B::Weight>> {
+                    if bias {
+                        t.optional_vector(&n(s), len)
+                    } else {
+                        Ok(None)
+                    }
+                };
             layers.push(Layer {
                 attn_norm: t.vector(&n("attn_norm.weight"), n_embd)?,
                 wq: t.matrix(&n("attn_q.weight"), n_embd, Some(q_dim))?,
@@ -174,7 +188,15 @@ impl<B: Backend> Llama<B> {
             n_params: t.n_params(),
             backend: backend.name().to_string(),
         };
-        Ok(Llama { backend, cfg, info, tok_embd, output_norm, output, layers })
+        Ok(Llama {
+            backend,
+            cfg,
+            info,
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+        })
     }
 
     fn scratch(&self) -> Scratch<B> {
@@ -198,7 +220,13 @@ impl<B: Backend> Llama<B> {
     }
 
     /// Evaluates one chunk of at most `CHUNK` tokens at position `pos0`.
-    fn forward_chunk(&self, cache: &mut LlamaCache<B>, tokens: &[u32], logits: Logits, out: &mut Vec<f32>) {
+    fn forward_chunk(
+        &self,
+        cache: &mut LlamaCache<B>,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) {
         let b = &*self.backend;
         let c = &self.cfg;
         let n = tokens.len();
@@ -212,7 +240,16 @@ impl<B: Backend> Llama<B> {
             b.matmul(&l.wv, l.bv.as_ref(), &s.h, n, &mut s.v);
             b.rope(&step, &c.rope, c.attn.n_head, c.attn.head_dim, &mut s.q);
             b.rope(&step, &c.rope, c.attn.n_head_kv, c.attn.head_dim, &mut s.k);
-            b.attention(&step, &mut cache.kv, il, &c.attn, &s.q, &s.k, &s.v, &mut s.attn);
+            b.attention(
+                &step,
+                &mut cache.kv,
+                il,
+                &c.attn,
+                &s.q,
+                &s.k,
+                &s.v,
+                &mut s.attn,
+            );
             b.matmul(&l.wo, None, &s.attn, n, &mut s.o);
             b.add(&mut s.x, &s.o, n * c.n_embd);
             b.rms_norm(&s.x, &l.ffn_norm, c.eps, n, &mut s.h);
@@ -250,23 +287,37 @@ impl<B: Backend> Model for Llama<B> {
         let c = &self.cfg;
         Ok(Box::new(LlamaCache::<B> {
             backend: self.backend.clone(),
-            kv: self.backend.kv(c.n_layer, n_ctx, c.attn.n_head_kv * c.attn.head_dim),
+            kv: self
+                .backend
+                .kv(c.n_layer, n_ctx, c.attn.n_head_kv * c.attn.head_dim),
             len: 0,
             n_ctx,
             scratch: None,
         }))
     }
 
-    fn forward(&self, cache: &mut dyn Cache, tokens: &[u32], logits: Logits, out: &mut Vec<f32>) -> Result<()> {
+    fn forward(
+        &self,
+        cache: &mut dyn Cache,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let cache = cache
             .as_any_mut()
             .downcast_mut::<LlamaCache<B>>()
             .ok_or_else(|| EngineError::Config("cache belongs to another model".into()))?;
         if cache.len + tokens.len() > cache.n_ctx {
-            return Err(EngineError::ContextFull { needed: cache.len + tokens.len(), n_ctx: cache.n_ctx });
+            return Err(EngineError::ContextFull {
+                needed: cache.len + tokens.len(),
+                n_ctx: cache.n_ctx,
+            });
         }
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
-            return Err(EngineError::BadToken { id, n_vocab: self.cfg.n_vocab });
+            return Err(EngineError::BadToken {
+                id,
+                n_vocab: self.cfg.n_vocab,
+            });
         }
         out.clear();
         let chunks = tokens.len().div_ceil(CHUNK);
@@ -275,7 +326,8 @@ impl<B: Backend> Model for Llama<B> {
                 Logits::Last if i + 1 < chunks => Logits::None,
                 other => other,
             };
-            self.forward_chunk(cache, chunk, want, out);
+            self.backend
+                .run(|| self.forward_chunk(cache, chunk, want, out));
         }
         Ok(())
     }
@@ -292,7 +344,10 @@ impl<B: Backend> Cache for LlamaCache<B> {
 
     fn truncate(&mut self, n: usize) -> Result<()> {
         if n > self.len {
-            return Err(EngineError::Rewind { target: n, reason: format!("the cache holds only {} tokens", self.len) });
+            return Err(EngineError::Rewind {
+                target: n,
+                reason: format!("the cache holds only {} tokens", self.len),
+            });
         }
         // KV rows past `n` are simply overwritten by later steps.
         self.len = n;
@@ -315,7 +370,9 @@ impl<B: Backend> Cache for LlamaCache<B> {
             .downcast_ref::<LlamaCache<B>>()
             .ok_or_else(|| EngineError::Config("snapshot belongs to another model".into()))?;
         if from.n_ctx != self.n_ctx {
-            return Err(EngineError::Config("snapshot has another context size".into()));
+            return Err(EngineError::Config(
+                "snapshot has another context size".into(),
+            ));
         }
         self.kv = self.backend.kv_snapshot(&from.kv, from.len);
         self.len = from.len;

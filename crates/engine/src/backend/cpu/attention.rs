@@ -39,28 +39,35 @@ pub fn attention(
     let scale = 1.0 / (hd as f32).sqrt();
     let tiny = n_tok >= 2;
     let len_max = (p0 + n_tok).next_multiple_of(KV_PAD);
-    out[..n_tok * q_dim].par_chunks_mut(hd).enumerate().for_each_init(
-        || Scratch::new(hd, len_max),
-        |s, (idx, o)| {
-            let (t, h) = (idx / shape.n_head, idx % shape.n_head);
-            let g = h / group;
-            let n = p0 + t + 1;
-            let len = n.next_multiple_of(KV_PAD);
-            // The query is converted to f16 for the f16 product.
-            for (d, &x) in s.q.iter_mut().zip(&q[t * q_dim + h * hd..][..hd]) {
-                *d = f16::from_f32(x).to_f32();
-            }
-            let scores = &mut s.scores[..len];
-            for (j, sc) in scores[..n].iter_mut().enumerate() {
-                kc[j * kv_dim + g * hd..][..hd].convert_to_f32_slice(&mut s.row);
-                let kq = if tiny { dot_f16_tiny(&s.row, &s.q) } else { dot_f16_vec(&s.row, &s.q) };
-                *sc = kq * scale;
-            }
-            scores[n..].fill(f32::NEG_INFINITY);
-            softmax(scores);
-            weighted_sum(s, vc, kv_dim, g * hd, n, tiny, o);
-        },
-    );
+    out[..n_tok * q_dim]
+        .par_chunks_mut(hd)
+        .enumerate()
+        .for_each_init(
+            || Scratch::new(hd, len_max),
+            |s, (idx, o)| {
+                let (t, h) = (idx / shape.n_head, idx % shape.n_head);
+                let g = h / group;
+                let n = p0 + t + 1;
+                let len = n.next_multiple_of(KV_PAD);
+                // The query is converted to f16 for the f16 product.
+                for (d, &x) in s.q.iter_mut().zip(&q[t * q_dim + h * hd..][..hd]) {
+                    *d = f16::from_f32(x).to_f32();
+                }
+                let scores = &mut s.scores[..len];
+                for (j, sc) in scores[..n].iter_mut().enumerate() {
+                    kc[j * kv_dim + g * hd..][..hd].convert_to_f32_slice(&mut s.row);
+                    let kq = if tiny {
+                        dot_f16_tiny(&s.row, &s.q)
+                    } else {
+                        dot_f16_vec(&s.row, &s.q)
+                    };
+                    *sc = kq * scale;
+                }
+                scores[n..].fill(f32::NEG_INFINITY);
+                softmax(scores);
+                weighted_sum(s, vc, kv_dim, g * hd, n, tiny, o);
+            },
+        );
 }
 
 /// Per-task buffers.
@@ -74,14 +81,27 @@ struct Scratch {
 
 impl Scratch {
     fn new(hd: usize, len: usize) -> Self {
-        Scratch { q: vec![0.0; hd], row: vec![0.0; hd], scores: vec![0.0; len], acc: vec![0.0; 4 * LANES * hd] }
+        Scratch {
+            q: vec![0.0; hd],
+            row: vec![0.0; hd],
+            scores: vec![0.0; len],
+            acc: vec![0.0; 4 * LANES * hd],
+        }
     }
 }
 
 /// `o[d] = Σ_j f16(p_j) · V[j][off + d]` for `j < n`, accumulated per output element in
 /// the order of the dot ggml uses (`tinyBLAS`: one 16-lane accumulator; vec_dot: four
 /// of them over 64-element steps). Vectorised across `d`.
-fn weighted_sum(s: &mut Scratch, vc: &[f16], kv_dim: usize, off: usize, n: usize, tiny: bool, o: &mut [f32]) {
+fn weighted_sum(
+    s: &mut Scratch,
+    vc: &[f16],
+    kv_dim: usize,
+    off: usize,
+    n: usize,
+    tiny: bool,
+    o: &mut [f32],
+) {
     let hd = o.len();
     let groups = if tiny { 1 } else { 4 };
     let acc = &mut s.acc[..groups * LANES * hd];

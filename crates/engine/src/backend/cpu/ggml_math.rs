@@ -77,7 +77,7 @@ pub fn expf(x: f32) -> f32 {
     let n = z - r;
     // b = x - n·ln2_hi - n·ln2_lo
     let b = (-n).mul_add(
-        f32::from_bits(0x35bf_be8e), // 0x1.7f7d1cp-20
+        f32::from_bits(0x35bf_be8e),                  // 0x1.7f7d1cp-20
         (-n).mul_add(f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1
     );
     if n.abs() > 192.0 {
@@ -168,14 +168,26 @@ mod tests {
     fn dots_equal_f64_on_exact_values() {
         let x: Vec<f32> = (0..128).map(|i| (i % 7) as f32 - 3.0).collect();
         let y: Vec<f32> = (0..128).map(|i| (i % 5) as f32 * 0.5).collect();
-        let exact: f64 = x.iter().zip(&y).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
+        let exact: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| (*a as f64) * (*b as f64))
+            .sum();
         assert_eq!(dot_f16_vec(&x, &y) as f64, exact);
         assert_eq!(dot_f16_tiny(&x, &y) as f64, exact);
     }
 
     #[test]
     fn softmax_sums_to_one_and_masks() {
-        let mut row: Vec<f32> = (0..32).map(|i| if i < 20 { i as f32 * 0.1 } else { f32::NEG_INFINITY }).collect();
+        let mut row: Vec<f32> = (0..32)
+            .map(|i| {
+                if i < 20 {
+                    i as f32 * 0.1
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+            .collect();
         softmax(&mut row);
         let s: f64 = row.iter().map(|&v| v as f64).sum();
         assert!((s - 1.0).abs() < 1e-6);

@@ -20,9 +20,27 @@ mod ggml_math;
 use super::{AttnShape, Backend, Rope};
 use crate::{EngineError, Result};
 
-/// The CPU backend. Threads come from rayon's global pool.
-#[derive(Debug, Default)]
-pub struct CpuBackend;
+/// The CPU backend, with its own rayon pool.
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+}
+
+impl CpuBackend {
+    /// A backend computing on `threads` threads.
+    pub fn new(threads: usize) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .thread_name(|i| format!("ds4-cpu-{i}"))
+            .build()
+            .map_err(|e| EngineError::Backend(format!("starting {threads} CPU threads: {e}")))?;
+        Ok(CpuBackend { pool })
+    }
+
+    /// Threads of the pool.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+}
 
 /// A weight on the CPU: quantized matrices stay in the mapped file; vectors (norm
 /// weights, biases) are decoded to f32 once.
@@ -86,6 +104,10 @@ impl Backend for CpuBackend {
 
     fn name(&self) -> &'static str {
         "cpu"
+    }
+
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
     }
 
     fn weight(&self, file: &Arc<GgufFile>, info: &TensorInfo) -> Result<CpuWeight> {
