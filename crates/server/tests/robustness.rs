@@ -355,6 +355,44 @@ async fn api_key_and_cors() {
     s.shutdown().await.unwrap();
 }
 
+/// Waits until `/health` reports `n` requests waiting.
+async fn wait_for_queue(base: &str, n: u64) {
+    for _ in 0..500 {
+        let v: Value = client()
+            .get(format!("{base}/health"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["queue_depth"] == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the queue never held {n} requests");
+}
+
+/// Waits until the engine runs a request.
+async fn wait_busy(base: &str) {
+    for _ in 0..500 {
+        let v: Value = client()
+            .get(format!("{base}/health"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["busy"] == true {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the engine never became busy");
+}
+
 async fn metric(base: &str, name: &str) -> f64 {
     let text = client()
         .get(format!("{base}/metrics"))
@@ -419,7 +457,8 @@ async fn disconnect_mid_stream_cancels_within_a_step() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_concurrent_clients() {
     let fake = FakeConfig {
-        token_delay: Duration::from_millis(2),
+        // Each answer takes about 0.4 s, so the 64 requests arrive while 9 are held.
+        token_delay: Duration::from_millis(30),
         ..Default::default()
     };
     let s = fake_server(
@@ -539,7 +578,7 @@ async fn graceful_shutdown_finishes_running_work_and_refuses_queued() {
         let (base, body) = (base.clone(), body.clone());
         async move { post_sse(&format!("{base}/v1/chat/completions"), &body).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_busy(&base).await;
     let queued = tokio::spawn({
         let base = base.clone();
         async move {
@@ -550,7 +589,7 @@ async fn graceful_shutdown_finishes_running_work_and_refuses_queued() {
             .await
         }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_for_queue(&base, 1).await;
     s.shutdown().await.unwrap();
     let (status, events, _) = running.await.unwrap();
     assert_eq!(status, 200);
@@ -589,11 +628,9 @@ async fn shutdown_cancels_after_the_drain_timeout() {
     )
     .await;
     let base = s.base_url();
-    let running =
-        tokio::spawn(
-            async move { post(&format!("{base}/v1/chat/completions"), &chat("go")).await },
-        );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let url = format!("{base}/v1/chat/completions");
+    let running = tokio::spawn(async move { post(&url, &chat("go")).await });
+    wait_busy(&base).await;
     let t0 = Instant::now();
     s.shutdown().await.unwrap();
     assert!(
