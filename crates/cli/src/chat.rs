@@ -154,7 +154,7 @@ pub fn main(args: ChatArgs) -> Result<()> {
             &params,
             &|t| tok.is_eog(t),
             &mut |d, n| progress.update(d, n),
-            &mut |t| {
+            &mut |t, _| {
                 if stop.load(Ordering::SeqCst) {
                     return ControlFlow::Break(());
                 }

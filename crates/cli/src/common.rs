@@ -85,13 +85,16 @@ impl SamplingArgs {
     }
 }
 
-/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
-pub fn init_tracing() {
+/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings; the server also logs
+/// its requests and prefills).
+pub fn init_tracing(server: bool) {
+    let default = if server { "warn,ds4_http=info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
@@ -154,7 +157,9 @@ pub fn cuda_backend() -> Result<Arc<CudaBackend>> {
     if let Err(why) = ds4_cuda::gpu_available() {
         bail!("--backend cuda: no usable GPU ({why})");
     }
-    Ok(Arc::new(CudaBackend::new(0).context("opening CUDA device 0")?))
+    Ok(Arc::new(
+        CudaBackend::new(0).context("opening CUDA device 0")?,
+    ))
 }
 
 fn spinner(msg: &str) -> ProgressBar {

@@ -79,7 +79,7 @@ pub fn main(args: RunArgs) -> Result<()> {
         &params,
         &|t| tok.is_eog(t),
         &mut |d, n| progress.update(d, n),
-        &mut |t| {
+        &mut |t, _| {
             generated.push(t);
             let piece = decoder.push(&tok.piece(t, false));
             // A closed stdout (e.g. `| head`) ends generation quietly.

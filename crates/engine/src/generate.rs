@@ -74,8 +74,9 @@ impl GenerateStats {
     }
 }
 
-/// Brings `session` to `prompt` and generates. `on_token(id)` sees every sampled token
-/// (including a final EOG token) and may break to stop; `is_eog` tells which tokens end
+/// Brings `session` to `prompt` and generates. `on_token(id, logits)` sees every sampled
+/// token (including a final EOG token) with the logits row it was sampled from, and may
+/// break to stop; `is_eog` tells which tokens end
 /// generation. `progress(done, total)` reports prefill progress. The last sampled token
 /// is not evaluated, so the session holds the prompt plus all generated tokens but the
 /// last; the next request's [`Session::sync`] evaluates it if it is kept.
@@ -85,7 +86,7 @@ pub fn generate(
     params: &GenerateParams,
     is_eog: &dyn Fn(u32) -> bool,
     progress: &mut dyn FnMut(usize, usize),
-    on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    on_token: &mut dyn FnMut(u32, &[f32]) -> ControlFlow<()>,
 ) -> Result<GenerateStats> {
     let SyncStats {
         reused, eval_time, ..
@@ -108,7 +109,7 @@ pub fn generate(
         if stats.generated_tokens > 1 {
             stats.decode_time = Some(t.elapsed());
         }
-        if on_token(token).is_break() {
+        if on_token(token, logits).is_break() {
             stats.stop = StopReason::Stopped;
             break;
         }
@@ -126,4 +127,49 @@ pub fn generate(
         session.decode(token)?;
     }
     Ok(stats)
+}
+
+/// Reasoning open and close tags of the families served (`<think>…</think>`).
+pub const THINK_TAGS: (&str, &str) = ("<think>", "</think>");
+
+/// Splits a finished generation's text into `(reasoning, answer)` at
+/// [`THINK_TAGS`], with the server's rule: reasoning is recognised only at the very
+/// start of the output (after whitespace), or from the start when the prompt already
+/// opened the block (`starts_in_reasoning`, the template ended with `<think>`). An
+/// unclosed block is all reasoning. Leading whitespace of both parts is dropped and
+/// trailing whitespace of the reasoning too; text without a block is the answer,
+/// unchanged, and the reasoning is `None`.
+pub fn split_reasoning(text: &str, starts_in_reasoning: bool) -> (Option<String>, String) {
+    let (open, close) = THINK_TAGS;
+    let inside = if starts_in_reasoning {
+        text
+    } else {
+        match text.trim_start().strip_prefix(open) {
+            Some(rest) => rest,
+            None => return (None, text.to_string()),
+        }
+    };
+    let (reasoning, answer) = inside.split_once(close).unwrap_or((inside, ""));
+    (
+        Some(reasoning.trim().to_string()),
+        answer.trim_start().to_string(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasoning_split_at_the_start_only() {
+        let s = |t: &str, inside| split_reasoning(t, inside);
+        assert_eq!(
+            s("\n<think>\nplan\n</think>\n\nAnswer.", false),
+            (Some("plan".into()), "Answer.".into())
+        );
+        assert_eq!(s("No tags <think>x</think>", false), (None, "No tags <think>x</think>".into()));
+        assert_eq!(s("plan</think>ok", true), (Some("plan".into()), "ok".into()));
+        assert_eq!(s("<think>never closed", false), (Some("never closed".into()), String::new()));
+        assert_eq!(s("  plain  ", false), (None, "  plain  ".into()));
+    }
 }

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use ds4_engine::generate::{GenerateParams, StopReason, generate};
 use ds4_engine::logprobs::{logprob, top_logprobs};
-use ds4_engine::sampler::{Rng, SamplerParams, sample};
+use ds4_engine::sampler::SamplerParams;
 use ds4_engine::session::PREFILL_CHUNK;
 use ds4_engine::{EngineError, LoadedModel, Session};
 use ds4_tokenizer::{ChatMessage, RenderOptions, Tokenizer, ToolCall};
@@ -232,74 +232,26 @@ impl Engine for EngineSession {
             seed: settings.seed,
         };
         let tok = self.tokenizer.clone();
-        let Some(k) = settings.top_logprobs else {
-            let stats = generate(
-                &mut self.session,
-                prompt,
-                &params,
-                &|t| tok.is_eog(t),
-                &mut |_, _| {},
-                &mut |id| {
-                    on_token(Sampled {
-                        id,
-                        logprob: None,
-                        top: Vec::new(),
-                    })
-                },
-            )
-            .map_err(engine_error)?;
-            return Ok(GenOutcome {
-                generated: stats.generated_tokens,
-                decode_time: stats.decode_time,
-                stop: gen_stop(stats.stop),
-            });
-        };
-        // The loop of `generate`, reading each step's logits for log-probabilities.
-        self.session
-            .sync(prompt, &mut |_, _| {})
-            .map_err(engine_error)?;
-        let mut rng = Rng(params.seed);
-        let mut generated = 0;
-        let mut stop = GenStop::Length;
-        let mut t_first = None;
-        let mut decode_time = None;
-        while generated < params.max_tokens {
-            let logits = self
-                .session
-                .logits()
-                .ok_or_else(|| BackendError::Engine("no logits after sync".into()))?;
-            let id = sample(logits, &params.sampler, &mut rng);
-            let sampled = Sampled {
-                id,
-                logprob: Some(logprob(logits, id)),
-                top: top_logprobs(logits, k),
-            };
-            generated += 1;
-            let t = *t_first.get_or_insert_with(Instant::now);
-            if generated > 1 {
-                decode_time = Some(t.elapsed());
-            }
-            if on_token(sampled).is_break() {
-                stop = GenStop::Stopped;
-                break;
-            }
-            if tok.is_eog(id) {
-                stop = GenStop::Eog;
-                break;
-            }
-            if generated == params.max_tokens {
-                break;
-            }
-            if self.session.tokens().len() + 1 > self.session.n_ctx() {
-                stop = GenStop::ContextFull;
-                break;
-            }
-            self.session.decode(id).map_err(engine_error)?;
-        }
+        let k = settings.top_logprobs;
+        let stats = generate(
+            &mut self.session,
+            prompt,
+            &params,
+            &|t| tok.is_eog(t),
+            &mut |_, _| {},
+            &mut |id, logits| {
+                on_token(Sampled {
+                    id,
+                    logprob: k.map(|_| logprob(logits, id)),
+                    top: k.map_or_else(Vec::new, |k| top_logprobs(logits, k)),
+                })
+            },
+        )
+        .map_err(engine_error)?;
         Ok(GenOutcome {
-            generated,
-            decode_time,
-            stop,
+            generated: stats.generated_tokens,
+            decode_time: stats.decode_time,
+            stop: gen_stop(stats.stop),
         })
     }
 }

@@ -60,7 +60,7 @@ fn run_like_cli(lm: &LoadedModel, messages: &[ChatMessage], params: &GeneratePar
         params,
         &|t| tok.is_eog(t),
         &mut |_, _| {},
-        &mut |t| {
+        &mut |t, _| {
             text.push_str(&decoder.push(&tok.piece(t, false)));
             std::ops::ControlFlow::Continue(())
         },
