@@ -31,6 +31,7 @@ pub mod layout;
 pub mod lower;
 pub mod ops;
 pub mod parity;
+pub mod probe;
 pub mod reference;
 pub mod synth;
 pub mod weights;
