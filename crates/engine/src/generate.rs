@@ -167,9 +167,18 @@ mod tests {
             s("\n<think>\nplan\n</think>\n\nAnswer.", false),
             (Some("plan".into()), "Answer.".into())
         );
-        assert_eq!(s("No tags <think>x</think>", false), (None, "No tags <think>x</think>".into()));
-        assert_eq!(s("plan</think>ok", true), (Some("plan".into()), "ok".into()));
-        assert_eq!(s("<think>never closed", false), (Some("never closed".into()), String::new()));
+        assert_eq!(
+            s("No tags <think>x</think>", false),
+            (None, "No tags <think>x</think>".into())
+        );
+        assert_eq!(
+            s("plan</think>ok", true),
+            (Some("plan".into()), "ok".into())
+        );
+        assert_eq!(
+            s("<think>never closed", false),
+            (Some("never closed".into()), String::new())
+        );
         assert_eq!(s("  plain  ", false), (None, "  plain  ".into()));
     }
 }
