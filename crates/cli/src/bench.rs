@@ -1,32 +1,58 @@
-//! `ds4-server bench`: prefill tokens/s for an N-token prompt (default 512) and decode
-//! tokens/s for M greedy tokens (default 128) after a short chat prompt, each over
-//! several runs after a warm-up, reported as median, min and max (table or `--json`).
+//! `ds4-server bench`: prefill tokens/s for N-token prompts (default 512; 512 and 4096
+//! on CUDA) and decode tokens/s for M greedy tokens (default 128) after a short chat
+//! prompt, each over several runs after a warm-up, reported as median, min and max
+//! (table or `--json`), optionally with a receipt of every run (`--receipt FILE`).
 //!
 //! Method, as llama.cpp's figures in the fixtures were taken: prefill is one fresh
 //! session evaluating the first N tokens of fixed prose (no template); decode is the
 //! time from the first to the (M+1)-th sampled token (M single-token decodes,
 //! end-of-generation ignored).
+//!
+//! With `--backend cuda` (issue 5, item 4) it also reports the device's copy bandwidth
+//! measured at start (`ds4_cuda::bench::copy_bandwidth`: 1 GiB device-to-device, bytes
+//! read plus written), the weight bytes one decode token reads
+//! (`ModelInfo::decode_weight_bytes`), the achieved bandwidth (those bytes × tokens/s)
+//! and its fraction of the copy bandwidth, kernel launches per decode token and how
+//! many decode steps were CUDA-graph replays. `--synthetic NAME` benchmarks a model of
+//! a real shape with random weights built in GPU memory (`ds4-server synth` writes the
+//! same weights as a file).
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
+use ds4_cuda::CudaBackend;
 use ds4_engine::sampler::{Rng, SamplerParams, sample};
 use ds4_engine::{LoadedModel, Session};
+use ds4_measure::args::ReceiptArgs;
+use ds4_measure::receipt::{BenchRun, Failure, GpuInfo, Receipt, ReceiptKind};
+use ds4_measure::stats::Summary;
 use ds4_tokenizer::{ChatMessage, RenderOptions};
+use serde_json::{Map, Value, json};
 
-use crate::common::{ModelArgs, load};
+use crate::common::{BackendKind, Loaded, ModelArgs, init_threads, load_on, model_path};
+use crate::gpu_probe::{self, GpuProbeArgs, ProbeHandle, set_phase};
 
 /// Fixed prose for the prefill prompt (original text, repeated as needed).
 const PROSE: &str = include_str!("../assets/bench-prose.txt");
+
+/// The decode measurement's chat prompt.
+const DECODE_QUESTION: &str = "What is the capital city of Australia?";
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompt tokens for the prefill measurement.
-    #[arg(long = "prefill-tokens", default_value_t = 512)]
-    pub prefill_tokens: usize,
+    /// Benchmark a synthetic model `SHAPE:QUANT` (e.g. `llama3-8b:q4_k_m`) built in GPU
+    /// memory instead of a file (needs --backend cuda).
+    #[arg(long = "synthetic", value_name = "NAME", conflicts_with = "model")]
+    pub synthetic: Option<String>,
+    /// Prompt lengths for the prefill measurement, comma-separated
+    /// (default: 512; on CUDA 512,4096).
+    #[arg(long = "prefill-tokens", value_delimiter = ',', value_name = "N[,N…]")]
+    pub prefill_tokens: Vec<usize>,
     /// Tokens for the decode measurement.
     #[arg(long = "decode-tokens", default_value_t = 128)]
     pub decode_tokens: usize,
@@ -36,33 +62,53 @@ pub struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long = "json")]
     pub json: bool,
+    #[command(flatten)]
+    pub receipt: ReceiptArgs,
+    #[command(flatten)]
+    pub probe: GpuProbeArgs,
 }
 
-/// Median, min and max of a set of rates.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Summary {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-    pub runs: Vec<f64>,
+impl BenchArgs {
+    fn prefill_sizes(&self) -> Vec<usize> {
+        match (self.prefill_tokens.is_empty(), self.model.backend) {
+            (false, _) => self.prefill_tokens.clone(),
+            (true, BackendKind::Cpu) => vec![512],
+            (true, BackendKind::Cuda) => vec![512, 4096],
+        }
+    }
+
+    fn settings(&self) -> Map<String, Value> {
+        let threads = self
+            .model
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let v = json!({
+            "prefill_tokens": self.prefill_sizes(),
+            "decode_tokens": self.decode_tokens,
+            "runs": self.runs,
+            "warmup_runs": 1,
+            "threads": threads,
+            "ctx": self.model.ctx,
+            "synthetic": self.synthetic,
+            "decode_prompt": DECODE_QUESTION,
+        });
+        v.as_object().cloned().unwrap_or_default()
+    }
 }
 
-impl Summary {
-    fn of(mut runs: Vec<f64>) -> Summary {
-        let mut s = runs.clone();
-        s.sort_by(f64::total_cmp);
-        let n = s.len();
-        let median = if n % 2 == 1 {
-            s[n / 2]
-        } else {
-            (s[n / 2 - 1] + s[n / 2]) / 2.0
-        };
-        runs.shrink_to_fit();
-        Summary {
-            median,
-            min: s[0],
-            max: s[n - 1],
-            runs,
+/// One timed measurement: milliseconds and tokens per second.
+#[derive(Debug, Clone, Copy)]
+struct Timed {
+    ms: f64,
+    tok_s: f64,
+}
+
+impl Timed {
+    fn of(tokens: usize, t0: Instant) -> Timed {
+        let s = t0.elapsed().as_secs_f64();
+        Timed {
+            ms: s * 1e3,
+            tok_s: tokens as f64 / s,
         }
     }
 }
@@ -82,16 +128,24 @@ fn prefill_prompt(lm: &LoadedModel, n: usize) -> Vec<u32> {
     tokens
 }
 
-fn prefill_run(lm: &LoadedModel, n_ctx: usize, prompt: &[u32]) -> Result<f64> {
+fn prefill_run(lm: &LoadedModel, n_ctx: usize, prompt: &[u32]) -> Result<Timed> {
     let mut s = Session::new(lm.model.clone(), n_ctx)?;
     let t0 = Instant::now();
     s.prefill(prompt, &mut |_, _| {})?;
-    Ok(prompt.len() as f64 / t0.elapsed().as_secs_f64())
+    Ok(Timed::of(prompt.len(), t0))
 }
 
-fn decode_run(lm: &LoadedModel, n_ctx: usize, prompt: &[u32], n: usize) -> Result<f64> {
+fn decode_run(
+    lm: &LoadedModel,
+    n_ctx: usize,
+    prompt: &[u32],
+    n: usize,
+    probe: &Option<ProbeHandle>,
+) -> Result<Timed> {
     let mut s = Session::new(lm.model.clone(), n_ctx)?;
+    set_phase(probe, "prefill");
     s.prefill(prompt, &mut |_, _| {})?;
+    set_phase(probe, "decode");
     let greedy = SamplerParams {
         temperature: 0.0,
         top_k: 0,
@@ -99,69 +153,406 @@ fn decode_run(lm: &LoadedModel, n_ctx: usize, prompt: &[u32], n: usize) -> Resul
         min_p: 0.0,
     };
     let mut rng = Rng(0);
-    let mut token = sample(s.logits().expect("after prefill"), &greedy, &mut rng);
+    let mut token = sample(
+        s.logits().context("no logits after prefill")?,
+        &greedy,
+        &mut rng,
+    );
     let t0 = Instant::now();
     for _ in 0..n {
         let logits = s.decode(token)?;
         token = sample(logits, &greedy, &mut rng);
     }
-    Ok(n as f64 / t0.elapsed().as_secs_f64())
+    Ok(Timed::of(n, t0))
+}
+
+/// Loads the model of `args`: a file on the chosen backend, or a synthetic one on GPU 0.
+fn load_model(args: &BenchArgs) -> Result<Loaded> {
+    let Some(name) = &args.synthetic else {
+        return load_on(&args.model);
+    };
+    if args.model.backend != BackendKind::Cuda {
+        bail!(
+            "--synthetic needs --backend cuda (its weights are built in GPU memory); \
+             for the CPU write the model with `ds4-server synth {name} OUT.gguf` and pass -m OUT.gguf"
+        );
+    }
+    init_threads(args.model.threads)?;
+    if let Err(why) = ds4_cuda::gpu_available() {
+        bail!("--synthetic: no usable GPU ({why})");
+    }
+    let s = ds4_cuda::load_synthetic(name, 0).with_context(|| format!("synthetic {name}"))?;
+    let spec_name = ds4_cuda::synth::Spec::parse(name)?.name();
+    let lm = LoadedModel::from_parts(Path::new(&spec_name), s.file, s.model)?;
+    Ok(Loaded {
+        lm,
+        cuda: Some(s.backend),
+    })
+}
+
+/// GPU facts for a receipt: name and memory from the backend; driver version and
+/// clocks from `nvidia-smi` when it is installed (else absent).
+pub fn gpu_info(b: &CudaBackend) -> GpuInfo {
+    let gpu = b.gpu();
+    let mut info = GpuInfo {
+        name: gpu.name.clone(),
+        memory_bytes: gpu.mem_info().ok().map(|(_, total)| total as u64),
+        ..Default::default()
+    };
+    let smi = std::process::Command::new("nvidia-smi")
+        .args([
+            "--query-gpu=driver_version,clocks.sm,clocks.mem,clocks.max.sm",
+            "--format=csv,noheader,nounits",
+            "-i",
+            "0",
+        ])
+        .output();
+    if let Ok(o) = smi.as_ref()
+        && o.status.success()
+    {
+        let text = String::from_utf8_lossy(&o.stdout);
+        let f: Vec<&str> = text
+            .lines()
+            .next()
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .collect();
+        let num = |i: usize| f.get(i).and_then(|s| s.parse::<u32>().ok());
+        info.driver = f.first().filter(|s| !s.is_empty()).map(|s| s.to_string());
+        info.sm_clock_mhz = num(1);
+        info.mem_clock_mhz = num(2);
+        info.max_sm_clock_mhz = num(3);
+    }
+    info
+}
+
+/// CUDA figures measured once per benchmark.
+struct CudaContext {
+    backend: Arc<CudaBackend>,
+    /// Copy bandwidth in bytes/s (read + written), when measured.
+    copy_bytes_per_s: Option<f64>,
+    weight_bytes: u64,
+}
+
+/// Everything measured, for the table and the JSON.
+struct Measured {
+    prefill: Vec<(usize, Vec<Option<Timed>>)>,
+    decode: Vec<Option<Timed>>,
+    /// CUDA-graph replays of each decode run (CUDA only).
+    replays: Vec<Option<u64>>,
+    decode_prompt_tokens: usize,
+    /// Kernel launches per decode token (CUDA only).
+    kernels_per_token: Option<usize>,
+}
+
+impl Measured {
+    /// Graph replays over the measured decode runs (CUDA only).
+    fn graph_replays(&self) -> Option<u64> {
+        self.replays.iter().copied().sum()
+    }
 }
 
 pub fn main(args: BenchArgs) -> Result<()> {
-    if args.runs == 0 || args.prefill_tokens == 0 || args.decode_tokens == 0 {
+    if args.runs == 0 || args.decode_tokens == 0 || args.prefill_sizes().contains(&0) {
         bail!("--runs, --prefill-tokens and --decode-tokens must be at least 1");
     }
-    let lm = load(&args.model)?;
-    let question = [ChatMessage::new(
-        "user",
-        "What is the capital city of Australia?",
-    )];
+    let backend = match args.model.backend {
+        BackendKind::Cpu => "cpu",
+        BackendKind::Cuda => "cuda",
+    };
+    let path = match &args.synthetic {
+        Some(_) => Ok(None),
+        None => model_path(&args.model).map(Some),
+    };
+    let ctx = args.receipt.context(
+        backend,
+        path.as_ref().ok().and_then(|p| p.as_deref()),
+        args.settings(),
+        None,
+    );
+    let mut receipt = Receipt::start(ReceiptKind::Bench, &ctx);
+    let result = path.and_then(|_| run(&args, &mut receipt));
+    if let Err(e) = &result {
+        receipt.record_failure("bench", &format!("{e:#}"));
+    }
+    receipt.finish_time();
+    args.receipt
+        .write(&receipt)
+        .context("writing the receipt")?;
+    result?;
+    if receipt.is_failed() {
+        bail!(
+            "{} measurement(s) failed (see the receipt)",
+            receipt.failures.len()
+        );
+    }
+    Ok(())
+}
+
+fn run(args: &BenchArgs, receipt: &mut Receipt) -> Result<()> {
+    let probe = args.probe.start()?;
+    gpu_probe::set_phase(&probe, "load");
+    let loaded = load_model(args);
+    gpu_probe::set_phase(&probe, "idle");
+    let Loaded { lm, cuda } = match loaded {
+        Ok(l) => l,
+        Err(e) => {
+            gpu_probe::finish(probe);
+            return Err(e.context("loading the model"));
+        }
+    };
+    let cuda = cuda.map(|backend| {
+        let mut info = gpu_info(&backend);
+        let bw = ds4_cuda::bench::copy_bandwidth(backend.gpu(), backend.kernels(), 1 << 30, 10);
+        let copy_bytes_per_s = match bw {
+            Ok(b) => Some(b.bytes_per_s),
+            Err(e) => {
+                receipt.record_failure("copy_bandwidth", &e);
+                None
+            }
+        };
+        info.measured_bandwidth_gbs = copy_bytes_per_s.map(|b| b / 1e9);
+        receipt.machine.gpu = Some(info);
+        CudaContext {
+            backend,
+            copy_bytes_per_s,
+            weight_bytes: lm.model.info().decode_weight_bytes,
+        }
+    });
+    let measured = measure(args, &lm, cuda.as_ref(), receipt, &probe);
+    gpu_probe::finish(probe);
+    let m = measured?;
+    fill_receipt(args, receipt, &m, cuda.as_ref());
+    print(args, &lm, &m, cuda.as_ref())
+}
+
+fn measure(
+    args: &BenchArgs,
+    lm: &LoadedModel,
+    cuda: Option<&CudaContext>,
+    receipt: &mut Receipt,
+    probe: &Option<ProbeHandle>,
+) -> Result<Measured> {
+    let question = [ChatMessage::new("user", DECODE_QUESTION)];
     let (_, chat) = lm.chat_prompt(&question, &RenderOptions::default())?;
-    let n_ctx = args
-        .model
-        .ctx
-        .max(args.prefill_tokens)
+    let sizes = args.prefill_sizes();
+    let n_ctx = sizes
+        .iter()
+        .copied()
+        .fold(args.model.ctx, usize::max)
         .max(chat.len() + args.decode_tokens + 1);
-    let prompt = prefill_prompt(&lm, args.prefill_tokens);
-    prefill_run(&lm, n_ctx, &prompt)?;
-    let prefill = (0..args.runs)
-        .map(|_| prefill_run(&lm, n_ctx, &prompt))
-        .collect::<Result<Vec<_>>>()?;
-    decode_run(&lm, n_ctx, &chat, args.decode_tokens)?;
-    let decode = (0..args.runs)
-        .map(|_| decode_run(&lm, n_ctx, &chat, args.decode_tokens))
-        .collect::<Result<Vec<_>>>()?;
-    let (prefill, decode) = (Summary::of(prefill), Summary::of(decode));
+    let mut fail = |stage: &str, run: Option<usize>, e: anyhow::Error| {
+        receipt.push_failure(Failure {
+            stage: stage.to_string(),
+            message: format!("{e:#}"),
+            turn: None,
+            run,
+        });
+    };
+    let mut prefill = Vec::new();
+    for &n in &sizes {
+        let prompt = prefill_prompt(lm, n);
+        set_phase(probe, "prefill");
+        let mut runs = Vec::new();
+        match prefill_run(lm, n_ctx, &prompt) {
+            Err(e) => fail(&format!("prefill {n} warm-up"), None, e),
+            Ok(_) => {
+                for i in 0..args.runs {
+                    match prefill_run(lm, n_ctx, &prompt) {
+                        Ok(t) => runs.push(Some(t)),
+                        Err(e) => {
+                            fail(&format!("prefill {n}"), Some(i), e);
+                            runs.push(None);
+                        }
+                    }
+                }
+            }
+        }
+        set_phase(probe, "idle");
+        prefill.push((n, runs));
+    }
+    let (mut decode, mut replays) = (Vec::new(), Vec::new());
+    let replays_so_far = || cuda.map(|c| c.backend.stats().graph_replays);
+    match decode_run(lm, n_ctx, &chat, args.decode_tokens, probe) {
+        Err(e) => fail("decode warm-up", None, e),
+        Ok(_) => {
+            for i in 0..args.runs {
+                let before = replays_so_far();
+                let t = decode_run(lm, n_ctx, &chat, args.decode_tokens, probe);
+                replays.push(before.zip(replays_so_far()).map(|(b, a)| a - b));
+                match t {
+                    Ok(t) => decode.push(Some(t)),
+                    Err(e) => {
+                        fail("decode", Some(i), e);
+                        decode.push(None);
+                    }
+                }
+            }
+        }
+    }
+    set_phase(probe, "idle");
+    Ok(Measured {
+        prefill,
+        decode,
+        replays,
+        decode_prompt_tokens: chat.len(),
+        kernels_per_token: cuda.map(|c| c.backend.stats().decode_kernels),
+    })
+}
+
+/// Decode steps of the measured runs (each run decodes `decode_tokens` tokens; the
+/// first is sampled from the prefill's logits).
+fn decode_steps(args: &BenchArgs) -> u64 {
+    (args.runs * args.decode_tokens) as u64
+}
+
+fn fill_receipt(args: &BenchArgs, receipt: &mut Receipt, m: &Measured, cuda: Option<&CudaContext>) {
+    let Some(results) = receipt.bench.as_mut() else {
+        return;
+    };
+    let first = &m.prefill[0];
+    results.prompt_tokens = first.0 as u64;
+    results.gen_tokens = args.decode_tokens as u64;
+    results.warmup_runs = 1;
+    results.runs = (0..args.runs)
+        .map(|i| {
+            let p = first.1.get(i).copied().flatten();
+            let d = m.decode.get(i).copied().flatten();
+            let mut run = BenchRun {
+                prefill_tokens: first.0 as u64,
+                prefill_ms: p.map(|t| t.ms),
+                prefill_tok_s: p.map(|t| t.tok_s),
+                decode_tokens: args.decode_tokens as u64,
+                decode_ms: d.map(|t| t.ms),
+                decode_tok_s: d.map(|t| t.tok_s),
+                ..Default::default()
+            };
+            for (n, runs) in &m.prefill[1..] {
+                let t = runs.get(i).copied().flatten();
+                run.extra
+                    .insert(format!("prefill_{n}_ms"), json!(t.map(|t| t.ms)));
+                run.extra
+                    .insert(format!("prefill_{n}_tok_s"), json!(t.map(|t| t.tok_s)));
+            }
+            if let (Some(c), Some(d)) = (cuda, d) {
+                let achieved = c.weight_bytes as f64 * d.tok_s;
+                run.decode_bandwidth_gbs = Some(achieved / 1e9);
+                run.bandwidth_fraction = c.copy_bytes_per_s.map(|bw| achieved / bw);
+            }
+            if let Some(c) = cuda {
+                run.extra
+                    .insert("weight_bytes_per_token".into(), json!(c.weight_bytes));
+                run.extra
+                    .insert("kernels_per_token".into(), json!(m.kernels_per_token));
+                run.extra.insert(
+                    "graph_replays".into(),
+                    json!(m.replays.get(i).copied().flatten()),
+                );
+            }
+            run
+        })
+        .collect();
+}
+
+fn summary(runs: &[Option<Timed>]) -> (Option<Summary>, Vec<f64>) {
+    let v: Vec<f64> = runs.iter().flatten().map(|t| t.tok_s).collect();
+    (Summary::of(&v), v)
+}
+
+fn print(
+    args: &BenchArgs,
+    lm: &LoadedModel,
+    m: &Measured,
+    cuda: Option<&CudaContext>,
+) -> Result<()> {
     let info = lm.model.info();
     let threads = rayon::current_num_threads();
+    let (decode, decode_runs) = summary(&m.decode);
+    let fig = |tok_s: f64| {
+        cuda.map(|c| {
+            let achieved = c.weight_bytes as f64 * tok_s;
+            (achieved, c.copy_bytes_per_s.map(|bw| achieved / bw))
+        })
+    };
     if args.json {
-        let doc = serde_json::json!({
-            "model": info.name, "path": lm.path, "architecture": info.architecture, "backend": info.backend,
-            "threads": threads, "prefill_tokens": args.prefill_tokens, "decode_tokens": args.decode_tokens,
-            "decode_prompt_tokens": chat.len(), "prefill_tps": prefill, "decode_tps": decode,
+        let prefill: Vec<Value> = m
+            .prefill
+            .iter()
+            .map(|(n, runs)| {
+                let (s, v) = summary(runs);
+                json!({"tokens": n, "tps": s, "runs": v})
+            })
+            .collect();
+        let cuda_doc = cuda.map(|c| {
+            let (achieved, fraction) = decode
+                .and_then(|d| fig(d.median))
+                .map_or((None, None), |(a, f)| (Some(a), f));
+            json!({
+                "copy_bytes_per_s": c.copy_bytes_per_s,
+                "weight_bytes_per_token": c.weight_bytes,
+                "achieved_bytes_per_s": achieved,
+                "fraction_of_copy": fraction,
+                "kernels_per_token": m.kernels_per_token,
+                "graph_replays": m.graph_replays(),
+                "decode_steps": decode_steps(args),
+            })
+        });
+        let doc = json!({
+            "model": info.name, "path": lm.path, "architecture": info.architecture,
+            "backend": info.backend, "synthetic": args.synthetic, "threads": threads,
+            "prefill": prefill,
+            "decode": {"tokens": args.decode_tokens, "prompt_tokens": m.decode_prompt_tokens,
+                       "tps": decode, "runs": decode_runs},
+            "cuda": cuda_doc,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
-    } else {
+        return Ok(());
+    }
+    println!(
+        "model: {} ({}, backend {}, {threads} threads)",
+        info.name, info.architecture, info.backend
+    );
+    println!(
+        "{:<24} {:>10} {:>10} {:>10} {:>5}",
+        "measurement", "median", "min", "max", "runs"
+    );
+    let row = |name: String, s: Option<Summary>| match s {
+        Some(s) => println!(
+            "{name:<24} {:>10.1} {:>10.1} {:>10.1} {:>5}",
+            s.median, s.min, s.max, s.n
+        ),
+        None => println!("{name:<24} {:>10} {:>10} {:>10} {:>5}", "-", "-", "-", 0),
+    };
+    for (n, runs) in &m.prefill {
+        row(format!("prefill {n} tok/s"), summary(runs).0);
+    }
+    row(format!("decode {} tok/s", args.decode_tokens), decode);
+    if let Some(c) = cuda {
+        match c.copy_bytes_per_s {
+            Some(bw) => println!("copy bandwidth: {:.3} TB/s (read + written)", bw / 1e12),
+            None => println!("copy bandwidth: not measured"),
+        }
         println!(
-            "model: {} ({}, backend {}, {threads} threads)",
-            info.name, info.architecture, info.backend
+            "weights read per decode token: {:.3} GB",
+            c.weight_bytes as f64 / 1e9
         );
-        println!(
-            "{:<24} {:>10} {:>10} {:>10} {:>5}",
-            "measurement", "median", "min", "max", "runs"
-        );
-        let row = |name: String, s: &Summary| {
+        if let Some((achieved, fraction)) = decode.and_then(|d| fig(d.median)) {
+            let frac = fraction.map_or("-".to_string(), |f| format!("{:.1} %", 100.0 * f));
             println!(
-                "{name:<24} {:>10.1} {:>10.1} {:>10.1} {:>5}",
-                s.median,
-                s.min,
-                s.max,
-                s.runs.len()
-            )
-        };
-        row(format!("prefill {} tok/s", args.prefill_tokens), &prefill);
-        row(format!("decode {} tok/s", args.decode_tokens), &decode);
+                "achieved decode bandwidth: {:.3} TB/s = {frac} of copy",
+                achieved / 1e12
+            );
+        }
+        if let Some(k) = m.kernels_per_token {
+            println!("kernel launches per decode token: {k}");
+        }
+        if let Some(r) = m.graph_replays() {
+            println!(
+                "decode steps replayed from a CUDA graph: {r} of {}",
+                decode_steps(args)
+            );
+        }
     }
     Ok(())
 }
