@@ -11,6 +11,7 @@ use ds4_engine::generate::{GenerateParams, generate};
 use ds4_tokenizer::{ChatMessage, RenderOptions, StreamDecoder};
 
 use crate::common::{ModelArgs, PrefillProgress, SamplingArgs, load, stats_line};
+use crate::gpu_probe::{self, GpuProbeArgs, set_phase};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -36,6 +37,8 @@ pub struct RunArgs {
     /// Print the prompt and generated token ids as one JSON line on stderr.
     #[arg(long = "dump-tokens")]
     pub dump_tokens: bool,
+    #[command(flatten)]
+    pub probe: GpuProbeArgs,
 }
 
 /// The prompt text from `-p` or `-f`.
@@ -51,6 +54,8 @@ fn prompt_text(args: &RunArgs) -> Result<String> {
 
 pub fn main(args: RunArgs) -> Result<()> {
     let text = prompt_text(&args)?;
+    let probe = args.probe.start()?;
+    set_phase(&probe, "load");
     let lm = load(&args.model)?;
     let prompt = if args.no_template {
         lm.tokenize_rendered(&text)
@@ -73,6 +78,7 @@ pub fn main(args: RunArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut progress = PrefillProgress::new();
     let tok = &lm.tokenizer;
+    set_phase(&probe, "prefill");
     let stats = generate(
         &mut session,
         &prompt,
@@ -80,6 +86,9 @@ pub fn main(args: RunArgs) -> Result<()> {
         &|t| tok.is_eog(t),
         &mut |d, n| progress.update(d, n),
         &mut |t, _| {
+            if generated.is_empty() {
+                set_phase(&probe, "decode");
+            }
             generated.push(t);
             let piece = decoder.push(&tok.piece(t, false));
             // A closed stdout (e.g. `| head`) ends generation quietly.
@@ -92,8 +101,10 @@ pub fn main(args: RunArgs) -> Result<()> {
             }
         },
     )?;
+    set_phase(&probe, "idle");
     let _ = writeln!(stdout, "{}", decoder.flush());
     eprintln!("{}", stats_line(&stats));
+    gpu_probe::finish(probe);
     if args.dump_tokens {
         eprintln!(
             "{}",
