@@ -24,8 +24,8 @@
 //! Output: one JSON object per line — the samples, then a summary with, per phase,
 //! the sample count, failures (driver errors, copies not back within 1 s) and the p95
 //! (nearest rank) and maximum of each time. Without a GPU the probe reports that none
-//! is present: the standalone command exits with status 2, the options on other
-//! commands print a notice and run without it.
+//! is present (`{"probe":"no_gpu","reason":…}`): the standalone command exits with
+//! status 2, the options on other commands print a notice and run without it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, Write};
@@ -75,13 +75,16 @@ impl GpuProbeArgs {
         let Some(path) = &self.gpu_probe else {
             return Ok(None);
         };
-        let file = std::fs::File::create(path)
-            .with_context(|| format!("creating --gpu-probe file {}", path.display()))?;
-        let sink: Box<dyn Write + Send> = Box::new(std::io::BufWriter::new(file));
+        let create = || {
+            std::fs::File::create(path)
+                .with_context(|| format!("creating --gpu-probe file {}", path.display()))
+        };
+        let sink: Box<dyn Write + Send> = Box::new(std::io::BufWriter::new(create()?));
         match ProbeHandle::start(0, self.interval(), sink) {
             Ok(h) => Ok(Some(h)),
             Err(StartError::NoGpu(why)) => {
                 eprintln!("gpu-probe: no GPU present ({why}); running without the probe");
+                writeln!(create()?, "{}", json!({ "probe": "no_gpu", "reason": why }))?;
                 Ok(None)
             }
             Err(StartError::Other(e)) => Err(e),
