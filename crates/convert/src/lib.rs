@@ -71,7 +71,8 @@ pub struct ConvertArgs {
     /// Type of the routed experts' matrices (default: `--outtype`).
     #[arg(long = "expert-type", value_enum)]
     pub expert_type: Option<OutType>,
-    /// Copy the tokenizer (`tokenizer.*` metadata) from this GGUF file.
+    /// Copy the tokenizer (`tokenizer.*` metadata) from this GGUF file (default: build it
+    /// from the checkpoint's `tokenizer.json` when there is one).
     #[arg(long = "vocab-from")]
     pub vocab_from: Option<PathBuf>,
     /// `general.name` (default: the input directory's name).
@@ -113,7 +114,16 @@ pub fn run(args: &ConvertArgs) -> Result<ConvertReport, ConvertError> {
             dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "glm5next".into())
         });
         let opts = Options { outtype: args.outtype, expert_type: args.expert_type, name };
-        convert_dir(dir, &opts, &mut w)?
+        let report = convert_dir(dir, &opts, &mut w)?;
+        if vocab.is_none() {
+            let n_vocab =
+                w.metadata().get(&format!("{}.vocab_size", glm5_next::ARCH)).and_then(|v| v.as_u64()).unwrap_or(0)
+                    as usize;
+            for (k, v) in vocab::from_hf(dir, n_vocab)?.unwrap_or_default() {
+                w.add_metadata(k, v)?;
+            }
+        }
+        report
     };
     if let Some(v) = &vocab {
         vocab::copy(v, &mut w)?;

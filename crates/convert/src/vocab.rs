@@ -1,9 +1,22 @@
-//! Copying a tokenizer between GGUF files: every `tokenizer.*` metadata key (the
-//! vocabulary, merges, special token ids, chat template).
+//! Tokenizer metadata: copied from another GGUF file (every `tokenizer.*` key), or built
+//! from a checkpoint's Hugging Face `tokenizer.json` (byte-level BPE) the way llama.cpp's
+//! converter does for GLM-4.5 and later (`tokenizer.ggml.model = gpt2`, pre-tokenizer
+//! `glm4`, special tokens `<|endoftext|>` (EOS, padding), `<|user|>` (end of turn) and
+//! `<|observation|>` (end of message), no BOS added, the chat template of
+//! `tokenizer_config.json` or `chat_template.jinja`).
 
-use ds4_gguf::{GgufFile, GgufWriter};
+use std::path::Path;
+
+use ds4_gguf::{GgufFile, GgufWriter, Value};
+use serde_json::Value as Json;
 
 use crate::ConvertError;
+
+/// llama.cpp's token types.
+const NORMAL: i32 = 1;
+const CONTROL: i32 = 3;
+const USER_DEFINED: i32 = 4;
+const UNUSED: i32 = 5;
 
 /// The number of tokens of `file`'s vocabulary (`tokenizer.ggml.tokens`).
 ///
@@ -29,4 +42,103 @@ pub fn copy(from: &GgufFile, w: &mut GgufWriter) -> Result<usize, ConvertError> 
         }
     }
     Ok(n)
+}
+
+fn read_json(path: &Path) -> Result<Option<Json>, ConvertError> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => {
+            serde_json::from_str(&t).map(Some).map_err(|e| ConvertError::Config(format!("{}: {e}", path.display())))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ConvertError::Io { path: path.display().to_string(), source: e }),
+    }
+}
+
+/// The `tokenizer.*` metadata of the checkpoint in `dir` (from `tokenizer.json`,
+/// `tokenizer_config.json`, `chat_template.jinja`), with the token list padded to
+/// `n_vocab` entries (`[PAD{i}]`, unused); `None` when there is no `tokenizer.json`.
+///
+/// # Errors
+/// [`ConvertError::Config`] for a tokenizer that is not byte-level BPE, duplicate or
+/// missing ids, or more tokens than `n_vocab`.
+pub fn from_hf(dir: &Path, n_vocab: usize) -> Result<Option<Vec<(String, Value)>>, ConvertError> {
+    let Some(tok) = read_json(&dir.join("tokenizer.json"))? else { return Ok(None) };
+    let bad = |s: String| ConvertError::Config(format!("{}: {s}", dir.join("tokenizer.json").display()));
+    let model = tok.get("model").ok_or_else(|| bad("no `model`".into()))?;
+    if model.get("type").and_then(Json::as_str) != Some("BPE") {
+        return Err(bad("only BPE tokenizers are supported".into()));
+    }
+    let mut tokens: Vec<Option<(String, i32)>> = vec![None; n_vocab];
+    let mut put = |id: u64, text: &str, ty: i32| -> Result<(), ConvertError> {
+        let slot = tokens
+            .get_mut(id as usize)
+            .ok_or_else(|| bad(format!("token id {id} ('{text}') is past the model's {n_vocab} embeddings")))?;
+        *slot = Some((text.to_string(), ty));
+        Ok(())
+    };
+    let vocab = model.get("vocab").and_then(Json::as_object).ok_or_else(|| bad("no `model.vocab`".into()))?;
+    for (text, id) in vocab {
+        put(id.as_u64().ok_or_else(|| bad(format!("bad id for '{text}'")))?, text, NORMAL)?;
+    }
+    for a in tok.get("added_tokens").and_then(Json::as_array).into_iter().flatten() {
+        let (Some(id), Some(text)) = (a.get("id").and_then(Json::as_u64), a.get("content").and_then(Json::as_str))
+        else {
+            return Err(bad(format!("bad added token {a}")));
+        };
+        let special = a.get("special").and_then(Json::as_bool).unwrap_or(false);
+        put(id, text, if special { CONTROL } else { USER_DEFINED })?;
+    }
+    let mut texts = Vec::with_capacity(n_vocab);
+    let mut types = Vec::with_capacity(n_vocab);
+    for (i, t) in tokens.into_iter().enumerate() {
+        let (text, ty) = t.unwrap_or_else(|| (format!("[PAD{i}]"), UNUSED));
+        texts.push(Value::String(text));
+        types.push(Value::I32(ty));
+    }
+    let merges: Vec<Value> = model
+        .get("merges")
+        .and_then(Json::as_array)
+        .into_iter()
+        .flatten()
+        .map(|m| match m {
+            Json::String(s) => Ok(Value::String(s.clone())),
+            Json::Array(p) if p.len() == 2 => Ok(Value::String(format!(
+                "{} {}",
+                p[0].as_str().unwrap_or_default(),
+                p[1].as_str().unwrap_or_default()
+            ))),
+            other => Err(bad(format!("bad merge {other}"))),
+        })
+        .collect::<Result<_, _>>()?;
+    let id_of =
+        |t: &str| texts.iter().position(|v| matches!(v, Value::String(s) if s == t)).map(|i| Value::U32(i as u32));
+    let mut kv = vec![
+        ("tokenizer.ggml.model".to_string(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".to_string(), Value::String("glm4".into())),
+    ];
+    for (key, text) in [
+        ("eos_token_id", "<|endoftext|>"),
+        ("padding_token_id", "<|endoftext|>"),
+        ("eot_token_id", "<|user|>"),
+        ("eom_token_id", "<|observation|>"),
+        ("bos_token_id", "[gMASK]"),
+    ] {
+        if let Some(id) = id_of(text) {
+            kv.push((format!("tokenizer.ggml.{key}"), id));
+        }
+    }
+    kv.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)));
+    kv.push(("tokenizer.ggml.tokens".into(), Value::Array(texts)));
+    kv.push(("tokenizer.ggml.token_type".into(), Value::Array(types)));
+    kv.push(("tokenizer.ggml.merges".into(), Value::Array(merges)));
+    let template = match read_json(&dir.join("tokenizer_config.json"))?
+        .and_then(|c| c.get("chat_template").and_then(Json::as_str).map(str::to_string))
+    {
+        Some(t) => Some(t),
+        None => std::fs::read_to_string(dir.join("chat_template.jinja")).ok(),
+    };
+    if let Some(t) = template {
+        kv.push(("tokenizer.chat_template".into(), Value::String(t)));
+    }
+    Ok(Some(kv))
 }
