@@ -56,7 +56,7 @@ fn downcast(c: &mut dyn Cache) -> &mut Glm5NextCache {
 }
 
 /// Rewinding by 1..=window tokens and replaying reproduces the reference's decode
-/// logits; rewinding past the journal fails with a clear error.
+/// logits; rewinding past the journal and the anchors fails with a clear error.
 #[test]
 fn rewind_then_replay() {
     let Some((m, g)) = setup("lowerbound_sparse_f32") else { return };
@@ -83,7 +83,8 @@ fn rewind_then_replay() {
             assert!(e <= TOL, "rewind by {back}: position {p}: {e:.2e}");
         }
     }
-    let err = cache.truncate(earliest - 1).unwrap_err();
+    // Below the journal and the prefill anchor (positions 128..=150): a clear error.
+    let err = cache.truncate(5).unwrap_err();
     assert!(matches!(err, EngineError::Rewind { .. }), "{err}");
     assert!(err.to_string().contains("snapshot"), "{err}");
     // Rewinding to 0 always works and replays from scratch.
@@ -190,4 +191,41 @@ fn state_file_round_trip() {
     let e = state_file::read_state(&m, &mut &bytes[..bytes.len() / 2], "cut").unwrap_err();
     assert!(e.to_string().contains("cut"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A chat's next turn diverges just before the previous prompt's end (the template
+/// re-renders the last assistant turn): after many generated tokens the live journal has
+/// moved on, but the prefill-end anchor still reaches that position.
+#[test]
+fn next_turn_rewinds_through_the_prefill_anchor() {
+    let Some((m, g)) = setup("softplus_dense_f32") else { return };
+    let v = g.vocab;
+    let m: Arc<dyn Model> = Arc::new(m);
+    let mut sess = Session::new(m.clone(), 4096).unwrap();
+    sess.prefill(&g.prompt, &mut |_, _| {}).unwrap();
+    for i in 0..32 {
+        sess.decode(g.decode_tokens[i]).unwrap();
+    }
+    let s = g.prompt.len();
+    // The new request shares the prompt but its last token.
+    let mut next: Vec<u32> = g.prompt[..s - 1].to_vec();
+    next.push(g.prompt[s - 1]);
+    next.extend_from_slice(&g.decode_tokens[..3]);
+    sess.rewind(s - 1).unwrap();
+    let out = sess.forward_all(&next[s - 1..]).unwrap();
+    assert!(row_err(&out[..v], &g.prefill[(s - 1) * v..s * v]) <= TOL);
+    assert!(max_err(&out[v..], &g.decode[..3 * v], v) <= TOL);
+    // Positions no journal or anchor covers: a clear error and the nearest reachable one.
+    let err = sess.rewind(10).unwrap_err();
+    assert!(err.to_string().contains("rewind_point(10) = 0"), "{err}");
+    let mut cache = m.new_cache(4096).unwrap();
+    let mut o = Vec::new();
+    m.forward(&mut *cache, &g.prompt, Logits::Last, &mut o).unwrap();
+    for i in 0..40 {
+        m.forward(&mut *cache, &[g.decode_tokens[i % 32]], Logits::Last, &mut o).unwrap();
+    }
+    let c = downcast(&mut *cache);
+    assert!(c.earliest_rewind() > s);
+    assert_eq!(c.rewind_point(s - 3), s - 3);
+    assert_eq!(c.rewind_point(5), 0);
 }

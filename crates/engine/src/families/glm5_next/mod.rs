@@ -50,7 +50,7 @@ use moe::{Mlp, Moe, MoeParams};
 use ops::Prec;
 use state::{CacheShape, LayerShape, LayerState, Plan};
 
-pub use state::{DEFAULT_REWIND_WINDOW, Glm5NextCache};
+pub use state::{Anchor, DEFAULT_ANCHORS, DEFAULT_REWIND_WINDOW, Glm5NextCache};
 
 /// The GGUF architecture names accepted (`glm5next`, as llama.cpp and the published
 /// GGUF files spell it, and `glm5-next` of llama.cpp PR 27773).
@@ -584,6 +584,11 @@ impl Model for Glm5Next {
             return Ok(());
         }
         self.forward_inner(c, tokens, logits, out, None);
+        // A prefill (not a verification block, which asks for every row) leaves a rewind
+        // anchor: the next chat turn usually diverges a few tokens before its end.
+        if tokens.len() > 1 && logits != Logits::All {
+            c.push_anchor();
+        }
         Ok(())
     }
 }

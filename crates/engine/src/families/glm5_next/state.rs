@@ -16,8 +16,15 @@
 //! (`window` = [`DEFAULT_REWIND_WINDOW`], settable): in a prefill call the base is taken
 //! at a 64-token chunk boundary of the call (the chunked kernel's state there is exact),
 //! in decode by replaying journal entries into the base every `window` tokens.
-//! Truncating below `b` fails with [`EngineError::Rewind`] naming the earliest
-//! reachable position; the caller then re-evaluates from a snapshot (or from empty).
+//!
+//! **Anchors.** At the end of every prefill call (a multi-token call that does not ask
+//! for every row) the base and journal are also kept as an [`Anchor`] (the last
+//! [`DEFAULT_ANCHORS`]): a chat's next turn usually diverges a few tokens before the
+//! previous prompt's end (the template renders the last assistant turn differently), and
+//! such a position stays reachable after hundreds of generated tokens.
+//! Truncating elsewhere below `b` fails with [`EngineError::Rewind`] naming the
+//! reachable positions; [`Glm5NextCache::rewind_point`] gives the nearest one below, from
+//! which the caller re-evaluates (or it restores a snapshot).
 //!
 //! Replayed states use the recurrent form; the original may have used the chunked form.
 //! The two agree to float rounding (doc §4.6), so rewind-then-replay reproduces the
@@ -185,7 +192,25 @@ pub struct Glm5NextCache {
     /// Position of every KDA layer's base state.
     pub(crate) base: usize,
     pub(crate) window: usize,
+    /// Rewind points kept from the ends of earlier prefill calls, oldest first.
+    pub(crate) anchors: Vec<Anchor>,
 }
+
+/// The KDA base states and journals of all KDA layers as they were at the end of a
+/// prefill call: positions `base..=end` stay reachable after the live journal has moved
+/// on (a chat's next turn usually diverges a few tokens before the previous prompt's
+/// end, where the template renders the last assistant turn differently).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Anchor {
+    pub base: usize,
+    pub end: usize,
+    /// Per KDA layer, in layer order.
+    pub states: Vec<KdaState>,
+    pub journals: Vec<Journal>,
+}
+
+/// Prefill-end anchors kept by default.
+pub const DEFAULT_ANCHORS: usize = 2;
 
 impl Glm5NextCache {
     /// An empty cache of `n_ctx` tokens.
@@ -210,7 +235,7 @@ impl Glm5NextCache {
                 }
             })
             .collect();
-        Glm5NextCache { shape, layers, len: 0, n_ctx, base: 0, window: DEFAULT_REWIND_WINDOW }
+        Glm5NextCache { shape, layers, len: 0, n_ctx, base: 0, window: DEFAULT_REWIND_WINDOW, anchors: Vec::new() }
     }
 
     /// Sets how many tokens of KDA rewind are guaranteed (the journal holds up to twice
@@ -219,9 +244,60 @@ impl Glm5NextCache {
         self.window = window;
     }
 
-    /// The earliest length [`Cache::truncate`] can reach (besides 0, always reachable).
+    /// The earliest length [`Cache::truncate`] can reach through the live journal
+    /// (besides 0, always reachable, and the ranges of [`Glm5NextCache::anchors`]).
     pub fn earliest_rewind(&self) -> usize {
-        if self.layers.iter().any(|l| matches!(l, LayerState::Kda(_))) { self.base } else { 0 }
+        if self.has_kda() { self.base } else { 0 }
+    }
+
+    /// Position ranges reachable through the prefill-end anchors.
+    pub fn anchors(&self) -> Vec<std::ops::RangeInclusive<usize>> {
+        self.anchors.iter().map(|a| a.base..=a.end).collect()
+    }
+
+    /// The largest length `≤ n` that [`Cache::truncate`] can reach (0 at worst): a caller
+    /// wanting `n` truncates there and re-evaluates the tokens in between.
+    pub fn rewind_point(&self, n: usize) -> usize {
+        let n = n.min(self.len);
+        if !self.has_kda() || n >= self.base {
+            return n;
+        }
+        self.anchors.iter().filter(|a| a.base <= n).map(|a| a.end.min(n)).max().unwrap_or(0)
+    }
+
+    /// KDA heads and head size (every KDA layer of a model has the same).
+    fn kda_dims(&self) -> (usize, usize) {
+        self.shape
+            .layers
+            .iter()
+            .find_map(|l| match *l {
+                LayerShape::Kda { heads, head_dim, .. } => Some((heads, head_dim)),
+                LayerShape::Mla { .. } => None,
+            })
+            .unwrap_or((0, 0))
+    }
+
+    fn has_kda(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerState::Kda(_)))
+    }
+
+    /// Records the current KDA base and journal as an anchor (after a prefill call).
+    pub(crate) fn push_anchor(&mut self) {
+        if !self.has_kda() {
+            return;
+        }
+        let (mut states, mut journals) = (Vec::new(), Vec::new());
+        for l in &self.layers {
+            if let LayerState::Kda(kl) = l {
+                states.push(kl.base.clone());
+                journals.push(kl.journal.clone());
+            }
+        }
+        let end = self.len;
+        self.anchors.retain(|a| a.end != end);
+        self.anchors.push(Anchor { base: self.base, end, states, journals });
+        let excess = self.anchors.len().saturating_sub(DEFAULT_ANCHORS);
+        self.anchors.drain(..excess);
     }
 
     /// Decides, before a call of `s` tokens at the current length, where the KDA base
@@ -314,6 +390,7 @@ impl Glm5NextCache {
         }
         self.len = 0;
         self.base = 0;
+        self.anchors.clear();
     }
 
     fn truncate_rows(&mut self, n: usize) {
@@ -361,16 +438,41 @@ impl Cache for Glm5NextCache {
             self.reset();
             return Ok(());
         }
-        let earliest = self.earliest_rewind();
-        if n < earliest {
-            return Err(EngineError::Rewind {
-                target: n,
-                reason: format!(
-                    "the KDA recurrent state can be rewound only to positions {earliest}..={} (and 0); \
-                     re-evaluate from a snapshot",
-                    self.len
-                ),
-            });
+        if n < self.base {
+            // Back to the anchor that reaches n, if any: its base and journal become live.
+            let Some(i) = self.anchors.iter().rposition(|a| a.base <= n && n <= a.end) else {
+                return Err(EngineError::Rewind {
+                    target: n,
+                    reason: format!(
+                        "the KDA recurrent state can be rewound only to positions {}..={} and {:?} (and 0); \
+                         truncate to rewind_point({n}) = {} and re-evaluate, or restore a snapshot",
+                        self.base,
+                        self.len,
+                        self.anchors(),
+                        self.rewind_point(n)
+                    ),
+                });
+            };
+            let a = self.anchors[i].clone();
+            let mut k = 0;
+            for l in &mut self.layers {
+                if let LayerState::Kda(kl) = l {
+                    kl.base = a.states[k].clone();
+                    kl.journal = a.journals[k].clone();
+                    k += 1;
+                }
+            }
+            self.base = a.base;
+        }
+        self.anchors.retain(|a| a.base <= n);
+        let (heads, head_dim) = self.kda_dims();
+        for a in &mut self.anchors {
+            if a.end > n {
+                for j in &mut a.journals {
+                    j.truncate(n - a.base, heads, heads * head_dim);
+                }
+                a.end = n;
+            }
         }
         let k = n - self.base;
         for l in &mut self.layers {

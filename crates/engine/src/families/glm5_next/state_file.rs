@@ -11,6 +11,8 @@
 //! per layer: u8 tag (0 KDA, 1 MLA)
 //!   KDA: f32 arrays live.conv, live.s, base.conv, base.s, journal.{pre,k,v,g,beta}
 //!   MLA: f32 array latent, u8 has_indexer, [f32 arrays k, gs, pooled]
+//! u32 n_anchors; per anchor: u64 base, u64 end, per KDA layer: f32 arrays
+//!   conv, s, journal.{pre,k,v,g,beta}
 //! f32 array = u64 count, then count × f32
 //! ```
 
@@ -18,7 +20,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use super::Glm5Next;
-use super::state::{Glm5NextCache, IndexerState, Journal, KdaState, LayerState, MlaLayer};
+use super::state::{Anchor, Glm5NextCache, IndexerState, Journal, KdaState, LayerState, MlaLayer};
 
 const MAGIC: &[u8; 8] = b"DS4GLMST";
 /// The version this build writes and reads.
@@ -131,6 +133,16 @@ pub fn write_state<T: Write>(cache: &Glm5NextCache, out: &mut T) -> std::io::Res
             }
         }
     }
+    w.u32(cache.anchors.len() as u32)?;
+    for a in &cache.anchors {
+        w.u64(a.base as u64)?;
+        w.u64(a.end as u64)?;
+        for (st, j) in a.states.iter().zip(&a.journals) {
+            for arr in [&st.conv, &st.s, &j.pre, &j.k, &j.v, &j.g, &j.beta] {
+                w.arr(arr)?;
+            }
+        }
+    }
     Ok(())
 }
 
@@ -211,6 +223,37 @@ pub fn read_state<T: Read>(model: &Glm5Next, input: &mut T, label: &str) -> Resu
             }
             _ => return Err(mismatch(format!("layer {i}: kind tag {tag}"))),
         }
+    }
+    let n_kda = cache.layers.iter().filter(|l| matches!(l, LayerState::Kda(_))).count();
+    let n_anchors = r.u32().map_err(io)? as usize;
+    if n_anchors > 64 {
+        return Err(mismatch(format!("{n_anchors} anchors")));
+    }
+    for _ in 0..n_anchors {
+        let (a_base, a_end) = (r.u64().map_err(io)? as usize, r.u64().map_err(io)? as usize);
+        if a_base > a_end || a_end > len {
+            return Err(mismatch(format!("anchor {a_base}..={a_end}")));
+        }
+        let (mut states, mut journals) = (Vec::new(), Vec::new());
+        for _ in 0..n_kda {
+            let mut v = Vec::with_capacity(7);
+            for _ in 0..7 {
+                v.push(r.arr(max).map_err(io)?);
+            }
+            let mut it = v.into_iter();
+            let mut next = || it.next().unwrap_or_default();
+            states.push(KdaState { conv: next(), s: next() });
+            journals.push(Journal { pre: next(), k: next(), v: next(), g: next(), beta: next() });
+        }
+        let live: Vec<&KdaState> =
+            cache.layers.iter().filter_map(|l| if let LayerState::Kda(k) = l { Some(&k.live) } else { None }).collect();
+        let heads = cfg.kda_heads.max(1);
+        let ok = states.iter().zip(&live).all(|(s, l)| s.conv.len() == l.conv.len() && s.s.len() == l.s.len())
+            && journals.iter().all(|j| j.beta.len() == (a_end - a_base) * heads);
+        if !ok {
+            return Err(mismatch(format!("anchor {a_base}..={a_end}: state sizes")));
+        }
+        cache.anchors.push(Anchor { base: a_base, end: a_end, states, journals });
     }
     cache.len = len;
     cache.n_ctx = n_ctx;
