@@ -56,8 +56,8 @@ impl<'a> Loader<'a> {
         d
     }
 
-    /// A matrix `[rows, cols]` (ggml dims `{cols, rows}`), counted as read per decode
-    /// step with weight `share` (1 for dense weights).
+    /// A matrix `[rows, cols]` (ggml dims `{cols, rows}`), counted as read once per
+    /// decode step.
     pub fn matrix(&mut self, names: &[&str], rows: usize, cols: usize) -> Result<Linear> {
         let info = self.require(names)?;
         self.check_type(info)?;
