@@ -436,8 +436,32 @@ fn turn(
         .collect();
     let text = tok.decode(&visible, false);
     let (reasoning, answer) = split_reasoning(&text, starts_in_reasoning);
+    let record = record(
+        name,
+        &stats,
+        &answer,
+        reasoning.as_deref(),
+        session.tokens(),
+    );
+    Ok(Turn {
+        record,
+        stats,
+        answer,
+        reasoning,
+    })
+}
+
+/// The receipt record of a turn: `stats` as measured (unmeasured times stay `None`,
+/// serialised as `null`), hashes of the answer and reasoning, and the frontier.
+fn record(
+    name: &str,
+    stats: &GenerateStats,
+    answer: &str,
+    reasoning: Option<&str>,
+    frontier: &[u32],
+) -> TurnRecord {
     let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
-    let record = TurnRecord {
+    TurnRecord {
         name: name.to_string(),
         prompt_tokens: stats.prompt_tokens as u64,
         cached_tokens: stats.cached_tokens as u64,
@@ -448,16 +472,10 @@ fn turn(
         decode_tok_s: stats.decode_tps(),
         stop_reason: stop_reason(stats.stop),
         text_sha256: sha256_bytes(answer.as_bytes()),
-        reasoning_sha256: reasoning.as_ref().map(|r| sha256_bytes(r.as_bytes())),
-        frontier_tokens: Some(session.tokens().len() as u64),
-        frontier_sha256: Some(sha256_tokens(session.tokens())),
-    };
-    Ok(Turn {
-        record,
-        stats,
-        answer,
-        reasoning,
-    })
+        reasoning_sha256: reasoning.map(|r| sha256_bytes(r.as_bytes())),
+        frontier_tokens: Some(frontier.len() as u64),
+        frontier_sha256: Some(sha256_tokens(frontier)),
+    }
 }
 
 /// The results as a text table.
@@ -517,4 +535,89 @@ pub fn table(e: &EvalResults) -> String {
         None => s.push_str("is_prime: not checked\n"),
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unmeasured_components_are_null() {
+        // Everything cached and one token generated: neither prefill nor decode ran.
+        let stats = GenerateStats {
+            prompt_tokens: 10,
+            cached_tokens: 10,
+            prefill_time: None,
+            generated_tokens: 1,
+            decode_time: None,
+            stop: EngineStop::Eog,
+        };
+        assert!(stats_line(&stats).contains("prefill - tok/s"));
+        assert!(stats_line(&stats).contains("decode - tok/s"));
+        let r = record("t", &stats, "abc", None, &[1, 256]);
+        let v = serde_json::to_value(&r).unwrap();
+        for key in [
+            "prefill_ms",
+            "decode_ms",
+            "decode_tok_s",
+            "restore_ms",
+            "reasoning_sha256",
+        ] {
+            assert!(v[key].is_null(), "{key}: {}", v[key]);
+        }
+        assert_eq!(v["stop_reason"], "eos");
+        // `printf abc | sha256sum`; ids [1, 256] as little-endian u32 (ds4-measure's vector).
+        assert_eq!(
+            r.text_sha256,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            r.frontier_sha256.as_deref(),
+            Some("242045e2f1bb37769b514f182fd91b3d215324cb57f187cced1e9c62921dbac3")
+        );
+        // A measured prefill is kept in ms.
+        let measured = GenerateStats {
+            cached_tokens: 4,
+            prefill_time: Some(Duration::from_millis(250)),
+            stop: EngineStop::ContextFull,
+            ..stats
+        };
+        let r = record("t", &measured, "", Some("why"), &[]);
+        assert_eq!(r.prefill_ms, Some(250.0));
+        assert_eq!(r.prefill_tok_s(), Some(24.0));
+        assert_eq!(r.stop_reason, StopReason::Length);
+        assert!(r.reasoning_sha256.is_some());
+    }
+
+    #[test]
+    fn table_shows_dashes_and_the_check() {
+        let stats = GenerateStats {
+            prompt_tokens: 10,
+            cached_tokens: 10,
+            prefill_time: None,
+            generated_tokens: 1,
+            decode_time: None,
+            stop: EngineStop::Length,
+        };
+        let e = EvalResults {
+            warmup: None,
+            turns: vec![record("story", &stats, "x", None, &[])],
+            is_prime: Some(ds4_measure::receipt::PrimeCheck {
+                extracted: true,
+                passed: 4342,
+                total: 5011,
+                first_counterexample: Some(ds4_measure::receipt::Counterexample {
+                    n: 2,
+                    expected: true,
+                    got: "False".into(),
+                }),
+                error: None,
+            }),
+        };
+        let t = table(&e);
+        assert!(t.contains("story"), "{t}");
+        assert!(t.contains("length"), "{t}");
+        assert!(t.contains("4342 of 5011"), "{t}");
+        assert!(t.contains("is_prime(2) = False (expected True)"), "{t}");
+    }
 }
