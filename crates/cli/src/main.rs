@@ -4,6 +4,7 @@
 mod bench;
 mod chat;
 mod common;
+mod convert;
 mod eval;
 mod gpu_probe;
 mod measure;
@@ -38,6 +39,8 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Prefill and decode speed: median and spread of repeated runs.
     Bench(bench::BenchArgs),
+    /// Convert a Hugging Face checkpoint (GLM-5.3 family) to GGUF.
+    Convert(ds4_convert::ConvertArgs),
     /// Fetch a known model into the local cache.
     Pull(pull::PullArgs),
     /// A fixed three-turn chat workload with per-turn measurements and an is_prime check.
@@ -62,6 +65,7 @@ fn main() {
         Command::Replay(a) => replay::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Pull(a) => pull::main(a),
+        Command::Convert(a) => convert::main(a),
         Command::Eval(a) => eval::main(a),
         Command::Synth(a) => synth::main(a),
         Command::Supervise(a) => measure::supervise_main(a),

@@ -10,20 +10,13 @@ use ds4_tokenizer::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 use crate::Result;
 use crate::model::Model;
 
-/// ChatML, llama.cpp's fallback template for models without one.
-const CHATML: &str = "{%- for message in messages -%}\
-{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') + '<|im_end|>\\n' -}}\
-{%- endfor -%}\
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
-
 /// A loaded model with everything needed to talk to it.
 pub struct LoadedModel {
     pub path: PathBuf,
     pub gguf: Arc<GgufFile>,
     pub model: Arc<dyn Model>,
     pub tokenizer: Arc<Tokenizer>,
-    /// The GGUF's `tokenizer.chat_template`, or ChatML when it has none (llama.cpp's
-    /// fallback).
+    /// The chat template ([`ChatTemplate::for_gguf`]).
     pub template: Arc<ChatTemplate>,
 }
 
@@ -48,11 +41,14 @@ impl LoadedModel {
     /// (e.g. a synthetic one whose weights never existed as a file).
     pub fn from_parts(path: &Path, gguf: Arc<GgufFile>, model: Arc<dyn Model>) -> Result<Self> {
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
-        let template = match ChatTemplate::from_gguf(&gguf)? {
-            Some(t) => t,
-            None => ChatTemplate::new(CHATML, "", "")?,
-        };
-        Ok(LoadedModel { path: path.to_path_buf(), gguf, model, tokenizer, template: Arc::new(template) })
+        let template = ChatTemplate::for_gguf(&gguf)?;
+        Ok(LoadedModel {
+            path: path.to_path_buf(),
+            gguf,
+            model,
+            tokenizer,
+            template: Arc::new(template),
+        })
     }
 
     /// Renders `messages` with the chat template and tokenizes the text (special-token

@@ -57,6 +57,12 @@ pub trait Cache: Send {
     /// truncated (recurrent layers) return [`crate::EngineError::Rewind`] when they hold no
     /// checkpoint at `n`; the session then re-evaluates from an earlier snapshot.
     fn truncate(&mut self, n: usize) -> Result<()>;
+    /// The largest position `<= n` that [`Cache::truncate`] can reach (`n` itself for
+    /// caches that truncate anywhere, such as a KV cache; a recurrent state reaches only
+    /// its checkpoints). The session truncates there and re-evaluates the rest.
+    fn rewind_point(&self, n: usize) -> usize {
+        n
+    }
     /// A deep copy of the state (only the first `len()` positions need be copied).
     fn snapshot(&self) -> Box<dyn Cache>;
     /// Replaces this state by `from` (a snapshot of a cache of the same model).

@@ -144,7 +144,10 @@ impl Session {
         Ok(all)
     }
 
-    /// Cuts the frontier back to its first `n` tokens.
+    /// Cuts the frontier back to its first `n` tokens. When the cache cannot truncate
+    /// exactly there (recurrent state), it truncates at its nearest earlier
+    /// [`Cache::rewind_point`] and re-evaluates the tokens between, leaving the logits
+    /// after token `n - 1` known.
     pub fn rewind(&mut self, n: usize) -> Result<()> {
         if n > self.tokens.len() {
             return Err(EngineError::Rewind {
@@ -155,9 +158,14 @@ impl Session {
         if n == self.tokens.len() {
             return Ok(());
         }
-        self.cache.truncate(n)?;
-        self.tokens.truncate(n);
+        let point = self.cache.rewind_point(n);
+        self.cache.truncate(point)?;
+        let replay = self.tokens[point..n].to_vec();
+        self.tokens.truncate(point);
         self.logits.clear();
+        if !replay.is_empty() {
+            self.prefill(&replay, &mut |_, _| {})?;
+        }
         Ok(())
     }
 

@@ -120,6 +120,11 @@ pub struct ChatTemplate {
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// The built-in GLM-5 template (see its header comment).
+const GLM5_TEMPLATE: &str = include_str!("../templates/glm5.jinja");
+/// ChatML.
+const CHATML_TEMPLATE: &str = include_str!("../templates/chatml.jinja");
+
 impl ChatTemplate {
     /// The template in `tokenizer.chat_template`, with `bos_token`/`eos_token` set to the
     /// vocabulary's BOS/EOS pieces; `Ok(None)` when the GGUF has no template.
@@ -141,6 +146,24 @@ impl ChatTemplate {
         };
         let (bos, eos) = bos_eos_pieces(file);
         ChatTemplate::new(source, bos, eos).map(Some)
+    }
+
+    /// The template to use for a model: the GGUF's own `tokenizer.chat_template`, else a
+    /// built-in one for its architecture (GLM-5 for `glm5next`), else ChatML (llama.cpp's
+    /// fallback).
+    ///
+    /// Errors: as [`ChatTemplate::from_gguf`].
+    pub fn for_gguf(file: &GgufFile) -> Result<ChatTemplate, TokenizerError> {
+        if let Some(t) = ChatTemplate::from_gguf(file)? {
+            return Ok(t);
+        }
+        let arch = file.get("general.architecture").and_then(GgufValue::as_str).unwrap_or_default();
+        let source = match arch {
+            "glm5next" | "glm5-next" => GLM5_TEMPLATE,
+            _ => CHATML_TEMPLATE,
+        };
+        let (bos, eos) = bos_eos_pieces(file);
+        ChatTemplate::new(source, bos, eos)
     }
 
     /// Compiles `source` with the given `bos_token` and `eos_token` texts.

@@ -5,11 +5,12 @@
 //! back only what might begin a tag. Tool-call formats plug in behind
 //! [`ToolCallParser`]; [`ToolFormat`] names the formats and picks one from a chat
 //! template. Implemented: Qwen/Hermes `<tool_call>{json}</tool_call>`
-//! ([`hermes::HermesParser`]). DeepSeek's DSML and GLM's
-//! `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>` are further
-//! implementations of the same trait.
+//! ([`hermes::HermesParser`]) and GLM's
+//! `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>`
+//! ([`glm::GlmParser`]). DeepSeek's DSML would be one more implementation of the trait.
 
 pub mod collect;
+pub mod glm;
 pub mod hermes;
 pub mod json_scan;
 pub mod reasoning;
@@ -49,18 +50,26 @@ pub enum ToolFormat {
     /// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` (Qwen 2.5/3, Hermes,
     /// and the format the server itself describes to templates without tool support).
     Hermes,
+    /// `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>` (GLM-4.5
+    /// and later, GLM-5).
+    Glm,
 }
 
 impl ToolFormat {
     /// The format a chat template's source uses; Hermes when it names none.
-    pub fn detect(_template_source: &str) -> ToolFormat {
-        ToolFormat::Hermes
+    pub fn detect(template_source: &str) -> ToolFormat {
+        if template_source.contains("<arg_key>") {
+            ToolFormat::Glm
+        } else {
+            ToolFormat::Hermes
+        }
     }
 
     /// A fresh parser for this format.
     pub fn parser(self) -> Box<dyn ToolCallParser> {
         match self {
             ToolFormat::Hermes => Box::new(hermes::HermesParser::new()),
+            ToolFormat::Glm => Box::new(glm::GlmParser::new()),
         }
     }
 }
@@ -142,6 +151,16 @@ impl OutputParser {
 mod tests {
     use super::*;
     use collect::Collected;
+
+    #[test]
+    fn detects_the_glm_format_from_its_template() {
+        let glm = include_str!("../../../tokenizer/templates/glm5.jinja");
+        assert_eq!(ToolFormat::detect(glm), ToolFormat::Glm);
+        assert_eq!(ToolFormat::detect("{{ '<tool_call>' }}"), ToolFormat::Hermes);
+        let mut p = OutputParser::new(false, Some(ToolFormat::Glm));
+        let events = p.push("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>");
+        assert!(events.contains(&OutputEvent::ToolCallBegin { index: 0, name: "get_weather".into() }), "{events:?}");
+    }
 
     #[test]
     fn reasoning_then_tool_call_in_tiny_pieces() {

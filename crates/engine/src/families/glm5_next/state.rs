@@ -23,7 +23,7 @@
 //! previous prompt's end (the template renders the last assistant turn differently), and
 //! such a position stays reachable after hundreds of generated tokens.
 //! Truncating elsewhere below `b` fails with [`EngineError::Rewind`] naming the
-//! reachable positions; [`Glm5NextCache::rewind_point`] gives the nearest one below, from
+//! reachable positions; [`Cache::rewind_point`] gives the nearest one below, from
 //! which the caller re-evaluates (or it restores a snapshot).
 //!
 //! Replayed states use the recurrent form; the original may have used the chunked form.
@@ -255,16 +255,6 @@ impl Glm5NextCache {
         self.anchors.iter().map(|a| a.base..=a.end).collect()
     }
 
-    /// The largest length `≤ n` that [`Cache::truncate`] can reach (0 at worst): a caller
-    /// wanting `n` truncates there and re-evaluates the tokens in between.
-    pub fn rewind_point(&self, n: usize) -> usize {
-        let n = n.min(self.len);
-        if !self.has_kda() || n >= self.base {
-            return n;
-        }
-        self.anchors.iter().filter(|a| a.base <= n).map(|a| a.end.min(n)).max().unwrap_or(0)
-    }
-
     /// KDA heads and head size (every KDA layer of a model has the same).
     fn kda_dims(&self) -> (usize, usize) {
         self.shape
@@ -425,6 +415,16 @@ impl Cache for Glm5NextCache {
 
     fn capacity(&self) -> usize {
         self.n_ctx
+    }
+
+    /// The largest length `≤ n` that [`Cache::truncate`] can reach (0 at worst): a caller
+    /// wanting `n` truncates there and re-evaluates the tokens in between.
+    fn rewind_point(&self, n: usize) -> usize {
+        let n = n.min(self.len);
+        if !self.has_kda() || n >= self.base {
+            return n;
+        }
+        self.anchors.iter().filter(|a| a.base <= n).map(|a| a.end.min(n)).max().unwrap_or(0)
     }
 
     fn truncate(&mut self, n: usize) -> Result<()> {
