@@ -31,9 +31,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use ds4_engine::generate::{
-    GenerateParams, GenerateStats, StopReason as EngineStop, generate, split_reasoning,
-};
+use ds4_engine::generate::{GenerateParams, GenerateStats, StopReason as EngineStop, generate};
+use ds4_http::output::THINK_OPEN;
+use ds4_http::output::reasoning::split as split_reasoning;
 use ds4_engine::sampler::SamplerParams;
 use ds4_engine::{LoadedModel, Session};
 use ds4_measure::args::ReceiptArgs;
@@ -303,9 +303,7 @@ fn conversation(
         };
         history.push(ChatMessage::new("user", &user));
         let (rendered, prompt) = lm.chat_prompt(&history, &render_options())?;
-        let starts_in_reasoning = rendered
-            .trim_end()
-            .ends_with(ds4_engine::generate::THINK_TAGS.0);
+        let starts_in_reasoning = rendered.trim_end().ends_with(THINK_OPEN);
         // Room for this prompt and every remaining turn at the cap, plus their messages.
         let s = match session.as_mut() {
             Some(s) => s,

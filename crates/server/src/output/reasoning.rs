@@ -21,6 +21,26 @@ enum State {
     Answer,
 }
 
+/// Splits a whole generated text: `(reasoning, answer)`, the reasoning `None` when the
+/// text has no reasoning block (the streaming [`ReasoningSplitter`]'s rules, with the
+/// `<think>`/`</think>` tags of the families served).
+pub fn split(text: &str, inside: bool) -> (Option<String>, String) {
+    let (open, close) = (super::THINK_OPEN, super::THINK_CLOSE);
+    let mut s = ReasoningSplitter::new(open, close, inside);
+    let mut pieces = s.push(text);
+    pieces.extend(s.finish());
+    let has_block = inside || text.trim_start().starts_with(open);
+    let mut reasoning = has_block.then(String::new);
+    let mut answer = String::new();
+    for p in pieces {
+        match p {
+            Piece::Reasoning(r) => reasoning.get_or_insert_with(String::new).push_str(&r),
+            Piece::Answer(a) => answer.push_str(&a),
+        }
+    }
+    (reasoning, answer)
+}
+
 /// The splitter for one generation.
 #[derive(Debug)]
 pub struct ReasoningSplitter {
@@ -131,6 +151,15 @@ impl ReasoningSplitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_text_split() {
+        let w = |t: &str, inside| super::split(t, inside);
+        assert_eq!(w("\n<think>\nplan\n</think>\n\nAnswer.", false), (Some("plan\n".into()), "Answer.".into()));
+        assert_eq!(w("No tags <think>x</think>", false), (None, "No tags <think>x</think>".into()));
+        assert_eq!(w("still thinking", true), (Some("still thinking".into()), String::new()));
+        assert_eq!(w("<think></think>Hi", false), (Some(String::new()), "Hi".into()));
+    }
 
     fn split(inside: bool, pieces: &[&str]) -> (String, String) {
         let mut s = ReasoningSplitter::new("<think>", "</think>", inside);
