@@ -166,6 +166,17 @@ impl ProbeHandle {
         }
     }
 
+    /// A shareable setter of the phase label, for another thread (the server's
+    /// engine worker).
+    pub fn phase_hook(&self) -> Arc<dyn Fn(&'static str) + Send + Sync> {
+        let phase = self.phase.clone();
+        Arc::new(move |p| {
+            if let Ok(mut cur) = phase.lock() {
+                p.clone_into(&mut cur);
+            }
+        })
+    }
+
     /// Labels the samples submitted from now on.
     pub fn set_phase(&self, phase: &str) {
         if let Ok(mut p) = self.phase.lock() {

@@ -4,6 +4,7 @@ use anyhow::Result;
 use clap::Args;
 
 use crate::common::{ModelArgs, load};
+use crate::gpu_probe::{self, GpuProbeArgs, set_phase};
 
 #[derive(Args, Debug)]
 pub struct ServeCmd {
@@ -11,13 +12,23 @@ pub struct ServeCmd {
     pub model: ModelArgs,
     #[command(flatten)]
     pub server: ds4_http::ServeArgs,
+    #[command(flatten)]
+    pub probe: GpuProbeArgs,
 }
 
 pub fn main(a: ServeCmd) -> Result<()> {
+    let probe = a.probe.start()?;
+    set_phase(&probe, "load");
     let lm = load(&a.model)?;
-    ds4_http::serve_with(a.server, lm, a.model.ctx, |addr| {
-        eprintln!(
-            "serving on http://{addr} (OpenAI base URL http://{addr}/v1, Anthropic http://{addr})"
-        )
-    })
+    set_phase(&probe, "idle");
+    let hook = probe.as_ref().map(|p| p.phase_hook());
+    let served = ds4_http::serve_with(
+        a.server,
+        lm,
+        a.model.ctx,
+        |addr| eprintln!("serving on http://{addr} (OpenAI base URL http://{addr}/v1, Anthropic http://{addr})"),
+        hook,
+    );
+    gpu_probe::finish(probe);
+    served
 }

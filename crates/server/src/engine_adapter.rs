@@ -136,6 +136,19 @@ impl Vocab for EngineVocab {
 pub struct EngineSession {
     session: Session,
     tokenizer: Arc<Tokenizer>,
+    phase: Option<PhaseHook>,
+}
+
+/// Told the engine's phase (`prefill`, `decode`, `idle`) as it changes, e.g. by a GPU
+/// responsiveness probe that labels its samples.
+pub type PhaseHook = Arc<dyn Fn(&'static str) + Send + Sync>;
+
+impl EngineSession {
+    fn set_phase(&self, phase: &'static str) {
+        if let Some(h) = &self.phase {
+            h(phase);
+        }
+    }
 }
 
 fn engine_error(e: EngineError) -> BackendError {
@@ -172,9 +185,34 @@ impl Engine for EngineSession {
         self.session.tokens()
     }
 
+    fn sync(
+        &mut self,
+        prompt: &[u32],
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<SyncOutcome, BackendError> {
+        self.set_phase("prefill");
+        let r = self.sync_chunks(prompt, cancel);
+        self.set_phase("idle");
+        r
+    }
+
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        settings: &GenSettings,
+        on_token: &mut dyn FnMut(Sampled) -> ControlFlow<()>,
+    ) -> Result<GenOutcome, BackendError> {
+        self.set_phase("decode");
+        let r = self.generate_inner(prompt, settings, on_token);
+        self.set_phase("idle");
+        r
+    }
+}
+
+impl EngineSession {
     /// `Session::sync` in steps of [`PREFILL_CHUNK`] tokens (the chunks one `sync`
     /// call would evaluate), polling `cancel` between them.
-    fn sync(
+    fn sync_chunks(
         &mut self,
         prompt: &[u32],
         cancel: &dyn Fn() -> bool,
@@ -220,7 +258,7 @@ impl Engine for EngineSession {
         })
     }
 
-    fn generate(
+    fn generate_inner(
         &mut self,
         prompt: &[u32],
         settings: &GenSettings,
@@ -257,22 +295,35 @@ impl Engine for EngineSession {
 }
 
 /// The worker's view of a loaded model with a session of `n_ctx` tokens.
-pub fn engine_model(model: LoadedModel, n_ctx: usize) -> Result<ModelParts, BackendError> {
+pub fn engine_model(
+    model: LoadedModel,
+    n_ctx: usize,
+    phase: Option<PhaseHook>,
+) -> Result<ModelParts, BackendError> {
     let session = Session::new(model.model.clone(), n_ctx).map_err(engine_error)?;
     let tokenizer = model.tokenizer.clone();
     let vocab: Arc<dyn Vocab> = Arc::new(EngineVocab::new(Arc::new(model)));
-    Ok((vocab, Box::new(EngineSession { session, tokenizer })))
+    Ok((
+        vocab,
+        Box::new(EngineSession {
+            session,
+            tokenizer,
+            phase,
+        }),
+    ))
 }
 
 /// Serves `model` until SIGINT/SIGTERM (blocking). `ready` is called with the bound
-/// address once the server listens (the CLI prints it).
+/// address once the server listens (the CLI prints it); `phase` hears the engine's
+/// phases.
 pub fn serve_with(
     args: ServeArgs,
     model: LoadedModel,
     n_ctx: usize,
     ready: impl FnOnce(SocketAddr) + Send + 'static,
+    phase: Option<PhaseHook>,
 ) -> anyhow::Result<()> {
-    let (vocab, engine) = engine_model(model, n_ctx)?;
+    let (vocab, engine) = engine_model(model, n_ctx, phase)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("ds4-http")
@@ -288,5 +339,5 @@ pub fn serve_with(
 
 /// [`serve_with`] without a ready callback.
 pub fn serve(args: ServeArgs, model: LoadedModel, n_ctx: usize) -> anyhow::Result<()> {
-    serve_with(args, model, n_ctx, |_| {})
+    serve_with(args, model, n_ctx, |_| {}, None)
 }

@@ -38,7 +38,7 @@ pub mod worker;
 pub use args::ServeArgs;
 pub use config::ServerConfig;
 #[cfg(feature = "engine")]
-pub use engine_adapter::{engine_model, serve, serve_with};
+pub use engine_adapter::{PhaseHook, engine_model, serve, serve_with};
 pub use server::{ServeError, ServerHandle, start};
 
 /// `system_fingerprint` of OpenAI responses: the crate and its version.

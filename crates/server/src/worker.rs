@@ -81,14 +81,34 @@ pub enum FinishReason {
     Cancelled,
 }
 
-/// Token counts of one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Token counts and timings of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Usage {
     pub prompt_tokens: usize,
     /// Prompt tokens reused from the live session.
     pub cached_tokens: usize,
     /// Generated tokens, a final end-of-generation token excluded.
     pub completion_tokens: usize,
+    /// Prompt tokens evaluated and the time spent on them at the engine's prefill
+    /// boundary; `None` when nothing was evaluated (never a made-up 0).
+    pub prefill_tokens: usize,
+    pub prefill_ms: Option<f64>,
+    /// Tokens sampled and the time from the first to the last; `None` with fewer than
+    /// two.
+    pub decode_tokens: usize,
+    pub decode_ms: Option<f64>,
+}
+
+impl Usage {
+    /// The `timings` extension object the APIs send next to `usage`.
+    pub fn timings_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_ms": self.prefill_ms,
+            "decode_tokens": self.decode_tokens,
+            "decode_ms": self.decode_ms,
+        })
+    }
 }
 
 /// The end of a job.
@@ -483,6 +503,10 @@ impl WorkerState {
             prompt_tokens,
             cached_tokens: sync.reused,
             completion_tokens: completion,
+            prefill_tokens: sync.evaluated,
+            prefill_ms: sync.time.map(|t| t.as_secs_f64() * 1e3),
+            decode_tokens: outcome.generated,
+            decode_ms: outcome.decode_time.map(|t| t.as_secs_f64() * 1e3),
         };
         let _ = events.send(WorkerEvent::Done(Finished { reason, usage }));
     }

@@ -45,6 +45,14 @@ async fn chat_completion_answer_and_usage() {
         v2["usage"]["prompt_tokens_details"]["cached_tokens"],
         prompt - 1
     );
+    // The timings extension: what was evaluated and how long it took.
+    assert_eq!(v["timings"]["prefill_tokens"], v["usage"]["prompt_tokens"]);
+    assert!(v["timings"]["prefill_ms"].as_f64().is_some(), "{v}");
+    assert_eq!(v2["timings"]["prefill_tokens"], 1);
+    assert_eq!(
+        v["timings"]["decode_tokens"].as_u64(),
+        Some("Hello world".len() as u64 + 1)
+    );
     // Aliases and case-insensitive names answer too; the response repeats the name.
     let (status, _, v3) = post(
         &url,

@@ -33,7 +33,7 @@ fn open(file: &str) -> Option<LoadedModel> {
 }
 
 async fn serve(lm: LoadedModel) -> ServerHandle {
-    let (vocab, engine) = engine_model(lm, N_CTX).expect("session");
+    let (vocab, engine) = engine_model(lm, N_CTX, None).expect("session");
     start(
         ServerConfig {
             port: 0,

@@ -78,7 +78,7 @@ async fn serve(file: &str) -> Option<ServerHandle> {
         return None;
     };
     let lm = LoadedModel::open(&path).expect("model loads");
-    let (vocab, engine) = engine_model(lm, N_CTX).expect("session");
+    let (vocab, engine) = engine_model(lm, N_CTX, None).expect("session");
     Some(
         start(
             ServerConfig {

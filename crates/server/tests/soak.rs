@@ -216,7 +216,7 @@ async fn long_soak_server(config: ServerConfig) -> ServerHandle {
     #[cfg(feature = "engine")]
     if let Some(path) = common::model_path("smollm2-135m-instruct-q4_1.gguf") {
         let lm = ds4_engine::LoadedModel::open(&path).expect("model loads");
-        let (vocab, engine) = ds4_http::engine_model(lm, 4096).expect("session");
+        let (vocab, engine) = ds4_http::engine_model(lm, 4096, None).expect("session");
         eprintln!("soak: SmolLM2-135M on the CPU engine");
         return ds4_http::start(ServerConfig { port: 0, ..config }, vocab, engine)
             .await

@@ -333,6 +333,7 @@ pub async fn messages(
         "stop_reason": reason,
         "stop_sequence": seq,
         "usage": usage_json(&done.usage),
+        "timings": done.usage.timings_json(),
     }))
     .into_response())
 }
@@ -439,7 +440,7 @@ impl StreamFormat for MessageStream {
         let usage = usage_json(&Usage {
             prompt_tokens,
             cached_tokens,
-            completion_tokens: 0,
+            ..Usage::default()
         });
         let message = json!({
             "id": self.id, "type": "message", "role": "assistant", "content": [], "model": self.model,
@@ -497,7 +498,7 @@ impl StreamFormat for MessageStream {
         let (reason, seq) = stop_reason(&fin.reason, self.tool_use);
         out.push(Self::ev(
             "message_delta",
-            json!({"delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": usage_json(&fin.usage)}),
+            json!({"delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": usage_json(&fin.usage), "timings": fin.usage.timings_json()}),
         ));
         out.push(Self::ev("message_stop", json!({})));
         out

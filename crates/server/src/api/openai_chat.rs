@@ -386,6 +386,7 @@ fn response_body(meta: &Meta, done: &Completion) -> Value {
             "finish_reason": finish_reason(&done.finish, !calls.is_empty()),
         }],
         "usage": usage_json(&done.usage, done.reasoning_tokens),
+        "timings": done.usage.timings_json(),
     })
 }
 
@@ -451,6 +452,7 @@ impl StreamFormat for ChatStream {
                 "system_fingerprint": crate::SYSTEM_FINGERPRINT,
                 "choices": [],
                 "usage": usage_json(&fin.usage, reasoning_tokens),
+                "timings": fin.usage.timings_json(),
             })));
         }
         out.push(Event::default().data("[DONE]"));

@@ -161,6 +161,7 @@ pub async fn handler(
         "system_fingerprint": crate::SYSTEM_FINGERPRINT,
         "choices": [{"text": done.out.text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason(&done.finish)}],
         "usage": usage_json(&done.usage, 0),
+        "timings": done.usage.timings_json(),
     }))
     .into_response())
 }
@@ -253,6 +254,7 @@ impl StreamFormat for CompletionStream {
                 "model": self.meta.model,
                 "choices": [],
                 "usage": usage_json(&fin.usage, 0),
+                "timings": fin.usage.timings_json(),
             })));
         }
         out.push(Event::default().data("[DONE]"));

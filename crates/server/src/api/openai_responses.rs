@@ -417,6 +417,7 @@ impl Meta {
             "tools": e.tools,
             "top_p": e.top_p.unwrap_or(1.0),
             "truncation": "disabled",
+            "timings": usage.map(|(u, _)| u.timings_json()),
             "usage": usage.map(|(u, r)| json!({
                 "input_tokens": u.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": u.cached_tokens},
