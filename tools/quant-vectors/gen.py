@@ -18,6 +18,7 @@ Every file is raw little-endian data; MANIFEST.txt lists them. Usage:
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -57,6 +58,20 @@ DOT_TYPES = [("q4_0", T.Q4_0, T.Q8_0), ("q4_1", T.Q4_1, T.Q8_1), ("q5_0", T.Q5_0
              ("q6_k", T.Q6_K, T.Q8_K)]
 
 BLOCK_BYTES = {T.Q8_1: 36}  # gguf's table lists a stale Q8_1 size
+
+# Matrix-product vectors: weight types, which of them ggml repacks, shapes, token counts.
+MM_TYPES = [("q4_0", T.Q4_0), ("q4_1", T.Q4_1), ("q5_0", T.Q5_0), ("q5_1", T.Q5_1), ("q8_0", T.Q8_0),
+            ("q2_k", T.Q2_K), ("q3_k", T.Q3_K), ("q4_k", T.Q4_K), ("q5_k", T.Q5_K), ("q6_k", T.Q6_K),
+            ("iq2_xxs", T.IQ2_XXS), ("f32", T.F32), ("f16", T.F16), ("bf16", T.BF16)]
+MM_REPACKED = {"q4_0", "q4_k", "q2_k"}
+MM_TILED = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq2_xxs"}
+MM_ROWS, MM_K, MM_TOKENS = 24, 512, 21
+# An odd shape for the 32-blocks and the floats: rows not a multiple of 4 or 8 (no
+# repacking, no tinyBLAS), a row length not a multiple of 64 (vec_dot's leftovers).
+MM_ODD_TYPES = [("q4_0", T.Q4_0), ("q8_0", T.Q8_0), ("q5_1", T.Q5_1), ("f32", T.F32), ("f16", T.F16),
+                ("bf16", T.BF16)]
+MM_ODD_ROWS, MM_ODD_K = 22, 544
+MM_NS = [1, 2, 3, 4, 5, 7, 8, 9, 13, 21]
 
 
 def scale_values(rng: np.random.Generator, n: int, signed: bool) -> np.ndarray:
@@ -127,8 +142,9 @@ def act_inputs(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 class GgmlRef:
-    def __init__(self, exe: str):
+    def __init__(self, exe: str, mm: str | None = None):
         self.exe = exe
+        self.mm_exe = mm
         self.tmp = Path(tempfile.mkdtemp())
 
     def run(self, *args: str) -> None:
@@ -150,11 +166,47 @@ class GgmlRef:
         self.run("dot", str(int(qtype)), str(n), str(nrows), str(self.tmp / "w"), str(self.tmp / "a"), str(self.tmp / "out"))
         return np.frombuffer((self.tmp / "out").read_bytes(), dtype=np.float32)
 
+    def mm(self, qtype: T, k: int, m: int, w: bytes, x: np.ndarray, repack: bool, tiled: bool, threads: int) -> bytes:
+        """The whole product through ggml's CPU backend (ggml_mm.c): N x M results.
+        `tiled`: ggml's tiled K-quant kernels on (GGML_CPU_TILED_MM, on by default in
+        ggml since they were added) or off (the llama.cpp that recorded the fixtures had
+        none)."""
+        (self.tmp / "w").write_bytes(w)
+        (self.tmp / "x").write_bytes(x.astype(np.float32).tobytes())
+        n = x.size // k
+        env = dict(os.environ, GGML_CPU_TILED_MM="1" if tiled else "0")
+        subprocess.run([self.mm_exe, str(int(qtype)), str(k), str(m), str(n), str(int(repack)), str(threads),
+                        str(self.tmp / "w"), str(self.tmp / "x"), str(self.tmp / "out")], check=True, env=env,
+                       stderr=subprocess.DEVNULL)
+        return (self.tmp / "out").read_bytes()
+
+
+def mm_weights(rng: np.random.Generator, ref: GgmlRef, name: str, qtype: T, rows: int, k: int) -> bytes:
+    """Weights for the matrix-product vectors: ggml-quantized normal values (random valid
+    blocks for IQ2_XXS, which ggml only quantizes with an importance matrix; bit patterns
+    for the float types)."""
+    if qtype == T.IQ2_XXS:
+        return random_blocks(rng, qtype, [0], [], rows * k // 256)
+    w = rng.normal(0, 1, (rows, k)).astype(np.float32) * rng.uniform(0.01, 2, (rows, 1)).astype(np.float32)
+    if qtype == T.F32:
+        return w.tobytes()
+    if qtype in (T.F16, T.BF16):
+        return np.ascontiguousarray(quants.quantize(w, qtype)).view(np.uint8).tobytes()
+    return ref.quant(qtype, w)
+
+
+def mm_acts(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    """Activation rows of varied scales with a few outliers, as hidden states have."""
+    x = rng.normal(0, 1, (n, k)).astype(np.float32) * np.exp(rng.uniform(-3, 2, (n, 1))).astype(np.float32)
+    x[rng.random((n, k)) < 0.01] *= 20
+    return x
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--ggml-ref", help="path to the ggml_ref harness (optional)")
+    ap.add_argument("--ggml-mm", help="path to the ggml_mm harness (with --ggml-ref)")
     args = ap.parse_args()
     out: Path = args.out
     rng = np.random.default_rng(SEED)
@@ -186,7 +238,7 @@ def main() -> None:
         write(f"quant/{name}.gguf.bin", np.ascontiguousarray(q).view(np.uint8).tobytes())
 
     if args.ggml_ref:
-        ref = GgmlRef(args.ggml_ref)
+        ref = GgmlRef(args.ggml_ref, args.ggml_mm)
         # 3. Reference quantizers of ggml (rows of 512 values).
         for name, qtype in GGML_QUANTIZERS:
             x = quant_inputs(rng, 256, 16).reshape(8, 512)
@@ -212,6 +264,37 @@ def main() -> None:
         write("dot/iq2_xxs.w.bin", wq)
         write("dot/iq2_xxs.act.f32", x.tobytes())
         write("dot/iq2_xxs.ggml.f32", ref.dot(T.IQ2_XXS, 1024, 4, wq, ref.act(T.Q8_K, x)).tobytes())
+
+    if args.ggml_ref and args.ggml_mm:
+        # 6. Whole matrix products through ggml's CPU backend, for every token count that
+        #    changes ggml's kernel choice (vec_dot / tinyBLAS, tiled from 8 tokens,
+        #    repacked GEMM for groups of 4 tokens and GEMV for the rest).
+        x = mm_acts(rng, MM_TOKENS, MM_K)
+        write("mm/x.f32", x.tobytes())
+        for name, qtype in MM_TYPES:
+            w = mm_weights(rng, ref, name, qtype, MM_ROWS, MM_K)
+            write(f"mm/{name}.w.bin", w)
+            configs = [("", False, False)]
+            if name in MM_REPACKED:
+                configs.append((".repack", True, False))
+            if name in MM_TILED:
+                configs.append((".tiled", False, True))
+            for suffix, repack, tiled in configs:
+                # the products for each n of MM_NS, concatenated (n x MM_ROWS each)
+                outs = b""
+                for n in MM_NS:
+                    got = ref.mm(qtype, MM_K, MM_ROWS, w, x[:n], repack, tiled, 2)
+                    assert got == ref.mm(qtype, MM_K, MM_ROWS, w, x[:n], repack, tiled, 1), \
+                        "thread count changed ggml's result"
+                    outs += got
+                write(f"mm/{name}{suffix}.ggml.f32", outs)
+        x = mm_acts(rng, MM_TOKENS, MM_ODD_K)
+        write("mm/odd/x.f32", x.tobytes())
+        for name, qtype in MM_ODD_TYPES:
+            w = mm_weights(rng, ref, name, qtype, MM_ODD_ROWS, MM_ODD_K)
+            write(f"mm/odd/{name}.w.bin", w)
+            outs = b"".join(ref.mm(qtype, MM_ODD_K, MM_ODD_ROWS, w, x[:n], False, False, 2) for n in MM_NS)
+            write(f"mm/odd/{name}.ggml.f32", outs)
 
     (out / "MANIFEST.txt").write_text(
         "# name bytes — generated by tools/quant-vectors/gen.py, seed %d\n" % SEED + "\n".join(written) + "\n")

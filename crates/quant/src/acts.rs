@@ -37,6 +37,10 @@ pub struct QuantizedActs {
     sum32: Vec<i32>,
     /// Float types: the activations rounded to F16/BF16 (or as given for F32).
     f: Vec<f32>,
+    /// `-128·(a0 + a1 + a2 + a3)` for each 4 values, `n_tokens × cols/4`: what
+    /// `vpdpbusd` over-counts when signed weights are stored as `v + 128` (and, shifted,
+    /// for other offsets).
+    corr4: Vec<i32>,
 }
 
 /// One token's activations, borrowed from [`QuantizedActs`].
@@ -47,6 +51,8 @@ pub(crate) struct ActRow<'a> {
     pub s: &'a [f32],
     pub sum16: &'a [i16],
     pub sum32: &'a [i32],
+    /// `-128·Σ` of each 4 values (see the field of [`QuantizedActs`]).
+    pub c4: &'a [i32],
     pub f: &'a [f32],
 }
 
@@ -109,6 +115,7 @@ impl QuantizedActs {
             sum16: Vec::new(),
             sum32: Vec::new(),
             f: Vec::new(),
+            corr4: Vec::new(),
         };
         if matches!(dot_ty, F32 | F16 | BF16) {
             a.f = x.iter().map(|&v| float::round_act(dot_ty, v)).collect();
@@ -124,6 +131,7 @@ impl QuantizedActs {
         };
         a.sum16 = vec![0; n_tokens * cols / 16];
         a.sum32 = vec![0; n_tokens * cols / 32];
+        a.corr4 = vec![0; n_tokens * cols / 4];
         let out = TokenRows {
             ty: dot_ty,
             cols,
@@ -133,6 +141,7 @@ impl QuantizedActs {
             s: &mut a.s,
             sum16: &mut a.sum16,
             sum32: &mut a.sum32,
+            corr4: &mut a.corr4,
         };
         out.quantize(x);
         Ok(a)
@@ -182,6 +191,11 @@ impl QuantizedActs {
                 &[]
             } else {
                 &self.sum32[t * k / 32..(t + 1) * k / 32]
+            },
+            c4: if self.corr4.is_empty() {
+                &[]
+            } else {
+                &self.corr4[t * k / 4..(t + 1) * k / 4]
             },
             f: if self.f.is_empty() {
                 &[]
@@ -243,6 +257,7 @@ struct TokenRows<'a> {
     s: &'a mut [f32],
     sum16: &'a mut [i16],
     sum32: &'a mut [i32],
+    corr4: &'a mut [i32],
 }
 
 impl TokenRows<'_> {
@@ -265,6 +280,7 @@ impl TokenRows<'_> {
             .split_at_mut(if self.s.is_empty() { 0 } else { mid * nsc });
         let (a0, a1) = self.sum16.split_at_mut(mid * cols / 16);
         let (b0, b1) = self.sum32.split_at_mut(mid * cols / 32);
+        let (c0, c1) = self.corr4.split_at_mut(mid * cols / 4);
         let left = TokenRows {
             ty,
             cols,
@@ -274,6 +290,7 @@ impl TokenRows<'_> {
             s: s0,
             sum16: a0,
             sum32: b0,
+            corr4: c0,
         };
         let right = TokenRows {
             ty,
@@ -284,6 +301,7 @@ impl TokenRows<'_> {
             s: s1,
             sum16: a1,
             sum32: b1,
+            corr4: c1,
         };
         let (x0, x1) = x.split_at(mid * cols);
         rayon::join(|| left.quantize(x0), || right.quantize(x1));
@@ -301,6 +319,7 @@ impl TokenRows<'_> {
         };
         let s16 = &mut self.sum16[t * cols / 16..(t + 1) * cols / 16];
         let s32 = &mut self.sum32[t * cols / 32..(t + 1) * cols / 32];
+        let c4 = &mut self.corr4[t * cols / 4..(t + 1) * cols / 4];
         #[cfg(target_arch = "x86_64")]
         if kernels::isa() >= kernels::Isa::Avx2 {
             // SAFETY: AVX2, FMA and F16C were detected on this CPU.
@@ -310,6 +329,7 @@ impl TokenRows<'_> {
                     _ => act_avx2::q8_0_row(x, qs, d, s, s16, s32),
                 }
             }
+            corr4(qs, c4);
             return;
         }
         match ty {
@@ -339,5 +359,13 @@ impl TokenRows<'_> {
         for (o, q) in s32.iter_mut().zip(qs.chunks_exact(32)) {
             *o = q.iter().map(|&v| v as i32).sum();
         }
+        corr4(qs, c4);
+    }
+}
+
+/// `-128·Σ` of each 4 values of `qs`, into `c4`.
+fn corr4(qs: &[i8], c4: &mut [i32]) {
+    for (o, q) in c4.iter_mut().zip(qs.chunks_exact(4)) {
+        *o = -128 * (q[0] as i32 + q[1] as i32 + q[2] as i32 + q[3] as i32);
     }
 }

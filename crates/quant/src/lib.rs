@@ -23,11 +23,22 @@
 //! As ggml's CPU backend does, the activations are quantized once per input to the
 //! weight type's [`vec_dot_type`] (Q8_0, Q8_1 or Q8_K with ggml's x86 rounding; F16 or
 //! BF16 for those float weights; F32 for F32) and the dot products are computed in
-//! that form, so results match llama.cpp's CPU backend to f32 rounding. The exact
-//! accumulation order is defined once (module `formats`) and every kernel (scalar,
-//! AVX2, AVX-512) follows it: results are bit-identical whatever the CPU, the thread
-//! count, the row range or the number of tokens in the batch (a prompt processed in one
-//! batch or token by token gives the same logits).
+//! that form.
+//!
+//! # Exactly llama.cpp's arithmetic
+//!
+//! Every product gives the bits llama.cpp's CPU backend gives (x86 build with AVX-512,
+//! llama.cpp 0c1e570, ggml's tiled K-quant kernels off as in the llama.cpp that recorded
+//! this project's fixtures; `DS4_GGML_TILED=1` turns them on). ggml's result depends on
+//! the kernel it picks: the type's `vec_dot` (eight f32 lanes per output), llamafile's
+//! tinyBLAS for float weights, or the kernels of weights it repacks at load (Q4_0, Q4_K,
+//! Q2_K with a multiple of 8 rows: a GEMM for groups of 4 tokens, a GEMV for the rest).
+//! Which one runs depends on the weight type, on [`Layout`] and on the number of tokens
+//! in the product, so a prompt gives llama.cpp's results when it is split into products
+//! as llama.cpp splits it (one product per batch of at most 512 tokens, then one per
+//! generated token). The definitions, operation for operation, are in the private
+//! module `order`; every kernel (scalar, AVX2, AVX-512) computes exactly them, so
+//! results are the same whatever the CPU, the thread count or the row range.
 //!
 //! Kernels: few tokens (decode) stream the weight rows once (8 rows at a time, the next
 //! 8 prefetched); from 4 tokens on (prefill) rows are decoded in panels of 16 (AVX-512)
@@ -53,12 +64,15 @@ mod formats;
 mod fp;
 mod kernels;
 mod matmul;
+mod order;
 
 pub use acts::QuantizedActs;
 pub use ds4_gguf::GgmlType;
 pub use error::QuantError;
 pub use kernels::{Isa, isa};
-pub use matmul::{matmul, matmul_rows, matmul_single_thread, try_matmul};
+pub use matmul::{
+    Layout, matmul, matmul_as, matmul_rows, matmul_rows_as, matmul_single_thread, try_matmul,
+};
 
 /// Whether `ty` is supported as a matrix-product weight type (dequantize, quantize and
 /// [`matmul`]).
@@ -196,8 +210,9 @@ impl<'a> QMatrix<'a> {
     }
 }
 
-/// Dot product of one weight row (`w_row`: the bytes of `x.cols()` elements of `ty`)
-/// with token `t` of `x`, following the crate's accumulation definition.
+/// ggml's `vec_dot` of one weight row (`w_row`: the bytes of `x.cols()` elements of
+/// `ty`) with token `t` of `x`, bit for bit (what [`matmul`] gives for one token and
+/// weights that are not repacked).
 ///
 /// # Errors
 /// [`QuantError::Unsupported`], [`QuantError::ActivationMismatch`] if `x` was quantized

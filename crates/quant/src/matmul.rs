@@ -1,11 +1,15 @@
 //! Matrix products `out[t·rows + r] = dot(w.row(r), x.row(t))`, split across rayon's
-//! current pool by rows.
+//! current pool by rows, with the arithmetic of llama.cpp's CPU backend.
 //!
-//! Few tokens (decode) stream each weight row once per call (the product is bound by
-//! memory and per-block arithmetic); many tokens (prefill) decode panels of rows once and
-//! reuse them for every token. Work is split into row ranges, one rayon task each, so
-//! the engine's choice of pool (`ThreadPool::install` or the global pool) decides the
-//! threads used.
+//! ggml's result for one output depends on the kernel it picks, which depends on the
+//! weight type, on whether it repacked the weights at load ([`Layout`]) and on the number
+//! of tokens in the product (see the `order` module). The tokens of a product are split
+//! into the runs ggml treats alike and each run goes to our kernel for that path. Few
+//! tokens stream each weight row once per call (the product is bound by memory); many
+//! tokens decode panels of rows once and reuse them for every token. Work is split into
+//! row ranges, one rayon task each, so the engine's choice of pool
+//! (`ThreadPool::install` or the global pool) decides the threads used; results do not
+//! depend on it.
 
 use std::ops::Range;
 
@@ -14,6 +18,7 @@ use rayon::prelude::*;
 use crate::acts::QuantizedActs;
 use crate::error::QuantError;
 use crate::kernels::{self, Isa, out::Out, panel::Panel};
+use crate::order::{self, Path};
 use crate::{QMatrix, vec_dot_type};
 
 /// From this many tokens on, quantized products use the panel kernels.
@@ -22,14 +27,36 @@ const PANEL_MIN_TOKENS: usize = 4;
 /// (about 30 µs of one core's work) waking the pool costs more than it saves.
 const PARALLEL_MIN_MACS: usize = 1 << 20;
 
+/// How llama.cpp's CPU backend holds a weight matrix, which decides its kernels and so
+/// the rounding of its products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// As llama.cpp holds the weights of a model's matrix products on an x86 CPU with
+    /// AVX2/AVX-512: repacked at load when ggml repacks the type and shape (Q4_0, Q4_K and
+    /// Q2_K with a multiple of 8 rows), plain otherwise.
+    #[default]
+    Auto,
+    /// Never repacked: a tensor llama.cpp keeps in a plain CPU buffer (for example a
+    /// token embedding that is also the output matrix).
+    Plain,
+}
+
 /// `out[t·w.rows + r] = dot(w.row(r), x.row(t))` for every token `t` and row `r`,
-/// multi-threaded with rayon.
+/// multi-threaded with rayon, for weights in [`Layout::Auto`].
 ///
 /// # Panics
 /// If the shapes or types disagree (see [`try_matmul`] for the conditions); these are
 /// programming errors in the caller.
 pub fn matmul(w: &QMatrix, x: &QuantizedActs, out: &mut [f32]) {
-    if let Err(e) = try_matmul(w, x, out) {
+    matmul_as(w, Layout::Auto, x, out);
+}
+
+/// As [`matmul`] for weights held as `layout`.
+///
+/// # Panics
+/// As [`matmul`].
+pub fn matmul_as(w: &QMatrix, layout: Layout, x: &QuantizedActs, out: &mut [f32]) {
+    if let Err(e) = matmul_rows_as(w, layout, x, 0..w.rows, out) {
         panic!("matmul: {e}");
     }
 }
@@ -42,11 +69,12 @@ pub fn matmul(w: &QMatrix, x: &QuantizedActs, out: &mut [f32]) {
 /// to `vec_dot_type(w.ty)`, [`QuantError::ShapeMismatch`] if `x.cols() != w.cols` or
 /// `out.len() != x.n_tokens()·w.rows`.
 pub fn try_matmul(w: &QMatrix, x: &QuantizedActs, out: &mut [f32]) -> Result<(), QuantError> {
-    matmul_rows(w, x, 0..w.rows, out)
+    matmul_rows_as(w, Layout::Auto, x, 0..w.rows, out)
 }
 
 /// Rows `rows` of `w` only: `out[t·rows.len() + (r - rows.start)]`. Useful for splitting
-/// a large output (a vocabulary projection) or picking experts' rows.
+/// a large output (a vocabulary projection) or picking experts' rows. The results are
+/// those of the whole product.
 ///
 /// # Errors
 /// As [`try_matmul`], with `out.len() == x.n_tokens()·rows.len()`, and
@@ -57,8 +85,22 @@ pub fn matmul_rows(
     rows: Range<usize>,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
+    matmul_rows_as(w, Layout::Auto, x, rows, out)
+}
+
+/// As [`matmul_rows`] for weights held as `layout`.
+///
+/// # Errors
+/// As [`matmul_rows`].
+pub fn matmul_rows_as(
+    w: &QMatrix,
+    layout: Layout,
+    x: &QuantizedActs,
+    rows: Range<usize>,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
     check(w, x, &rows, out)?;
-    run(w, x, rows, out, true);
+    run(w, layout, x, rows, out, true);
     Ok(())
 }
 
@@ -74,7 +116,7 @@ pub fn matmul_single_thread(
 ) -> Result<(), QuantError> {
     let rows = 0..w.rows;
     check(w, x, &rows, out)?;
-    run(w, x, rows, out, false);
+    run(w, Layout::Auto, x, rows, out, false);
     Ok(())
 }
 
@@ -124,32 +166,64 @@ fn check(
     Ok(())
 }
 
-fn run(w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, out: &mut [f32], parallel: bool) {
+/// Runs of consecutive tokens that ggml computes along one path.
+fn segments(w: &QMatrix, repacked: bool, n: usize) -> Vec<(Range<usize>, Path)> {
+    let tiled = order::tiled_enabled();
+    let m = (w.ty, w.rows, w.cols);
+    let mut segs = Vec::with_capacity(2);
+    let mut t = 0;
+    while t < n {
+        let p = order::path(m, repacked, tiled, n, t);
+        let mut end = t + 1;
+        while end < n && order::path(m, repacked, tiled, n, end) == p {
+            end += 1;
+        }
+        segs.push((t..end, p));
+        t = end;
+    }
+    segs
+}
+
+fn run(
+    w: &QMatrix,
+    layout: Layout,
+    x: &QuantizedActs,
+    rows: Range<usize>,
+    out: &mut [f32],
+    parallel: bool,
+) {
     let isa = kernels::isa();
-    let n_tokens = x.n_tokens();
+    let repacked = layout == Layout::Auto && order::repacks(w.ty, w.rows);
     let o = Out::new(out, rows.len(), rows.start);
-    let macs = rows.len() * w.cols * n_tokens;
-    let parallel = parallel && macs >= PARALLEL_MIN_MACS && rayon::current_num_threads() > 1;
-    if n_tokens >= PANEL_MIN_TOKENS && kernels::has_panel(isa, w.ty) {
-        run_panels(isa, w, x, rows, &o, parallel);
-    } else {
-        run_rows(isa, w, x, rows, &o, parallel);
+    for (tokens, path) in segments(w, repacked, x.n_tokens()) {
+        let macs = rows.len() * w.cols * tokens.len();
+        let par = parallel && macs >= PARALLEL_MIN_MACS && rayon::current_num_threads() > 1;
+        if tokens.len() >= PANEL_MIN_TOKENS && kernels::has_panel(isa, w.ty, path) {
+            run_panels(isa, w, x, rows.clone(), tokens, path, &o, par);
+        } else {
+            run_rows(isa, w, x, rows.clone(), tokens, path, &o, par);
+        }
     }
 }
 
 /// Panel kernels over row panels, one rayon task per panel.
+#[allow(clippy::too_many_arguments)]
 fn run_panels(
     isa: Isa,
     w: &QMatrix,
     x: &QuantizedActs,
     rows: Range<usize>,
+    tokens: Range<usize>,
+    path: Path,
     o: &Out,
     parallel: bool,
 ) {
     let pr = kernels::panel_rows(isa);
     let job = |r0: usize| {
         let n = pr.min(rows.end - r0);
-        with_panel(w.ty, pr, |panel| kernels::gemm(isa, w, x, r0, n, panel, o));
+        with_panel(w.ty, pr, |panel| {
+            kernels::gemm(isa, w, x, r0, n, tokens.clone(), path, panel, o)
+        });
     };
     if parallel {
         rows.clone().into_par_iter().step_by(pr).for_each(job);
@@ -175,10 +249,19 @@ fn with_panel<R>(ty: crate::GgmlType, pr: usize, f: impl FnOnce(&mut Panel) -> R
 }
 
 /// Row-streaming kernels over row chunks (multiples of 16 rows, about four per thread).
-fn run_rows(isa: Isa, w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, o: &Out, parallel: bool) {
-    let tokens = 0..x.n_tokens();
+#[allow(clippy::too_many_arguments)]
+fn run_rows(
+    isa: Isa,
+    w: &QMatrix,
+    x: &QuantizedActs,
+    rows: Range<usize>,
+    tokens: Range<usize>,
+    path: Path,
+    o: &Out,
+    parallel: bool,
+) {
     if !parallel {
-        kernels::gemv(isa, w, x, rows, tokens, o);
+        kernels::gemv(isa, w, x, rows, tokens, path, o);
         return;
     }
     let chunks = 4 * rayon::current_num_threads();
@@ -186,6 +269,6 @@ fn run_rows(isa: Isa, w: &QMatrix, x: &QuantizedActs, rows: Range<usize>, o: &Ou
     let starts: Vec<usize> = rows.clone().step_by(chunk).collect();
     starts.into_par_iter().for_each(|r0| {
         let r1 = (r0 + chunk).min(rows.end);
-        kernels::gemv(isa, w, x, r0..r1, tokens.clone(), o);
+        kernels::gemv(isa, w, x, r0..r1, tokens.clone(), path, o);
     });
 }

@@ -19,7 +19,6 @@
 
 use super::Unpacked;
 use super::iq2_grid::IQ2XXS_GRID;
-use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, rd_f16, rd_u32, wr_u16};
 
 pub(crate) const BYTES: usize = 66;
@@ -37,20 +36,6 @@ pub(crate) fn ksigns(s7: u32) -> u8 {
 #[inline]
 pub(crate) fn grid(idx: u8, j: usize) -> u8 {
     (IQ2XXS_GRID[idx as usize] >> (8 * j)) as u8
-}
-
-/// Signed value (grid magnitude with sign, before scales) of element `e` of a block,
-/// and the block's 4-bit scale for that element.
-#[inline]
-pub(crate) fn value(b: &[u8], e: usize) -> (i8, u32) {
-    let ib = e / 32;
-    let aux0 = rd_u32(b, 2 + 8 * ib);
-    let aux1 = rd_u32(b, 2 + 8 * ib + 4);
-    let l = (e % 32) / 8;
-    let j = e % 8;
-    let g = grid((aux0 >> (8 * l)) as u8, j) as i8;
-    let neg = ksigns((aux1 >> (7 * l)) & 127) & (1 << j) != 0;
-    (if neg { -g } else { g }, aux1 >> 28)
 }
 
 /// Dequantizes whole blocks (`dequantize_row_iq2_xxs`).
@@ -71,28 +56,6 @@ pub(crate) fn dequantize(src: &[u8], dst: &mut [f32]) {
             }
         }
     }
-}
-
-/// Reference dot product with Q8_K activations (`ggml_vec_dot_iq2_xxs_q8_K`: integer sum
-/// weighted by `2·ls + 1`, scaled by `d·d_a`, times 1/8 at the end).
-pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
-    let mut acc = 0.0f32;
-    for (i, b) in w.chunks_exact(BYTES).enumerate() {
-        let qa = &a.qs[256 * i..256 * i + 256];
-        let mut isum = 0i32;
-        for ib in 0..8 {
-            let mut sub = 0i32;
-            let mut ls = 0;
-            for e in 32 * ib..32 * ib + 32 {
-                let (v, l) = value(b, e);
-                sub += v as i32 * qa[e] as i32;
-                ls = l;
-            }
-            isum += (2 * ls as i32 + 1) * sub;
-        }
-        acc = (rd_f16(b, 0) * a.d[i]).mul_add(isum as f32, acc);
-    }
-    0.125 * acc
 }
 
 /// Best codebook point for one group of 8 targets `xv` (signs already folded in) at

@@ -1,25 +1,11 @@
-//! Block formats: layouts, dequantization, reference quantizers and the reference
-//! (scalar) dot products that define what every SIMD kernel must compute.
+//! Block formats: layouts, dequantization, reference quantizers, and each weight
+//! block decoded to integers ([`unpack`]) for the matrix products.
 //!
-//! # The dot-product definition
-//!
-//! A weight row is dotted with an activation row quantized to the weight type's
-//! `vec_dot_type` (ggml's CPU pairing: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1,
-//! Q8_K for the K-quants and IQ2_XXS). Per block, the products of the integer values
-//! are summed exactly in i32 (for K-quants weighted by the integer sub-block scales, as
-//! ggml does); the f32 result is then accumulated block after block, in order:
-//!
-//! - 32-blocks: `acc = fma(d_w·d_a, isum, acc)`, and for Q4_1/Q5_1 then
-//!   `acc = fma(m_w, s_a, acc)`;
-//! - Q2_K, Q4_K, Q5_K: `acc = fma(d·d_a, isum, acc)`, then `acc = fma(-(dmin·d_a), msum,
-//!   acc)` where `msum = Σ m_j·(sum of the activations of sub-block j)`;
-//! - Q3_K, Q6_K: `acc = fma(d·d_a, isum, acc)`;
-//! - IQ2_XXS: `acc = fma(d·d_a, isum, acc)` with `isum = Σ (2·ls + 1)·sub`, result `acc/8`.
-//!
-//! `d_w·d_a` is an f32 product of the two f32 scales, and `isum as f32` rounds to
-//! nearest. ggml accumulates the same per-block terms (its scalar and SIMD versions
-//! differ from each other only in the order of the f32 additions), so results agree
-//! with llama.cpp to f32 rounding. Float formats: see [`float`].
+//! The arithmetic of the products (which kernel ggml's CPU backend runs and its exact
+//! f32 operations) is defined in `order`, from the integers of [`Unpacked`]; the float
+//! formats' products are in [`float`]. Weight values pair with activations quantized to
+//! the weight type's `vec_dot_type` (ggml's CPU pairing: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1
+//! for Q4_1/Q5_1, Q8_K for the K-quants and IQ2_XXS).
 
 pub(crate) mod float;
 pub(crate) mod iq2_grid;
@@ -39,7 +25,6 @@ pub(crate) mod q8_1;
 pub(crate) mod q8_k;
 
 use crate::GgmlType;
-use crate::acts::ActRow;
 
 /// How a weight type's dot product is structured, as the generic matrix kernels see it.
 #[derive(Clone, Copy, Debug)]
@@ -210,24 +195,5 @@ pub(crate) fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         Q8_K => q8_k::quantize(src, dst),
         IQ2_XXS => iq2_xxs::quantize(src, dst),
         _ => float::quantize(ty, src, dst),
-    }
-}
-
-/// The reference dot product of one weight row with one activation row.
-pub(crate) fn dot(ty: GgmlType, w: &[u8], a: &ActRow) -> f32 {
-    use GgmlType::*;
-    match ty {
-        Q4_0 => q4_0::dot(w, a),
-        Q4_1 => q4_1::dot(w, a),
-        Q5_0 => q5_0::dot(w, a),
-        Q5_1 => q5_1::dot(w, a),
-        Q8_0 => q8_0::dot(w, a),
-        Q2_K => q2_k::dot(w, a),
-        Q3_K => q3_k::dot(w, a),
-        Q4_K => q4_k::dot(w, a),
-        Q5_K => q5_k::dot(w, a),
-        Q6_K => q6_k::dot(w, a),
-        IQ2_XXS => iq2_xxs::dot(w, a),
-        _ => float::dot(ty, w, a.f),
     }
 }

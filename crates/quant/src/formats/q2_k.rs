@@ -8,7 +8,6 @@
 
 use super::Unpacked;
 use super::kquant_search::{Qkx2, make_qkx2_quants};
-use crate::acts::ActRow;
 use crate::fp::{f16_to_f32, f32_to_f16, nearest_int, rd_f16, wr_u16};
 
 pub(crate) const BYTES: usize = 84;
@@ -105,26 +104,6 @@ pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
             }
         }
     }
-}
-
-/// Reference dot product with Q8_K activations.
-pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
-    let mut acc = 0.0f32;
-    for (i, b) in w.chunks_exact(BYTES).enumerate() {
-        let qa = &a.qs[256 * i..256 * i + 256];
-        let (mut isum, mut msum) = (0i32, 0i32);
-        for s in 0..16 {
-            let sub: i32 = (16 * s..16 * s + 16)
-                .map(|e| value(b, e) as i32 * qa[e] as i32)
-                .sum();
-            isum += (b[s] & 0x0f) as i32 * sub;
-            msum += (b[s] >> 4) as i32 * a.sum16[16 * i + s] as i32;
-        }
-        let da = a.d[i];
-        acc = (rd_f16(b, 80) * da).mul_add(isum as f32, acc);
-        acc = (-(rd_f16(b, 82) * da)).mul_add(msum as f32, acc);
-    }
-    acc
 }
 
 /// Decodes a block: values `0..=3`, sub-block scales and minimums (4-bit), `d`, `dmin`.

@@ -10,7 +10,6 @@
 
 use super::Unpacked;
 use super::kquant_search::make_q3_quants;
-use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, nearest_int, rd_f16, wr_u16};
 
 pub(crate) const BYTES: usize = 110;
@@ -100,23 +99,6 @@ pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
             }
         }
     }
-}
-
-/// Reference dot product with Q8_K activations.
-pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
-    let mut acc = 0.0f32;
-    for (i, b) in w.chunks_exact(BYTES).enumerate() {
-        let qa = &a.qs[256 * i..256 * i + 256];
-        let mut isum = 0i32;
-        for s in 0..16 {
-            let sub: i32 = (16 * s..16 * s + 16)
-                .map(|e| value(b, e) as i32 * qa[e] as i32)
-                .sum();
-            isum += scale(b, s) as i32 * sub;
-        }
-        acc = (rd_f16(b, 108) * a.d[i]).mul_add(isum as f32, acc);
-    }
-    acc
 }
 
 /// Decodes a block: values `-4..=3`, signed sub-block scales, `d`.

@@ -5,7 +5,6 @@
 //! Dot product pairs with Q8_0 activations.
 
 use super::Unpacked;
-use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, rd_f16, wr_u16};
 
 pub(crate) const BYTES: usize = 18;
@@ -45,21 +44,6 @@ pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
             b[2 + j] = q0 | (q1 << 4);
         }
     }
-}
-
-/// Reference dot product with Q8_0 activations (see `formats` for the accumulation rule).
-pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
-    let mut acc = 0.0f32;
-    for (i, b) in w.chunks_exact(BYTES).enumerate() {
-        let qa = &a.qs[i * 32..i * 32 + 32];
-        let mut isum = 0i32;
-        for j in 0..16 {
-            isum += ((b[2 + j] & 0x0f) as i32 - 8) * qa[j] as i32;
-            isum += ((b[2 + j] >> 4) as i32 - 8) * qa[j + 16] as i32;
-        }
-        acc = (rd_f16(b, 0) * a.d[i]).mul_add(isum as f32, acc);
-    }
-    acc
 }
 
 /// Decodes a block to signed values `q - 8` and its scale.

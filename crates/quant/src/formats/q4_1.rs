@@ -5,7 +5,6 @@
 //! Dot product pairs with Q8_1 activations (which carry `s = d·Σq`).
 
 use super::Unpacked;
-use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, rd_f16, wr_u16};
 
 pub(crate) const BYTES: usize = 20;
@@ -48,22 +47,6 @@ pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
             b[4 + j] = q0 | (q1 << 4);
         }
     }
-}
-
-/// Reference dot product with Q8_1 activations.
-pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
-    let mut acc = 0.0f32;
-    for (i, b) in w.chunks_exact(BYTES).enumerate() {
-        let qa = &a.qs[i * 32..i * 32 + 32];
-        let mut isum = 0i32;
-        for j in 0..16 {
-            isum += (b[4 + j] & 0x0f) as i32 * qa[j] as i32;
-            isum += (b[4 + j] >> 4) as i32 * qa[j + 16] as i32;
-        }
-        acc = (rd_f16(b, 0) * a.d[i]).mul_add(isum as f32, acc);
-        acc = rd_f16(b, 2).mul_add(a.s[i], acc);
-    }
-    acc
 }
 
 /// Decodes a block to its values `q`, scale `d` and minimum `m` (as `aux`).

@@ -8,7 +8,6 @@
 
 use super::Unpacked;
 use super::kquant_search::{Qkx2, make_qkx2_quants, pack_scale_min_k4, scale_min_k4};
-use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, nearest_int, rd_f16, wr_u16};
 
 pub(crate) const BYTES: usize = 144;
@@ -117,27 +116,6 @@ pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
             }
         }
     }
-}
-
-/// Reference dot product with Q8_K activations.
-pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
-    let mut acc = 0.0f32;
-    for (i, b) in w.chunks_exact(BYTES).enumerate() {
-        let qa = &a.qs[256 * i..256 * i + 256];
-        let (mut isum, mut msum) = (0i32, 0i32);
-        for j in 0..8 {
-            let (sc, m) = scale_min_k4(j, &b[4..16]);
-            let sub: i32 = (32 * j..32 * j + 32)
-                .map(|e| value(b, e) as i32 * qa[e] as i32)
-                .sum();
-            isum += sc as i32 * sub;
-            msum += m as i32 * a.sum32[8 * i + j];
-        }
-        let da = a.d[i];
-        acc = (rd_f16(b, 0) * da).mul_add(isum as f32, acc);
-        acc = (-(rd_f16(b, 2) * da)).mul_add(msum as f32, acc);
-    }
-    acc
 }
 
 /// Decodes a block: values `0..=15`, 6-bit sub-block scales and minimums, `d`, `dmin`.

@@ -5,7 +5,6 @@
 //! Value = `(q - 16)·d`. Dot product pairs with Q8_0 activations.
 
 use super::Unpacked;
-use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, rd_f16, rd_u32, wr_u16};
 
 pub(crate) const BYTES: usize = 22;
@@ -57,21 +56,6 @@ pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
         }
         b[2..6].copy_from_slice(&qh.to_le_bytes());
     }
-}
-
-/// Reference dot product with Q8_0 activations.
-pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
-    let mut acc = 0.0f32;
-    for (i, b) in w.chunks_exact(BYTES).enumerate() {
-        let qa = &a.qs[i * 32..i * 32 + 32];
-        let isum: i32 = values(b)
-            .iter()
-            .zip(qa)
-            .map(|(&q, &y)| (q as i32 - 16) * y as i32)
-            .sum();
-        acc = (rd_f16(b, 0) * a.d[i]).mul_add(isum as f32, acc);
-    }
-    acc
 }
 
 /// Decodes a block to signed values `q - 16` and its scale.

@@ -4,7 +4,6 @@
 //! Q5_0. Value = `q·d + m`. Dot product pairs with Q8_1 activations.
 
 use super::Unpacked;
-use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, rd_f16, rd_u32, wr_u16};
 
 pub(crate) const BYTES: usize = 24;
@@ -59,22 +58,6 @@ pub(crate) fn quantize(src: &[f32], dst: &mut [u8]) {
         }
         b[4..8].copy_from_slice(&qh.to_le_bytes());
     }
-}
-
-/// Reference dot product with Q8_1 activations.
-pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
-    let mut acc = 0.0f32;
-    for (i, b) in w.chunks_exact(BYTES).enumerate() {
-        let qa = &a.qs[i * 32..i * 32 + 32];
-        let isum: i32 = values(b)
-            .iter()
-            .zip(qa)
-            .map(|(&q, &y)| q as i32 * y as i32)
-            .sum();
-        acc = (rd_f16(b, 0) * a.d[i]).mul_add(isum as f32, acc);
-        acc = rd_f16(b, 2).mul_add(a.s[i], acc);
-    }
-    acc
 }
 
 /// Decodes a block to its values `q`, scale `d` and minimum `m` (as `aux`).

@@ -4,7 +4,6 @@
 //! Layout (`block_q8_0`, 34 bytes): `d: f16`, `qs[32]: i8`. Value = `q·d`.
 
 use super::Unpacked;
-use crate::acts::ActRow;
 use crate::fp::{f32_to_f16, rd_f16, wr_u16};
 
 pub(crate) const BYTES: usize = 34;
@@ -74,21 +73,6 @@ pub(crate) fn max_abs(x: &[f32]) -> f32 {
 pub(crate) fn round_even_small(v: f32) -> i32 {
     const MAGIC: f32 = 12_582_912.0;
     (((v + MAGIC) - MAGIC) as i32).clamp(-128, 127)
-}
-
-/// Reference dot product with Q8_0 activations.
-pub(crate) fn dot(w: &[u8], a: &ActRow) -> f32 {
-    let mut acc = 0.0f32;
-    for (i, b) in w.chunks_exact(BYTES).enumerate() {
-        let qa = &a.qs[i * 32..i * 32 + 32];
-        let isum: i32 = b[2..]
-            .iter()
-            .zip(qa)
-            .map(|(&q, &y)| q as i8 as i32 * y as i32)
-            .sum();
-        acc = (rd_f16(b, 0) * a.d[i]).mul_add(isum as f32, acc);
-    }
-    acc
 }
 
 /// Decodes a block to its signed values and scale.

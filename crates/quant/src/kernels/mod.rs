@@ -3,17 +3,15 @@
 //!
 //! Two kernel families: row-streaming kernels for few tokens (decode: every weight is
 //! read once per token) and panel kernels for many tokens (prefill: a panel of decoded
-//! weight rows is reused across all tokens). All compute the accumulation order of the
-//! `formats` definition, so their results are bit-identical.
+//! weight rows is reused across all tokens). All compute the arithmetic `order` defines
+//! for their path, so their results are bit-identical.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod act_avx2;
 #[cfg(target_arch = "x86_64")]
 mod float_kernels;
 #[cfg(target_arch = "x86_64")]
-mod gemm_avx2;
-#[cfg(target_arch = "x86_64")]
-mod gemm_avx512;
+mod gemm_panel;
 #[cfg(target_arch = "x86_64")]
 mod gemv_q;
 pub(crate) mod out;
@@ -28,6 +26,7 @@ use std::sync::OnceLock;
 
 use crate::acts::QuantizedActs;
 use crate::formats;
+use crate::order::{self, Path};
 use crate::{GgmlType, QMatrix};
 
 use out::Out;
@@ -78,7 +77,7 @@ fn detect() -> Isa {
     Isa::Scalar
 }
 
-/// Dot product of one weight row with token `t` (lengths checked by the caller).
+/// ggml's `vec_dot` of one weight row with token `t` (lengths checked by the caller).
 pub(crate) fn dot_one(isa: Isa, ty: GgmlType, w_row: &[u8], x: &QuantizedActs, t: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
@@ -86,7 +85,7 @@ pub(crate) fn dot_one(isa: Isa, ty: GgmlType, w_row: &[u8], x: &QuantizedActs, t
         if let Some(v) = unsafe { gemv_q::dot_one(isa == Isa::Avx512, ty, w_row, x, t) } {
             return v;
         }
-        if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        if formats::layout(ty).is_none() {
             let m = QMatrix {
                 ty,
                 rows: 1,
@@ -95,12 +94,12 @@ pub(crate) fn dot_one(isa: Isa, ty: GgmlType, w_row: &[u8], x: &QuantizedActs, t
             };
             let mut v = [0f32];
             let out = Out::new(&mut v, 1, 0).starting_at_token(t);
-            gemv(isa, &m, x, 0..1, t..t + 1, &out);
+            gemv(isa, &m, x, 0..1, t..t + 1, Path::VecDot, &out);
             return v[0];
         }
     }
     let _ = isa;
-    formats::dot(ty, w_row, &x.row(t))
+    order::dot(Path::VecDot, ty, w_row, &x.row(t))
 }
 
 /// Rows per panel of the panel kernels.
@@ -111,49 +110,59 @@ pub(crate) fn panel_rows(isa: Isa) -> usize {
     }
 }
 
-/// Whether the panel kernels handle `ty`.
-pub(crate) fn has_panel(isa: Isa, ty: GgmlType) -> bool {
-    let _ = isa;
-    formats::layout(ty).is_some()
+/// Whether the panel kernels handle `ty` along `path` (the row kernels handle
+/// everything).
+pub(crate) fn has_panel(isa: Isa, ty: GgmlType, path: Path) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        return formats::layout(ty).is_some_and(|l| gemm_panel::supports(path, &l));
+    }
+    let _ = (isa, ty, path);
+    false
 }
 
-/// Row-streaming product: rows `rows` of `w` with tokens `tokens` of `x`.
+/// Row-streaming product: rows `rows` of `w` with tokens `tokens` of `x` along `path`.
 pub(crate) fn gemv(
     isa: Isa,
     w: &QMatrix,
     x: &QuantizedActs,
     rows: Range<usize>,
     tokens: Range<usize>,
+    path: Path,
     out: &Out,
 ) {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        // SAFETY: `isa` was detected on this CPU; ranges are checked by matmul.
-        if unsafe { gemv_q::gemv(isa == Isa::Avx512, w, x, rows.clone(), tokens.clone(), out) } {
+        let avx512 = isa == Isa::Avx512;
+        // SAFETY (both): `isa` was detected on this CPU; ranges are checked by matmul.
+        if matches!(path, Path::VecDot | Path::RepackGemv)
+            && unsafe { gemv_q::gemv(avx512, w, x, rows.clone(), tokens.clone(), path, out) }
+        {
             return;
         }
-        // SAFETY: as above.
-        if unsafe {
-            float_kernels::gemm(isa == Isa::Avx512, w, x, rows.clone(), tokens.clone(), out)
-        } {
+        let tinyblas = path == Path::TinyBlas;
+        if unsafe { float_kernels::gemm(avx512, w, x, rows.clone(), tokens.clone(), tinyblas, out) }
+        {
             return;
         }
     }
-    gemv_scalar(w, x, rows, tokens, out);
+    let _ = isa;
+    gemv_scalar(w, x, rows, tokens, path, out);
 }
 
-/// Scalar row kernel: the reference dot product per (row, token).
+/// Scalar row kernel: the reference of `order` per (row, token).
 pub(crate) fn gemv_scalar(
     w: &QMatrix,
     x: &QuantizedActs,
     rows: Range<usize>,
     tokens: Range<usize>,
+    path: Path,
     out: &Out,
 ) {
     for r in rows {
         let wr = w.row(r);
         for t in tokens.clone() {
-            let v = formats::dot(w.ty, wr, &x.row(t));
+            let v = order::dot(path, w.ty, wr, &x.row(t));
             // SAFETY: the caller gives each thread its own rows.
             unsafe { out.set(t, r, v) };
         }
@@ -171,25 +180,35 @@ pub(crate) fn fill_panel(isa: Isa, panel: &mut Panel, w: &QMatrix, r0: usize, nr
     panel.fill(w, r0, nrows);
 }
 
-/// Panel product: rows `r0..r0 + nrows` (`nrows <= panel_rows(isa)`) with all tokens.
+/// Panel product: rows `r0..r0 + nrows` (`nrows <= panel_rows(isa)`) with tokens
+/// `tokens` along `path`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
     isa: Isa,
     w: &QMatrix,
     x: &QuantizedActs,
     r0: usize,
     nrows: usize,
+    tokens: Range<usize>,
+    path: Path,
     panel: &mut Panel,
     out: &Out,
 ) {
-    fill_panel(isa, panel, w, r0, nrows);
     #[cfg(target_arch = "x86_64")]
-    match isa {
-        Isa::Avx512 => return gemm_avx512::gemm(panel, r0, x, out),
-        Isa::Avx2 => return gemm_avx2::gemm(panel, r0, x, out),
-        Isa::Scalar => {}
+    {
+        panel.offset = gemm_panel::panel_offset(isa == Isa::Avx512, w.ty, &panel.layout, path);
     }
-    let _ = isa;
-    panel::gemm_scalar(panel, r0, x, 0..x.n_tokens(), out);
+    fill_panel(isa, panel, w, r0, nrows);
+    // SAFETY: `isa` was detected on this CPU; `has_panel` admitted the path.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        match isa {
+            Isa::Avx512 => return gemm_panel::gemm_avx512(panel, r0, x, tokens, path, out),
+            Isa::Avx2 => return gemm_panel::gemm_avx2(panel, r0, x, tokens, path, out),
+            Isa::Scalar => {}
+        }
+    }
+    unreachable!("panel kernels run with AVX2 or AVX-512 only")
 }
 
 #[cfg(test)]

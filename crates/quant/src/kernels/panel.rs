@@ -7,14 +7,13 @@
 //! for all formats. Layout, for scale block `b` of a panel:
 //! `vals[((b·G + g)·pr + lane)·4 + i]` = value `4g + i` of the block in row `lane`
 //! (`G = block/4` groups); `sub`, `min` are `[b][sub-block][lane]`, `d`, `aux` are
-//! `[b][lane]`. Lanes past the matrix's last row hold zeros.
+//! `[b][lane]`. Values are stored plus the panel's `offset` (wrapping: `-128` stores
+//! signed values as unsigned `v + 128` for `vpdpbusd`; `32` makes Q6_K's values the
+//! unsigned `q` of its `vec_dot`). Lanes past the matrix's last row hold zeros.
 
 use crate::GgmlType;
 use crate::QMatrix;
-use crate::acts::QuantizedActs;
 use crate::formats::{self, Layout, Unpacked};
-
-use super::out::Out;
 
 /// Decoded weights of up to `pr` consecutive rows.
 pub(crate) struct Panel {
@@ -23,6 +22,8 @@ pub(crate) struct Panel {
     pub nrows: usize,
     pub nblk: usize,
     pub layout: Layout,
+    /// Added (wrapping) to every value when filling.
+    pub offset: i8,
     pub vals: Vec<i8>,
     pub sub: Vec<i32>,
     pub min: Vec<i32>,
@@ -40,6 +41,7 @@ impl Panel {
             nrows: 0,
             nblk: 0,
             layout,
+            offset: 0,
             vals: Vec::new(),
             sub: Vec::new(),
             min: Vec::new(),
@@ -89,7 +91,9 @@ impl Panel {
                 let base = b * lay.block * pr;
                 for g in 0..groups {
                     let o = base + (g * pr + lane) * 4;
-                    self.vals[o..o + 4].copy_from_slice(&u.vals[4 * g..4 * g + 4]);
+                    for i in 0..4 {
+                        self.vals[o + i] = u.vals[4 * g + i].wrapping_add(self.offset);
+                    }
                 }
                 for j in 0..nsub {
                     self.sub[(b * nsub + j) * pr + lane] = u.sub[j];
@@ -98,63 +102,6 @@ impl Panel {
                 self.d[b * pr + lane] = u.d;
                 self.aux[b * pr + lane] = u.aux;
             }
-        }
-    }
-
-    /// Activation sum of sub-block `j` of scale block `b` for a token: the `A_j` of the
-    /// definition (sums of 16 or of 32 values).
-    #[inline]
-    pub(crate) fn act_sum(&self, sum16: &[i16], sum32: &[i32], b: usize, j: usize) -> i32 {
-        let nsub = self.nsub();
-        if self.layout.sub == 16 {
-            sum16[b * nsub + j] as i32
-        } else {
-            sum32[b * nsub + j]
-        }
-    }
-}
-
-/// Scalar panel kernel: every (row, token) of the panel, straight from the definition.
-/// The fallback for CPUs without AVX2 and the reference the SIMD panel kernels are
-/// tested against.
-pub(crate) fn gemm_scalar(
-    p: &Panel,
-    r0: usize,
-    x: &QuantizedActs,
-    tokens: std::ops::Range<usize>,
-    out: &Out,
-) {
-    let lay = p.layout;
-    let nsub = p.nsub();
-    for t in tokens {
-        let a = x.row(t);
-        for lane in 0..p.nrows {
-            let mut acc = 0.0f32;
-            for b in 0..p.nblk {
-                let (mut isum, mut msum) = (0i32, 0i32);
-                for j in 0..nsub {
-                    let mut s = 0i32;
-                    for e in j * lay.sub..(j + 1) * lay.sub {
-                        let v = p.vals[b * lay.block * p.pr + ((e / 4) * p.pr + lane) * 4 + e % 4];
-                        s += v as i32 * a.qs[b * lay.block + e] as i32;
-                    }
-                    let k = (b * nsub + j) * p.pr + lane;
-                    isum += if lay.subscale { p.sub[k] * s } else { s };
-                    if lay.imin {
-                        msum += p.min[k] * p.act_sum(a.sum16, a.sum32, b, j);
-                    }
-                }
-                let da = a.d[b];
-                acc = (p.d[b * p.pr + lane] * da).mul_add(isum as f32, acc);
-                if lay.imin {
-                    acc = (-(p.aux[b * p.pr + lane] * da)).mul_add(msum as f32, acc);
-                }
-                if lay.fmin {
-                    acc = p.aux[b * p.pr + lane].mul_add(a.s[b], acc);
-                }
-            }
-            // SAFETY: this panel's rows belong to the calling thread only.
-            unsafe { out.set(t, r0 + lane, acc * lay.final_scale) };
         }
     }
 }

@@ -65,7 +65,8 @@ unsafe fn fill_rows<F: RowFmt>(p: &mut Panel, w: &QMatrix, r0: usize, nrows: usi
                 }
                 for c in 0..F::BLOCK / 32 {
                     let mut tmp = [0u32; 8];
-                    _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, F::vals32(blk, c));
+                    let v = _mm256_add_epi8(F::vals32(blk, c), _mm256_set1_epi8(p.offset));
+                    _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, v);
                     for (g, &v) in tmp.iter().enumerate() {
                         let o = ((b * groups + 8 * c + g) * pr + lane) * 4;
                         (p.vals.as_mut_ptr().add(o) as *mut u32).write_unaligned(v);

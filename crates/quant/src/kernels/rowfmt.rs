@@ -12,8 +12,10 @@ use crate::formats::kquant_search::scale_min_k4;
 
 /// Unsigned × signed byte dot product into 8 i32 lanes (4 products per lane).
 pub(crate) trait Dot {
-    /// `acc + Σ u·s` per group of 4 bytes. Exact when `u <= 128` and `|s| <= 127`
-    /// (for [`Madd`], pairs of products must fit in i16).
+    /// Exact for any unsigned byte (`vpdpbusd`); otherwise pairs of products must fit
+    /// in i16 (`u <= 128` with `|s| <= 127`).
+    const WIDE: bool;
+    /// `acc + Σ u·s` per group of 4 bytes.
     unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
 }
 
@@ -23,6 +25,7 @@ pub(crate) struct Vnni;
 pub(crate) struct Madd;
 
 impl Dot for Vnni {
+    const WIDE: bool = true;
     #[inline(always)]
     unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         // SAFETY: callers run with AVX512VNNI and AVX512VL enabled.
@@ -31,6 +34,7 @@ impl Dot for Vnni {
 }
 
 impl Dot for Madd {
+    const WIDE: bool = false;
     #[inline(always)]
     unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         // SAFETY: callers run with AVX2 enabled.
@@ -43,15 +47,20 @@ impl Dot for Madd {
     }
 }
 
-/// How the float part combines a block's sums.
+/// The minimum (second-scale) term of a format, as ggml's `vec_dot` adds it.
 #[derive(PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// `acc = fma(d·d_a, isum, acc)`.
-    Sym,
-    /// then `acc = fma(m, s_a, acc)` (Q4_1, Q5_1).
-    FloatMin,
-    /// then `acc = fma(-(dmin·d_a), msum, acc)` (Q2_K, Q4_K, Q5_K).
-    IntMin,
+pub(crate) enum Mins {
+    /// None.
+    None,
+    /// `summs = fma(m, s_a, summs)` (Q4_1, Q5_1 with Q8_1 activations).
+    Float,
+    /// Eight lanes `mn[2l]·bsum16[2l] + mn[2l+1]·bsum16[2l+1]`, added to the main lanes
+    /// first (Q2_K).
+    Q2K,
+    /// Four lanes `mn[2k]·bsum32[2k] + mn[2k+1]·bsum32[2k+1]` of their own (Q4_K).
+    Q4K,
+    /// One scalar `Σ_j mn[j]·bsum32[j]` (Q5_K).
+    Q5K,
 }
 
 /// A weight format as the SIMD kernels see it. All pointers point at a whole block.
@@ -61,10 +70,7 @@ pub(crate) trait RowFmt {
     const BYTES: usize;
     /// Elements per integer sub-block (K-quants; `BLOCK` otherwise).
     const SUB: usize;
-    /// Offset carried by the lanes [`RowFmt::block`] returns: the kernel subtracts
-    /// `BIAS·Σa` of the block (only 32-blocks use it).
-    const BIAS: i32;
-    const KIND: Kind;
+    const MINS: Mins;
     /// Factor on the final result (IQ2_XXS: 1/8).
     const FINAL: f32;
 
@@ -83,10 +89,12 @@ pub(crate) trait RowFmt {
     /// The true (signed) values of elements `32c..32c + 32` of the block.
     unsafe fn vals32(w: *const u8, c: usize) -> __m256i;
 
-    /// 8 lanes whose total is the block's integer sum with token `a` (plus `BIAS·Σa`),
-    /// and `msum` for [`Kind::IntMin`]. `b` is the block index in the row.
+    /// The eight integer lanes of ggml's `vec_dot` for this block with token `a` (lane
+    /// `l` holds elements `32c + 4l..32c + 4l + 4` of every chunk `c`, weighted by their
+    /// sub-block scales; see `order`). Their total is the block's integer sum `isum`.
+    /// `b` is the block index in the row.
     #[inline(always)]
-    unsafe fn block<D: Dot>(w: *const u8, a: &ActRow, b: usize) -> (__m256i, i32) {
+    unsafe fn block<D: Dot>(w: *const u8, a: &ActRow, b: usize) -> __m256i {
         // SAFETY: w points at a whole block, `b` is inside the activation row.
         unsafe {
             let mut sub = [1i32; 16];
@@ -99,29 +107,57 @@ pub(crate) trait RowFmt {
                 let d = D::dot(_mm256_setzero_si256(), _mm256_sign_epi8(v, v), s);
                 isum = if Self::BLOCK == 32 {
                     d
-                } else if Self::SUB == 32 {
-                    _mm256_add_epi32(isum, _mm256_mullo_epi32(d, _mm256_set1_epi32(sub[c])))
                 } else {
-                    let (sa, sb) = (sub[2 * c], sub[2 * c + 1]);
-                    _mm256_add_epi32(
-                        isum,
-                        _mm256_mullo_epi32(d, _mm256_setr_epi32(sa, sa, sa, sa, sb, sb, sb, sb)),
-                    )
+                    _mm256_add_epi32(isum, _mm256_mullo_epi32(d, sub_lanes::<Self>(&sub, c)))
                 };
             }
-            let mut msum = 0i32;
-            if Self::KIND == Kind::IntMin {
-                let nsub = Self::BLOCK / Self::SUB;
-                for (j, &m) in min.iter().enumerate().take(nsub) {
-                    let asum = if Self::SUB == 16 {
-                        *a.sum16.get_unchecked(nsub * b + j) as i32
-                    } else {
-                        *a.sum32.get_unchecked(nsub * b + j)
-                    };
-                    msum += m * asum;
+            isum
+        }
+    }
+
+    /// Lanes whose total is the block's `msum = Σ_j mn[j]·bsum[j]`, grouped as ggml's
+    /// `vec_dot` needs them: Q2_K its eight lanes; Q4_K and Q5_K `mn[j]·bsum32[j]` in
+    /// lane `j` (Q4_K's four lanes are the sums of lane pairs). Zero without minimums.
+    #[inline(always)]
+    unsafe fn mins(w: *const u8, a: &ActRow, b: usize) -> __m256i {
+        // SAFETY: w points at a whole block, `b` is inside the activation row.
+        unsafe {
+            match Self::MINS {
+                Mins::None | Mins::Float => _mm256_setzero_si256(),
+                Mins::Q2K => {
+                    let sc = _mm_loadu_si128(w as *const __m128i);
+                    let mn = _mm256_cvtepu8_epi16(_mm_and_si128(
+                        _mm_srli_epi16(sc, 4),
+                        _mm_set1_epi8(0x0f),
+                    ));
+                    debug_assert!(a.sum16.len() >= 16 * b + 16);
+                    let bs = _mm256_loadu_si256(a.sum16.as_ptr().add(16 * b) as *const __m256i);
+                    _mm256_madd_epi16(mn, bs)
+                }
+                Mins::Q4K | Mins::Q5K => {
+                    let mut sub = [0i32; 16];
+                    let mut min = [0i32; 16];
+                    Self::subs(w, &mut sub, &mut min);
+                    debug_assert!(a.sum32.len() >= 8 * b + 8);
+                    let bs = _mm256_loadu_si256(a.sum32.as_ptr().add(8 * b) as *const __m256i);
+                    _mm256_mullo_epi32(_mm256_loadu_si256(min.as_ptr() as *const __m256i), bs)
                 }
             }
-            (isum, msum)
+        }
+    }
+}
+
+/// The sub-block scale of each lane for 32-element chunk `c` of a 256-block: one scale
+/// (sub-blocks of 32), or lanes 0–3 and 4–7 from two sub-blocks of 16.
+#[inline(always)]
+unsafe fn sub_lanes<F: RowFmt + ?Sized>(sub: &[i32; 16], c: usize) -> __m256i {
+    // SAFETY: AVX2 enabled by every caller.
+    unsafe {
+        if F::SUB == 32 {
+            _mm256_set1_epi32(sub[c])
+        } else {
+            let (sa, sb) = (sub[2 * c], sub[2 * c + 1]);
+            _mm256_setr_epi32(sa, sa, sa, sa, sb, sb, sb, sb)
         }
     }
 }
@@ -230,16 +266,26 @@ pub(crate) struct Q5K;
 pub(crate) struct Q6K;
 pub(crate) struct Iq2Xxs;
 
-/// 32-blocks: unsigned values with a bias are cheaper than the sign trick.
+/// Lanes of a signed 32-block from its values stored plus `2^(7 - SHIFT)` (unsigned
+/// `u`): `Σ u·a` started at `-2^(7 - SHIFT)·Σa` per lane (the token's `-128·Σ` words
+/// shifted), which is exactly `Σ v·a`.
+#[inline(always)]
+unsafe fn biased_block32<D: Dot, const SHIFT: i32>(u: __m256i, a: &ActRow, b: usize) -> __m256i {
+    debug_assert!(a.c4.len() >= 8 * b + 8);
+    // SAFETY: the block's 8 words are inside the token's (matmul checks the lengths).
+    unsafe {
+        let c = _mm256_loadu_si256(a.c4.as_ptr().add(8 * b) as *const __m256i);
+        D::dot(_mm256_srai_epi32::<SHIFT>(c), u, act32(a, 32 * b))
+    }
+}
+
+/// 32-blocks with unsigned values (Q4_1, Q5_1): no sign trick needed.
 macro_rules! block32_unsigned {
     () => {
         #[inline(always)]
-        unsafe fn block<D: Dot>(w: *const u8, a: &ActRow, b: usize) -> (__m256i, i32) {
+        unsafe fn block<D: Dot>(w: *const u8, a: &ActRow, b: usize) -> __m256i {
             // SAFETY: forwarded (see the trait).
-            unsafe {
-                let u = _mm256_add_epi8(Self::vals32(w, 0), _mm256_set1_epi8(Self::BIAS as i8));
-                (D::dot(_mm256_setzero_si256(), u, act32(a, 32 * b)), 0)
-            }
+            unsafe { D::dot(_mm256_setzero_si256(), Self::vals32(w, 0), act32(a, 32 * b)) }
         }
     };
 }
@@ -248,8 +294,7 @@ impl RowFmt for Q4_0 {
     const BLOCK: usize = 32;
     const BYTES: usize = 18;
     const SUB: usize = 32;
-    const BIAS: i32 = 8;
-    const KIND: Kind = Kind::Sym;
+    const MINS: Mins = Mins::None;
     const FINAL: f32 = 1.0;
     const SCALE_WORD: usize = 0;
     const D_HIGH: bool = false;
@@ -263,15 +308,19 @@ impl RowFmt for Q4_0 {
         // SAFETY: see the trait.
         unsafe { _mm256_sub_epi8(nibbles(w.add(2)), _mm256_set1_epi8(8)) }
     }
-    block32_unsigned!();
+    /// The nibbles are `v + 8`.
+    #[inline(always)]
+    unsafe fn block<D: Dot>(w: *const u8, a: &ActRow, b: usize) -> __m256i {
+        // SAFETY: see the trait.
+        unsafe { biased_block32::<D, 4>(nibbles(w.add(2)), a, b) }
+    }
 }
 
 impl RowFmt for Q4_1 {
     const BLOCK: usize = 32;
     const BYTES: usize = 20;
     const SUB: usize = 32;
-    const BIAS: i32 = 0;
-    const KIND: Kind = Kind::FloatMin;
+    const MINS: Mins = Mins::Float;
     const FINAL: f32 = 1.0;
     const SCALE_WORD: usize = 0;
     const D_HIGH: bool = false;
@@ -292,8 +341,7 @@ impl RowFmt for Q5_0 {
     const BLOCK: usize = 32;
     const BYTES: usize = 22;
     const SUB: usize = 32;
-    const BIAS: i32 = 16;
-    const KIND: Kind = Kind::Sym;
+    const MINS: Mins = Mins::None;
     const FINAL: f32 = 1.0;
     const SCALE_WORD: usize = 0;
     const D_HIGH: bool = false;
@@ -310,15 +358,22 @@ impl RowFmt for Q5_0 {
             _mm256_sub_epi8(u, _mm256_set1_epi8(16))
         }
     }
-    block32_unsigned!();
+    /// The 5-bit values are `v + 16`.
+    #[inline(always)]
+    unsafe fn block<D: Dot>(w: *const u8, a: &ActRow, b: usize) -> __m256i {
+        // SAFETY: see the trait.
+        unsafe {
+            let u = _mm256_or_si256(nibbles(w.add(6)), high_bits(w.add(2)));
+            biased_block32::<D, 3>(u, a, b)
+        }
+    }
 }
 
 impl RowFmt for Q5_1 {
     const BLOCK: usize = 32;
     const BYTES: usize = 24;
     const SUB: usize = 32;
-    const BIAS: i32 = 0;
-    const KIND: Kind = Kind::FloatMin;
+    const MINS: Mins = Mins::Float;
     const FINAL: f32 = 1.0;
     const SCALE_WORD: usize = 0;
     const D_HIGH: bool = false;
@@ -339,8 +394,7 @@ impl RowFmt for Q8_0 {
     const BLOCK: usize = 32;
     const BYTES: usize = 34;
     const SUB: usize = 32;
-    const BIAS: i32 = 0;
-    const KIND: Kind = Kind::Sym;
+    const MINS: Mins = Mins::None;
     const FINAL: f32 = 1.0;
     const SCALE_WORD: usize = 0;
     const D_HIGH: bool = false;
@@ -354,14 +408,28 @@ impl RowFmt for Q8_0 {
         // SAFETY: see the trait.
         unsafe { _mm256_loadu_si256(w.add(2) as *const __m256i) }
     }
+    /// `vpdpbusd` takes `v + 128`; `vpmaddubsw` would overflow, so it keeps the sign
+    /// trick.
+    #[inline(always)]
+    unsafe fn block<D: Dot>(w: *const u8, a: &ActRow, b: usize) -> __m256i {
+        // SAFETY: see the trait.
+        unsafe {
+            let v = Self::vals32(w, 0);
+            if D::WIDE {
+                biased_block32::<D, 0>(_mm256_xor_si256(v, _mm256_set1_epi8(-128)), a, b)
+            } else {
+                let s = _mm256_sign_epi8(act32(a, 32 * b), v);
+                D::dot(_mm256_setzero_si256(), _mm256_sign_epi8(v, v), s)
+            }
+        }
+    }
 }
 
 impl RowFmt for Q2K {
     const BLOCK: usize = 256;
     const BYTES: usize = 84;
     const SUB: usize = 16;
-    const BIAS: i32 = 0;
-    const KIND: Kind = Kind::IntMin;
+    const MINS: Mins = Mins::Q2K;
     const FINAL: f32 = 1.0;
     const SCALE_WORD: usize = 80;
     const D_HIGH: bool = false;
@@ -390,8 +458,7 @@ impl RowFmt for Q3K {
     const BLOCK: usize = 256;
     const BYTES: usize = 110;
     const SUB: usize = 16;
-    const BIAS: i32 = 0;
-    const KIND: Kind = Kind::Sym;
+    const MINS: Mins = Mins::None;
     const FINAL: f32 = 1.0;
     const SCALE_WORD: usize = 106;
     const D_HIGH: bool = true;
@@ -441,8 +508,7 @@ impl RowFmt for Q4K {
     const BLOCK: usize = 256;
     const BYTES: usize = 144;
     const SUB: usize = 32;
-    const BIAS: i32 = 0;
-    const KIND: Kind = Kind::IntMin;
+    const MINS: Mins = Mins::Q4K;
     const FINAL: f32 = 1.0;
     const SCALE_WORD: usize = 0;
     const D_HIGH: bool = false;
@@ -461,11 +527,10 @@ impl RowFmt for Q4K {
         // SAFETY: see the trait (qs at 16).
         unsafe { nibble_of_bytes(w.add(16 + 32 * (c / 2)), c % 2 == 1) }
     }
-    /// Values are unsigned (0..=15): no sign trick needed.
     #[inline(always)]
-    unsafe fn block<D: Dot>(w: *const u8, a: &ActRow, b: usize) -> (__m256i, i32) {
+    unsafe fn block<D: Dot>(w: *const u8, a: &ActRow, b: usize) -> __m256i {
         // SAFETY: forwarded (see the trait).
-        unsafe { k45_block::<Self, D>(w, a, b) }
+        unsafe { unsigned_block::<Self, D>(w, a, b) }
     }
 }
 
@@ -473,8 +538,7 @@ impl RowFmt for Q5K {
     const BLOCK: usize = 256;
     const BYTES: usize = 176;
     const SUB: usize = 32;
-    const BIAS: i32 = 0;
-    const KIND: Kind = Kind::IntMin;
+    const MINS: Mins = Mins::Q5K;
     const FINAL: f32 = 1.0;
     const SCALE_WORD: usize = 0;
     const D_HIGH: bool = false;
@@ -497,44 +561,47 @@ impl RowFmt for Q5K {
         }
     }
     #[inline(always)]
-    unsafe fn block<D: Dot>(w: *const u8, a: &ActRow, b: usize) -> (__m256i, i32) {
+    unsafe fn block<D: Dot>(w: *const u8, a: &ActRow, b: usize) -> __m256i {
         // SAFETY: forwarded (see the trait).
-        unsafe { k45_block::<Self, D>(w, a, b) }
+        unsafe { unsigned_block::<Self, D>(w, a, b) }
     }
 }
 
-/// Q4_K/Q5_K block dot: unsigned values times the activations, weighted by the 8
-/// sub-block scales; `msum` from the activation sums of 32.
+/// Lanes of a 256-block with unsigned values (`0..=63`, as `u`) times the activations,
+/// weighted by the sub-block scales (Q4_K, Q5_K; Q6_K before its correction).
 #[inline(always)]
-unsafe fn k45_block<F: RowFmt, D: Dot>(w: *const u8, a: &ActRow, b: usize) -> (__m256i, i32) {
+unsafe fn unsigned_lanes<F: RowFmt, D: Dot>(
+    w: *const u8,
+    a: &ActRow,
+    b: usize,
+    u: impl Fn(usize) -> __m256i,
+) -> __m256i {
     // SAFETY: w points at a whole block; activations in range.
     unsafe {
         let mut sub = [0i32; 16];
         let mut min = [0i32; 16];
-        k4_subs(w, &mut sub, &mut min);
+        F::subs(w, &mut sub, &mut min);
         let mut isum = _mm256_setzero_si256();
         for c in 0..8 {
-            let d = D::dot(
-                _mm256_setzero_si256(),
-                F::vals32(w, c),
-                act32(a, 256 * b + 32 * c),
-            );
-            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(d, _mm256_set1_epi32(sub[c])));
+            let d = D::dot(_mm256_setzero_si256(), u(c), act32(a, 256 * b + 32 * c));
+            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(d, sub_lanes::<F>(&sub, c)));
         }
-        let mut msum = 0i32;
-        for j in 0..8 {
-            msum += min[j] * *a.sum32.get_unchecked(8 * b + j);
-        }
-        (isum, msum)
+        isum
     }
+}
+
+/// [`RowFmt::block`] of Q4_K and Q5_K (unsigned values, no sign trick).
+#[inline(always)]
+unsafe fn unsigned_block<F: RowFmt, D: Dot>(w: *const u8, a: &ActRow, b: usize) -> __m256i {
+    // SAFETY: forwarded.
+    unsafe { unsigned_lanes::<F, D>(w, a, b, |c| F::vals32(w, c)) }
 }
 
 impl RowFmt for Q6K {
     const BLOCK: usize = 256;
     const BYTES: usize = 210;
     const SUB: usize = 16;
-    const BIAS: i32 = 0;
-    const KIND: Kind = Kind::Sym;
+    const MINS: Mins = Mins::None;
     const FINAL: f32 = 1.0;
     const SCALE_WORD: usize = 206;
     const D_HIGH: bool = true;
@@ -563,14 +630,28 @@ impl RowFmt for Q6K {
             )
         }
     }
+    /// ggml's lanes: the unsigned values `q = v + 32`, then
+    /// `32·(bsum16[2l]·sc[2l] + bsum16[2l+1]·sc[2l+1])` off lane `l`.
+    #[inline(always)]
+    unsafe fn block<D: Dot>(w: *const u8, a: &ActRow, b: usize) -> __m256i {
+        // SAFETY: w points at a whole block; activations in range.
+        unsafe {
+            let lanes = unsigned_lanes::<Self, D>(w, a, b, |c| {
+                _mm256_add_epi8(Self::vals32(w, c), _mm256_set1_epi8(32))
+            });
+            debug_assert!(a.sum16.len() >= 16 * b + 16);
+            let bs = _mm256_loadu_si256(a.sum16.as_ptr().add(16 * b) as *const __m256i);
+            let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(192) as *const __m128i));
+            _mm256_sub_epi32(lanes, _mm256_slli_epi32(_mm256_madd_epi16(bs, sc), 5))
+        }
+    }
 }
 
 impl RowFmt for Iq2Xxs {
     const BLOCK: usize = 256;
     const BYTES: usize = 66;
     const SUB: usize = 32;
-    const BIAS: i32 = 0;
-    const KIND: Kind = Kind::Sym;
+    const MINS: Mins = Mins::None;
     const FINAL: f32 = 0.125;
     const SCALE_WORD: usize = 0;
     const D_HIGH: bool = false;

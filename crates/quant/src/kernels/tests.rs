@@ -1,11 +1,11 @@
-//! Every kernel against the reference dot product of `formats`, bit for bit: row
-//! kernels (scalar, AVX2, AVX-512), panel kernels (scalar with 8 and 16 lanes,
-//! AVX-512), for every weight type, random shapes and token counts.
+//! Every kernel against the scalar reference of `order`, bit for bit: row kernels
+//! (scalar, AVX2, AVX-512) and panel kernels (AVX2, AVX-512), for every weight type,
+//! every path ggml can take for it, random shapes and token counts.
 
 use proptest::prelude::*;
 
 use super::out::Out;
-use super::panel::{Panel, gemm_scalar};
+use super::panel::Panel;
 use super::*;
 use crate::formats;
 use crate::fp::f32_to_f16;
@@ -107,6 +107,31 @@ fn assert_same(what: &str, ty: GgmlType, got: &[f32], want: &[f32]) {
     }
 }
 
+/// The paths ggml can take for weights of `ty` with `rows × cols` (see `order::path`).
+fn paths(ty: GgmlType, cols: usize) -> Vec<Path> {
+    use GgmlType::*;
+    match ty {
+        F32 | F16 | BF16 => {
+            let mut p = vec![Path::VecDot];
+            if cols.is_multiple_of(formats::float::tinyblas_step(ty)) {
+                p.push(Path::TinyBlas);
+            }
+            p
+        }
+        Q4_0 | Q4_K | Q2_K => {
+            let mut p = vec![Path::VecDot, Path::RepackGemv, Path::RepackGemm];
+            if ty != Q4_0 {
+                p.push(Path::Tiled);
+            }
+            p
+        }
+        Q3_K | Q5_K | Q6_K | IQ2_XXS => vec![Path::VecDot, Path::Tiled],
+        _ => vec![Path::VecDot],
+    }
+}
+
+/// Every kernel (row kernels, panel kernels, each instruction set) against the scalar
+/// reference of `order`, for every path of the type.
 fn check_all_kernels(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, seed: u64) {
     let mut rng = Rng(seed | 1);
     let data = random_matrix(ty, rows, cols, &mut rng);
@@ -118,15 +143,6 @@ fn check_all_kernels(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, se
     };
     let xs: Vec<f32> = (0..cols * n_tokens).map(|_| rng.normal(1.0)).collect();
     let x = QuantizedActs::new(vec_dot_type(ty), &xs, n_tokens, cols);
-    let reference = run_with(rows, n_tokens, |o| {
-        gemv_scalar(&w, &x, 0..rows, 0..n_tokens, o)
-    });
-    for r in 0..rows {
-        for t in 0..n_tokens {
-            let want = formats::dot(ty, w.row(r), &x.row(t));
-            assert_eq!(reference[t * rows + r].to_bits(), want.to_bits());
-        }
-    }
     let mut isas = vec![Isa::Scalar];
     if isa() >= Isa::Avx2 {
         isas.push(Isa::Avx2);
@@ -134,30 +150,43 @@ fn check_all_kernels(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, se
     if isa() >= Isa::Avx512 {
         isas.push(Isa::Avx512);
     }
-    for &i in &isas {
-        let got = run_with(rows, n_tokens, |o| gemv(i, &w, &x, 0..rows, 0..n_tokens, o));
-        assert_same(&format!("row kernel {i:?}"), ty, &got, &reference);
-        if formats::layout(ty).is_some() {
+    for path in paths(ty, cols) {
+        let reference = run_with(rows, n_tokens, |o| {
+            gemv_scalar(&w, &x, 0..rows, 0..n_tokens, path, o)
+        });
+        for &i in &isas {
+            let what = format!("{path:?} row kernel {i:?}");
             let got = run_with(rows, n_tokens, |o| {
-                let pr = panel_rows(i);
-                let mut p = Panel::new(ty, pr);
-                for r0 in (0..rows).step_by(pr) {
-                    gemm(i, &w, &x, r0, pr.min(rows - r0), &mut p, o);
-                }
+                gemv(i, &w, &x, 0..rows, 0..n_tokens, path, o)
             });
-            assert_same(&format!("panel kernel {i:?}"), ty, &got, &reference);
-        }
-    }
-    if formats::layout(ty).is_some() {
-        for pr in [8, 16] {
-            let got = run_with(rows, n_tokens, |o| {
-                let mut p = Panel::new(ty, pr);
-                for r0 in (0..rows).step_by(pr) {
-                    p.fill(&w, r0, pr.min(rows - r0));
-                    gemm_scalar(&p, r0, &x, 0..n_tokens, o);
-                }
-            });
-            assert_same(&format!("scalar panel {pr}"), ty, &got, &reference);
+            if matches!(path, Path::VecDot | Path::RepackGemv | Path::TinyBlas) {
+                assert_same(&what, ty, &got, &reference);
+            }
+            if has_panel(i, ty, path) {
+                let got = run_with(rows, n_tokens, |o| {
+                    let pr = panel_rows(i);
+                    let mut p = Panel::new(ty, pr);
+                    for r0 in (0..rows).step_by(pr) {
+                        gemm(
+                            i,
+                            &w,
+                            &x,
+                            r0,
+                            pr.min(rows - r0),
+                            0..n_tokens,
+                            path,
+                            &mut p,
+                            o,
+                        );
+                    }
+                });
+                assert_same(
+                    &format!("{path:?} panel kernel {i:?}"),
+                    ty,
+                    &got,
+                    &reference,
+                );
+            }
         }
     }
 }
