@@ -6,7 +6,7 @@
 //! gpu_check info                      device, NVRTC, copy bandwidth
 //! gpu_check gen                       device generator == host generator, every type
 //! gpu_check parity SPEC...            CUDA vs CPU logits on synthetic models (SHAPE:QUANT)
-//! gpu_check bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants]
+//! gpu_check bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS]
 //! gpu_check gemv                      single-matrix GEMV bandwidth (llama3-8b shapes)
 //! gpu_check warm-cache [ARCH]         compile the kernels into $DS4_CUDA_CACHE (no GPU needed)
 //! ```
@@ -36,7 +36,7 @@ fn main() {
         Some("bench") => bench(&args[1..]),
         Some("gemv") => gemv_bench(),
         Some("warm-cache") => warm_cache(args.get(1).map_or("sm_90a", String::as_str)),
-        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants]".into()),
+        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] | gemv | warm-cache [ARCH]".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -230,6 +230,8 @@ struct BenchOpts {
     prefill: Vec<usize>,
     variants: bool,
     profile: bool,
+    /// Rounds of the paired decode comparison of kernel configurations (0: none).
+    ab: usize,
 }
 
 fn bench(args: &[String]) -> Res<()> {
@@ -240,12 +242,14 @@ fn bench(args: &[String]) -> Res<()> {
         prefill: vec![512, 4096],
         variants: false,
         profile: false,
+        ab: 0,
     };
     let mut i = 1;
     while i < args.len() {
         let v = args.get(i + 1).cloned().unwrap_or_default();
         match args[i].as_str() {
             "--runs" => o.runs = v.parse()?,
+            "--ab" => o.ab = v.parse()?,
             "--decode" => o.decode = v.parse()?,
             "--prefill" => {
                 o.prefill = v
@@ -336,7 +340,11 @@ fn bench(args: &[String]) -> Res<()> {
             1e3 / fig.tokens_per_s
         );
     }
-    if o.profile {
+    if o.ab > 0 {
+        ab_compare(name, &backend, o.ab, o.decode, &decode_run)?;
+    }
+    for (label, cfg) in profile_configs(o.profile) {
+        cfg.apply(&backend);
         backend.set_graphs(false);
         backend.set_profile(true);
         backend.take_profile();
@@ -344,6 +352,7 @@ fn bench(args: &[String]) -> Res<()> {
         decode_run(n)?;
         backend.set_profile(false);
         backend.set_graphs(true);
+        println!("profile configuration: {label}");
         let mut rows = backend.take_profile();
         rows.sort_by(|a, b| b.ms.total_cmp(&a.ms));
         let total: f64 = rows.iter().map(|r| r.ms).sum();
@@ -366,9 +375,10 @@ fn bench(args: &[String]) -> Res<()> {
             );
         }
     }
+    KernelConfig::NEW.apply(&backend);
     if o.variants {
         use ds4_cuda::lower::GemvKind;
-        let default = GemvKind::Plain;
+        let default = GemvKind::Stream;
         for (label, graphs, pdl, gemv) in [
             ("gemv-8x3", true, true, GemvKind::Plain8x3),
             ("gemv-4x4", true, true, GemvKind::Plain4x4),
@@ -427,6 +437,139 @@ fn bench(args: &[String]) -> Res<()> {
     Ok(())
 }
 
+/// A decode kernel configuration of the backend.
+#[derive(Clone, Copy)]
+struct KernelConfig {
+    gemv: ds4_cuda::lower::GemvKind,
+    fused_attention: bool,
+    /// GEMV rows per warp prefetched into L2 before waiting for the previous kernel
+    /// (0: one).
+    prefetch: u32,
+}
+
+impl KernelConfig {
+    /// The default since the streaming GEMV and the one-launch attention.
+    const NEW: KernelConfig = KernelConfig {
+        gemv: ds4_cuda::lower::GemvKind::Stream,
+        fused_attention: true,
+        prefetch: 0,
+    };
+    /// The default before them (commit 5da9941).
+    const OLD: KernelConfig = KernelConfig {
+        gemv: ds4_cuda::lower::GemvKind::Plain,
+        fused_attention: false,
+        prefetch: 0,
+    };
+
+    fn apply(&self, b: &CudaBackend) {
+        b.set_gemv(self.gemv);
+        b.set_fused_attention(self.fused_attention);
+        b.set_prefetch(self.prefetch);
+    }
+}
+
+fn profile_configs(on: bool) -> Vec<(&'static str, KernelConfig)> {
+    if on {
+        vec![("new", KernelConfig::NEW), ("old", KernelConfig::OLD)]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Paired decode comparison: `rounds` rounds, each running every configuration once
+/// (order reversed every other round), `n` greedy tokens per run after an 8-token
+/// warm-up on the configuration; tok/s and device ms per graph replay per run.
+fn ab_compare(
+    name: &str,
+    backend: &CudaBackend,
+    rounds: usize,
+    n: usize,
+    decode_run: &dyn Fn(usize) -> Res<f64>,
+) -> Res<()> {
+    use ds4_cuda::lower::GemvKind::{Plain, Stream};
+    let configs = [
+        ("old", KernelConfig::OLD),
+        ("new", KernelConfig::NEW),
+        (
+            "stream-gemv-only",
+            KernelConfig {
+                gemv: Stream,
+                fused_attention: false,
+                prefetch: 0,
+            },
+        ),
+        (
+            "fused-attention-only",
+            KernelConfig {
+                gemv: Plain,
+                fused_attention: true,
+                prefetch: 0,
+            },
+        ),
+        (
+            "new-prefetch-2-rows",
+            KernelConfig {
+                prefetch: 2,
+                ..KernelConfig::NEW
+            },
+        ),
+        (
+            "new-prefetch-4-rows",
+            KernelConfig {
+                prefetch: 4,
+                ..KernelConfig::NEW
+            },
+        ),
+    ];
+    let mut tps = vec![Vec::new(); configs.len()];
+    let mut dev = vec![Vec::new(); configs.len()];
+    let mut kernels = vec![0; configs.len()];
+    for r in 0..rounds {
+        let order: Vec<usize> = if r % 2 == 0 {
+            (0..configs.len()).collect()
+        } else {
+            (0..configs.len()).rev().collect()
+        };
+        for c in order {
+            configs[c].1.apply(backend);
+            decode_run(8)?;
+            let before = backend.stats();
+            tps[c].push(decode_run(n)?);
+            let after = backend.stats();
+            let timed = after.graph_timed - before.graph_timed;
+            if timed > 0 {
+                dev[c].push((after.graph_gpu_ms - before.graph_gpu_ms) / timed as f64);
+            }
+            kernels[c] = after.decode_kernels;
+        }
+    }
+    for (c, (label, _)) in configs.iter().enumerate() {
+        println!(
+            "ab {label}: decode median {:.1} tok/s [{:.1}, {:.1}] runs {:?}; device {:.3} ms/token [{:.3}, {:.3}]; {} kernels/token",
+            median(&tps[c]),
+            min(&tps[c]),
+            max(&tps[c]),
+            round1(&tps[c]),
+            median(&dev[c]),
+            min(&dev[c]),
+            max(&dev[c]),
+            kernels[c]
+        );
+        println!(
+            "RESULT {{\"kind\":\"decode_ab\",\"model\":\"{name}\",\"config\":\"{label}\",\"tokens\":{n},\"tps_median\":{:.2},\"tps_runs\":{:?},\"device_ms_runs\":{:?},\"kernels_per_token\":{}}}",
+            median(&tps[c]),
+            round1(&tps[c]),
+            dev[c]
+                .iter()
+                .map(|x| (x * 1e4).round() / 1e4)
+                .collect::<Vec<_>>(),
+            kernels[c]
+        );
+    }
+    KernelConfig::NEW.apply(backend);
+    Ok(())
+}
+
 /// Single-matrix GEMV bandwidth for the llama3-8b shapes (eager launches timed with
 /// events, 20 per matrix after a warm-up).
 fn gemv_bench() -> Res<()> {
@@ -436,8 +579,8 @@ fn gemv_bench() -> Res<()> {
     b.set_pdl(false);
     b.set_graphs(false);
     b.set_profile(true);
-    use ds4_cuda::lower::GemvKind::{self, Plain, Plain4x4, Plain8x3, Tma};
-    let kinds: [GemvKind; 4] = [Plain, Plain8x3, Plain4x4, Tma];
+    use ds4_cuda::lower::GemvKind::{self, Plain, Stream};
+    let kinds: [GemvKind; 2] = [Plain, Stream];
     let shapes = [
         (4096, 4096, Q4_K),
         (14336, 4096, Q4_K),

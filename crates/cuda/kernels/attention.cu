@@ -5,7 +5,8 @@
 // length is derived on the device from the step's position, so the grid is fixed and
 // a captured graph stays valid as the cache grows. Each block keeps a running max,
 // sum and weighted V per query head of its group; `attn_decode_reduce` merges the
-// splits. Prefill (many query rows): `attn_prefill`, a flash-attention kernel on the
+// splits; `attn_decode_fused` does RoPE, the KV store, the splits and their merge in
+// one launch (the last block of each KV head merges). Prefill (many query rows): `attn_prefill`, a flash-attention kernel on the
 // tensor cores (mma.sync m16n8k16, f16 inputs, f32 accumulation) with the online
 // softmax in registers; one warp per 16 query rows, 64 keys per tile.
 //
@@ -24,16 +25,14 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 #define DEC_WARPS 4
 #define MAX_GROUP 8
 
-// Partial results: m[h][s], l[h][s], o[h][s][hd].
+// Partial results of split s of KV head g: m[h][s], l[h][s], o[h][s][hd] for the group's
+// query heads h. `qg` points at the group's query heads (group x HD, already rotated);
+// positions p0 .. p1-1 of the cache.
 template <int HD>
-__device__ void decode_split(const float* q, const u16* kc, const u16* vc, float* pm, float* pl, float* po,
-                             const StepInfo* step, int group, int kv_dim, float scale) {
+__device__ void split_partials(const float* qg, const u16* kc, const u16* vc, float* pm, float* pl, float* po, int g,
+                               int s, int S, int p0, int p1, int group, int kv_dim, float scale) {
     constexpr int E = HD / 32;  // elements per lane
-    const int g = blockIdx.x, s = blockIdx.y, S = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int len = step->pos0 + step->n_tok;
-    const int chunk = (len + S - 1) / S;
-    const int p0 = s * chunk, p1 = min(len, p0 + chunk);
 
     float qr[MAX_GROUP][E], o[MAX_GROUP][E], m[MAX_GROUP], l[MAX_GROUP];
 #pragma unroll
@@ -43,7 +42,7 @@ __device__ void decode_split(const float* q, const u16* kc, const u16* vc, float
 #pragma unroll
         for (int e = 0; e < E; ++e) {
             o[j][e] = 0.f;
-            qr[j][e] = j < group ? round_f16(q[(g * group + j) * HD + lane * E + e]) : 0.f;
+            qr[j][e] = j < group ? round_f16(qg[j * HD + lane * E + e]) : 0.f;
         }
     }
     for (int p = p0 + warp; p < p1; p += DEC_WARPS) {
@@ -105,13 +104,40 @@ __device__ void decode_split(const float* q, const u16* kc, const u16* vc, float
     }
 }
 
+// The positions of split s of S over a cache of len positions.
+__device__ __forceinline__ void split_range(int len, int s, int S, int* p0, int* p1) {
+    const int chunk = (len + S - 1) / S;
+    *p0 = s * chunk;
+    *p1 = min(len, *p0 + chunk);
+}
+
+// Element d of query head h merged over the S splits (read through L2: other blocks
+// wrote the partials).
+__device__ __forceinline__ float merge_splits(const float* pm, const float* pl, const float* po, int h, int d,
+                                              int head_dim, int S) {
+    float M = NEG_INF;
+    for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(pm + h * S + s));
+    float L = 0.f, O = 0.f;
+    for (int s = 0; s < S; ++s) {
+        const float ms = __ldcg(pm + h * S + s);
+        if (ms == NEG_INF) continue;
+        const float c = expf(ms - M);
+        L += c * __ldcg(pl + h * S + s);
+        O += c * __ldcg(po + ((i64)h * S + s) * head_dim + d);
+    }
+    return O / L;
+}
+
 #define DECODE_KERNEL(HD)                                                                                     \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                                 \
         attn_decode_split_##HD(const float* q, const u16* kc, const u16* vc, float* pm, float* pl, float* po,   \
                                const StepInfo* step, int group, int kv_dim, float scale) {                       \
         pdl_wait();                                                                                              \
         pdl_trigger();                                                                                           \
-        decode_split<HD>(q, kc, vc, pm, pl, po, step, group, kv_dim, scale);                                     \
+        const int g = blockIdx.x, s = blockIdx.y, S = gridDim.y;                                                 \
+        int p0, p1;                                                                                              \
+        split_range(step->pos0 + step->n_tok, s, S, &p0, &p1);                                                   \
+        split_partials<HD>(q + g * group * HD, kc, vc, pm, pl, po, g, s, S, p0, p1, group, kv_dim, scale);       \
     }
 DECODE_KERNEL(64)
 DECODE_KERNEL(128)
@@ -122,20 +148,76 @@ extern "C" __global__ void attn_decode_reduce(const float* pm, const float* pl, 
     pdl_wait();
     pdl_trigger();
     const int h = blockIdx.x;
-    float M = NEG_INF;
-    for (int s = 0; s < S; ++s) M = fmaxf(M, pm[h * S + s]);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float L = 0.f, O = 0.f;
-        for (int s = 0; s < S; ++s) {
-            const float ms = pm[h * S + s];
-            if (ms == NEG_INF) continue;
-            const float c = expf(ms - M);
-            L += c * pl[h * S + s];
-            O += c * po[((i64)h * S + s) * head_dim + d];
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) out[h * head_dim + d] = merge_splits(pm, pl, po, h, d, head_dim, S);
+}
+
+// Decode attention of one token in one launch (grid: KV heads x splits): RoPE of q and
+// k, the KV store, the split-K pass and the merge. Every block rotates its group's
+// query heads into shared memory; the block whose split holds the new position rotates
+// its key head, stores k and v at that position (before reading the cache) and writes
+// the rotated key back; each block then counts itself done on its KV head's counter,
+// and the last one merges the splits, writes the rotated query heads back (every block
+// of the group has read them by then) and resets the counter for the next launch. The
+// values equal rope_qk_store + attn_decode_split + attn_decode_reduce's.
+template <int HD>
+__device__ void decode_fused(float* q, float* k, const float* v, u16* kc, u16* vc, float* pm, float* pl, float* po,
+                             float* out, u32* cnt, const StepInfo* step, int group, int kv_dim, float scale,
+                             int n_dims, int neox, float theta_scale) {
+    __shared__ float sq[MAX_GROUP * HD];
+    __shared__ float sk[HD];
+    __shared__ int last;
+    const int g = blockIdx.x, s = blockIdx.y, S = gridDim.y, tid = threadIdx.x;
+    const int pos = step->pos0, len = pos + 1;
+    const int half = n_dims / 2;
+    const float fpos = (float)pos;
+    int p0, p1;
+    split_range(len, s, S, &p0, &p1);
+    float* qg = q + g * group * HD;
+    for (int i = tid; i < group * HD; i += blockDim.x) sq[i] = qg[i];
+    const bool holds_new = p0 <= pos && pos < p1;
+    if (holds_new)
+        for (int i = tid; i < HD; i += blockDim.x) sk[i] = k[g * HD + i];
+    __syncthreads();
+    for (int p = tid; p < group * half; p += blockDim.x) rotate(sq + (p / half) * HD, p % half, half, neox, fpos, theta_scale);
+    if (holds_new)
+        for (int p = tid; p < half; p += blockDim.x) rotate(sk, p, half, neox, fpos, theta_scale);
+    __syncthreads();
+    if (holds_new) {
+        const i64 at = (i64)pos * kv_dim + g * HD;
+        for (int i = tid; i < HD; i += blockDim.x) {
+            kc[at + i] = f2h(sk[i]);
+            vc[at + i] = f2h(v[g * HD + i]);
+            k[g * HD + i] = sk[i];
         }
-        out[h * head_dim + d] = O / L;
+        __syncthreads();
+    }
+    split_partials<HD>(sq, kc, vc, pm, pl, po, g, s, S, p0, p1, group, kv_dim, scale);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(cnt + g, 1u) == (u32)(S - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (tid == 0) cnt[g] = 0;
+    for (int idx = tid; idx < group * HD; idx += blockDim.x) {
+        const int j = idx / HD, d = idx % HD, h = g * group + j;
+        out[h * HD + d] = merge_splits(pm, pl, po, h, d, HD, S);
+        qg[idx] = sq[idx];
     }
 }
+
+#define FUSED_KERNEL(HD)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_fused_##HD(                         \
+        float* q, float* k, const float* v, u16* kc, u16* vc, float* pm, float* pl, float* po, float* out,       \
+        u32* cnt, const StepInfo* step, int group, int kv_dim, float scale, int n_dims, int neox,                \
+        float theta_scale) {                                                                                     \
+        pdl_wait();                                                                                              \
+        pdl_trigger();                                                                                           \
+        decode_fused<HD>(q, k, v, kc, vc, pm, pl, po, out, cnt, step, group, kv_dim, scale, n_dims, neox,        \
+                         theta_scale);                                                                           \
+    }
+FUSED_KERNEL(64)
+FUSED_KERNEL(128)
 
 // ---- prefill: flash attention on mma.sync
 

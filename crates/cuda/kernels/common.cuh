@@ -277,6 +277,19 @@ __device__ void dequant_chunk(int ty, const Planes& w, i64 blk, int c, float* y)
     }
 }
 
+// RoPE of pair i of one head in place (ggml `rope`, no context extension): theta is the
+// position times theta_scale^i by repeated f32 multiplication (ggml's rope cache), pairs
+// (2i, 2i+1) or, NEOX, (i, i + half). Used by rope.cu and the fused decode attention.
+__device__ __forceinline__ void rotate(float* head, int i, int half, int neox, float pos, float theta_scale) {
+    float theta = pos;
+    for (int k = 0; k < i; ++k) theta = __fmul_rn(theta, theta_scale);
+    const float c = cosf(theta), s = sinf(theta);
+    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    const float x0 = head[a], x1 = head[b];
+    head[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    head[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
 // Per-step inputs in device memory (written by `Backend::step` before a step runs), so
 // that a captured decode graph reads the current position instead of baking it in.
 struct StepInfo {

@@ -53,7 +53,7 @@ struct GemvParams {
     float eps;
     i32 prefetch;         // plain GEMV: rows each warp prefetches into L2 ahead
     i32 stage_bytes;      // TMA GEMV: bytes of one warp's stage (see gemv_tma)
-    i32 pad;
+    i32 seg_blk[4];       // streaming GEMV: first block of each segment
 };
 
 // The activation in shared memory.
@@ -596,6 +596,149 @@ __device__ __forceinline__ void gemv_plain(const GemvParams& P) {
 extern "C" __global__ void __launch_bounds__(256, 2) gemv(const GemvParams P) { gemv_plain(P); }
 extern "C" __global__ void __launch_bounds__(256, 3) gemv_8x3(const GemvParams P) { gemv_plain(P); }
 extern "C" __global__ void __launch_bounds__(128, 4) gemv_4x4(const GemvParams P) { gemv_plain(P); }
+
+// ---- the streaming GEMV (default): a ring of register slots per lane
+//
+// Each warp walks its rows of one segment (global rows gwarp, gwarp + nwarps, …, as
+// the plain kernel) as one stream of steps: a step is 32 consecutive units of one row
+// (one per lane), a row of a pair segment is its gate row then its up row. Lane l keeps
+// the units of the next D steps in D register slots: the slot consumed by step t is
+// refilled with step t + D before the dot product of step t+1, so D loads per lane stay
+// in flight across row boundaries (the plain kernel waits for every row's loads before
+// computing it, one memory round trip per row and per matrix of a pair). A row's sum is
+// the lanes' partial sums in step order, reduced over the warp at its last step.
+
+template <class U, bool KQ>
+struct UW {
+    static constexpr int BE = KQ ? 256 : 32;  // elements per block
+    static constexpr int UPB = KQ ? 8 : 1;    // units per block
+    U u;
+    __device__ __forceinline__ void load(const Planes& w, i64 g0, int i) {
+        if constexpr (KQ) u.load(w, g0 + (i >> 3), i & 7);
+        else u.load(w, g0 + i);
+    }
+    __device__ __forceinline__ float dot(const Act& a, int i) const {
+        if constexpr (KQ) return u.dot(a, i >> 3, i & 7);
+        else return u.dot(a, i);
+    }
+};
+
+// A position in a warp's step stream: step k of part p (0: gate or the matrix, 1: up)
+// of local row r.
+struct SCur {
+    int k, p, r;
+    __device__ __forceinline__ void next(int S, int NP, int rstride) {
+        if (++k == S) {
+            k = 0;
+            if (++p == NP) {
+                p = 0;
+                r += rstride;
+            }
+        }
+    }
+};
+
+// Streams J rows of segment s (local rows r0, r0 + rstride, …) through D slots; NP = 2
+// for a gate/up pair of one weight type.
+template <class W, int D, int NP>
+__device__ __forceinline__ void stream_seg(const Seg& s, int r0, int J, int rstride, int n, const Act& a, int lane) {
+    const int nb = n / W::BE, NU = nb * W::UPB, S = (NU + 31) >> 5;
+    const int T = J * NP * S;
+    W buf[D];
+    SCur is = {0, 0, r0}, cs = {0, 0, r0};
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+        if (d < T) {
+            const int i = is.k * 32 + lane;
+            if (i < NU) buf[d].load(NP == 2 && is.p ? s.w2 : s.w, (i64)is.r * nb, i);
+            is.next(S, NP, rstride);
+        }
+    }
+    float acc = 0.f, first = 0.f;
+    for (int t0 = 0; t0 < T; t0 += D) {
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            if (t0 + d < T) {
+                const int i = cs.k * 32 + lane;
+                if (i < NU) acc += buf[d].dot(a, i);
+                if (t0 + d + D < T) {
+                    const int i2 = is.k * 32 + lane;
+                    if (i2 < NU) buf[d].load(NP == 2 && is.p ? s.w2 : s.w, (i64)is.r * nb, i2);
+                    is.next(S, NP, rstride);
+                }
+                if (cs.k == S - 1) {
+                    const float v = warp_sum(acc);
+                    acc = 0.f;
+                    if (NP == 2 && cs.p == 0) first = v;
+                    else if (lane == 0) epilogue(s, cs.r, NP == 2 ? first : v, NP == 2 ? v : 0.f);
+                }
+                cs.next(S, NP, rstride);
+            }
+        }
+    }
+}
+
+// Slots per lane by type: 16-byte units get 8 (128 bytes in flight per lane), 32-byte
+// units (Q5_K, Q6_K, Q8_0) 6, within the 128 registers of two 8-warp blocks per SM.
+#define STREAM_CASE(TY, U, KQ, D)                                                   \
+    if (s.type == TY) {                                                             \
+        if (pair) stream_seg<UW<U, KQ>, D, 2>(s, r0, J, rstride, n, a, lane);       \
+        else stream_seg<UW<U, KQ>, D, 1>(s, r0, J, rstride, n, a, lane);            \
+        return;                                                                     \
+    }
+
+__device__ __forceinline__ void stream_rows(const Seg& s, int r0, int J, int rstride, int n, const Act& a, int lane) {
+    const bool pair = s.out3 != nullptr;
+    if (pair && s.type2 != s.type) {
+        // A pair of two weight types (no such model yet): row by row.
+        for (int j = 0; j < J; ++j) {
+            const int r = r0 + j * rstride;
+            const float v = row_dot(s.type, s.w, r, n, a, lane);
+            const float u = row_dot(s.type2, s.w2, r, n, a, lane);
+            if (lane == 0) epilogue(s, r, v, u);
+        }
+        return;
+    }
+    {
+        STREAM_CASE(T_Q4_0, UQ4_0, false, 8)
+        STREAM_CASE(T_Q4_1, UQ4_1, false, 8)
+        STREAM_CASE(T_Q5_0, UQ5_0, false, 8)
+        STREAM_CASE(T_Q8_0, UQ8_0, false, 6)
+        STREAM_CASE(T_Q4_K, UQ4_K, true, 8)
+        STREAM_CASE(T_Q5_K, UQ5_K, true, 6)
+        STREAM_CASE(T_Q6_K, UQ6_K, true, 6)
+        STREAM_CASE(T_IQ2_XXS, UIQ2_XXS, true, 8)
+    }
+}
+
+// Each block serves one segment: blocks seg_blk[s] .. seg_blk[s+1]-1 (the host shares
+// the grid out in proportion to the segments' bytes), so that the kernel has no loop
+// around the per-type pipelines (with one, the compiler keeps values of every type's
+// pipeline live across it and spills).
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_stream(const GemvParams P) {
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ double red[GEMV_WARPS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wpb = blockDim.x >> 5;
+    const int n = P.n_in;
+    int si = 0;
+    while (si + 1 < P.nseg && (int)blockIdx.x >= P.seg_blk[si + 1]) ++si;
+    const Seg& s = P.seg[si];
+    const int b0 = P.seg_blk[si], b1 = si + 1 < P.nseg ? P.seg_blk[si + 1] : (int)gridDim.x;
+    const int wl = ((int)blockIdx.x - b0) * wpb + warp, nw = (b1 - b0) * wpb;
+    if (lane == 0)
+        for (int k = 0; k < max(1, P.prefetch); ++k) {
+            const int r = wl + k * nw;
+            if (r < s.rows) {
+                prefetch_row(s.type, s.w, r, n);
+                if (s.out3) prefetch_row(s.type2, s.w2, r, n);
+            }
+        }
+    pdl_wait();
+    pdl_trigger();
+    const Act a = build_act(P, smem, red);
+    if (wl < s.rows) stream_rows(s, wl, (s.rows - 1 - wl) / nw + 1, nw, n, a, lane);
+}
 
 // ---- the TMA variant: each warp streams its rows through shared-memory stages
 //

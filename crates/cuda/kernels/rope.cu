@@ -3,22 +3,13 @@
 // backend: theta for pair i is the position times theta_scale^i computed by repeated
 // f32 multiplication (ggml's rope cache), theta_scale = freq_base^(-2/n_dims) being
 // computed on the host. Pairs are (2i, 2i+1) (interleaved, llama) or (i, i + n_dims/2)
-// (NEOX, qwen2).
+// (NEOX, qwen2). The rotation of one pair is `rotate` in common.cuh (shared with the
+// fused decode attention).
 
 #include "common.cuh"
 
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
-
-__device__ __forceinline__ void rotate(float* head, int i, int half, int neox, float pos, float theta_scale) {
-    float theta = pos;
-    for (int k = 0; k < i; ++k) theta = __fmul_rn(theta, theta_scale);
-    const float c = cosf(theta), s = sinf(theta);
-    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    const float x0 = head[a], x1 = head[b];
-    head[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    head[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-}
 
 // x: n_tok rows of n_head * head_dim; one block per token.
 extern "C" __global__ void rope_rows(float* x, const StepInfo* step, int n_head, int head_dim, int n_dims, int neox,

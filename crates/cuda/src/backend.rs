@@ -100,7 +100,7 @@ struct State {
     gemm_w: Option<DevMem>,
     gemm_x: Option<DevMem>,
     staging: Option<DevMem>,
-    _attn_mem: [DevMem; 3],
+    _attn_mem: [DevMem; 4],
     attn: AttnScratch,
     stats: Stats,
     /// Host copy target of `read` (page-locked).
@@ -135,6 +135,7 @@ pub struct CudaBackend {
     synthetic: Option<u64>,
     graphs: AtomicBool,
     pdl: AtomicBool,
+    fused_attention: AtomicBool,
     profile: AtomicBool,
     prefetch: AtomicU32,
     gemv: Mutex<GemvKind>,
@@ -151,9 +152,10 @@ fn engine_err(e: CudaError) -> EngineError {
 /// Rows a GEMV warp prefetches into L2 ahead of the one it computes.
 const DEFAULT_PREFETCH: u32 = 0;
 
-/// Heads × splits and floats of the decode-attention scratch.
+/// Heads × splits and floats of the decode-attention scratch, and its KV-head counters.
 const ATTN_MS: usize = 1 << 16;
 const ATTN_O: usize = 1 << 22;
+const ATTN_CNT: usize = 1024;
 
 fn env_flag(name: &str, default: bool) -> bool {
     match std::env::var(name) {
@@ -165,22 +167,27 @@ fn env_flag(name: &str, default: bool) -> bool {
 impl CudaBackend {
     /// Opens device `ordinal`, compiling (or loading cached) kernels.
     ///
-    /// `DS4_CUDA_GRAPHS=0` disables graph capture and `DS4_CUDA_PDL=0` programmatic
-    /// dependent launch (both on by default), `DS4_CUDA_GEMV` selects the GEMV kernel
-    /// ([`GemvKind::from_name`]), for comparisons; `DS4_CUDA_PREFETCH=N` sets the plain GEMV's L2 prefetch distance
-    /// in rows (default 0: only each warp's first row).
+    /// `DS4_CUDA_GRAPHS=0` disables graph capture, `DS4_CUDA_PDL=0` programmatic
+    /// dependent launch and `DS4_CUDA_FUSED_ATTN=0` the one-launch decode attention (all
+    /// on by default); `DS4_CUDA_GEMV` selects the GEMV kernel ([`GemvKind::from_name`],
+    /// default `stream`), for comparisons; `DS4_CUDA_PREFETCH=N` sets the GEMV's L2
+    /// prefetch distance in rows (default 0: only each warp's first row).
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         let gpu = Gpu::new(ordinal)?;
         let k = Kernels::load(&gpu)?;
         let pm = gpu.alloc(ATTN_MS * 4)?;
         let pl = gpu.alloc(ATTN_MS * 4)?;
         let po = gpu.alloc(ATTN_O * 4)?;
+        // Zeroed by `alloc`; the fused attention leaves every counter at zero.
+        let cnt = gpu.alloc(ATTN_CNT * 4)?;
         let attn = AttnScratch {
             pm: pm.ptr(),
             pl: pl.ptr(),
             po: po.ptr(),
+            cnt: cnt.ptr(),
             cap_ms: ATTN_MS,
             cap_o: ATTN_O,
+            cap_cnt: ATTN_CNT,
         };
         tracing::info!(device = %gpu.name, arch = %gpu.arch(), sms = gpu.n_sm, "CUDA backend ready");
         Ok(CudaBackend {
@@ -193,7 +200,7 @@ impl CudaBackend {
                 gemm_w: None,
                 gemm_x: None,
                 staging: None,
-                _attn_mem: [pm, pl, po],
+                _attn_mem: [pm, pl, po, cnt],
                 attn,
                 stats: Stats::default(),
                 pinned: None,
@@ -205,6 +212,7 @@ impl CudaBackend {
             synthetic: None,
             graphs: AtomicBool::new(env_flag("DS4_CUDA_GRAPHS", true)),
             pdl: AtomicBool::new(env_flag("DS4_CUDA_PDL", true)),
+            fused_attention: AtomicBool::new(env_flag("DS4_CUDA_FUSED_ATTN", false)),
             profile: AtomicBool::new(false),
             gemv: Mutex::new(
                 std::env::var("DS4_CUDA_GEMV")
@@ -259,10 +267,17 @@ impl CudaBackend {
         self.lock().graphs.clear();
     }
 
-    /// Chooses the GEMV kernel (`DS4_CUDA_GEMV=plain|8x3|4x4|tma`; see
+    /// Chooses the GEMV kernel (`DS4_CUDA_GEMV=stream|plain|8x3|4x4|tma`; see
     /// docs/benchmarks.md for how they compare).
     pub fn set_gemv(&self, kind: GemvKind) {
         *self.gemv.lock().unwrap_or_else(|p| p.into_inner()) = kind;
+        self.lock().graphs.clear();
+    }
+
+    /// Turns the one-launch decode attention (RoPE, KV store, split-K, merge) on or off
+    /// (off: three launches).
+    pub fn set_fused_attention(&self, on: bool) {
+        self.fused_attention.store(on, Ordering::Relaxed);
         self.lock().graphs.clear();
     }
 
@@ -401,6 +416,7 @@ impl CudaBackend {
             gemv_occupancy: &occ,
             gemv_prefetch: self.prefetch.load(Ordering::Relaxed),
             gemv: *self.gemv.lock().unwrap_or_else(|p| p.into_inner()),
+            fused_attention: self.fused_attention.load(Ordering::Relaxed),
             step: rec.step_ptr,
             n_tok: rec.n_tok,
             attn: st.attn,

@@ -29,7 +29,7 @@ pub const SOURCES: &[Source] = &[
     Source {
         file: "gemv.cu",
         text: include_str!("../kernels/gemv.cu"),
-        kernels: &["gemv", "gemv_8x3", "gemv_4x4", "gemv_tma"],
+        kernels: &["gemv", "gemv_8x3", "gemv_4x4", "gemv_tma", "gemv_stream"],
     },
     Source {
         file: "elementwise.cu",
@@ -60,6 +60,8 @@ pub const SOURCES: &[Source] = &[
             "attn_decode_split_64",
             "attn_decode_split_128",
             "attn_decode_reduce",
+            "attn_decode_fused_64",
+            "attn_decode_fused_128",
             "attn_prefill_64",
             "attn_prefill_128",
         ],

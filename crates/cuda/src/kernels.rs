@@ -18,6 +18,8 @@ pub struct Kernels {
     pub gemv_4x4: Func,
     /// The GEMV streaming weights through shared memory with bulk copies.
     pub gemv_tma: Func,
+    /// The GEMV keeping several units per lane in flight across rows (the default).
+    pub gemv_stream: Func,
     pub rms_norm_rows: Func,
     pub add_inplace: Func,
     pub swiglu: Func,
@@ -34,6 +36,9 @@ pub struct Kernels {
     pub attn_decode_split_64: Func,
     pub attn_decode_split_128: Func,
     pub attn_decode_reduce: Func,
+    /// RoPE, KV store, split-K attention and merge of one decode token in one launch.
+    pub attn_decode_fused_64: Func,
+    pub attn_decode_fused_128: Func,
     pub attn_prefill_64: Func,
     pub attn_prefill_128: Func,
     modules: Vec<Module>,
@@ -78,6 +83,7 @@ impl Kernels {
             gemv_8x3: get("gemv_8x3")?,
             gemv_4x4: get("gemv_4x4")?,
             gemv_tma: get("gemv_tma")?,
+            gemv_stream: get("gemv_stream")?,
             rms_norm_rows: get("rms_norm_rows")?,
             add_inplace: get("add_inplace")?,
             swiglu: get("swiglu")?,
@@ -94,12 +100,14 @@ impl Kernels {
             attn_decode_split_64: get("attn_decode_split_64")?,
             attn_decode_split_128: get("attn_decode_split_128")?,
             attn_decode_reduce: get("attn_decode_reduce")?,
+            attn_decode_fused_64: get("attn_decode_fused_64")?,
+            attn_decode_fused_128: get("attn_decode_fused_128")?,
             attn_prefill_64: get("attn_prefill_64")?,
             attn_prefill_128: get("attn_prefill_128")?,
             modules,
         };
         let smem = GEMV_MAX_SMEM.min(gpu.max_smem_optin);
-        for f in [k.gemv, k.gemv_8x3, k.gemv_4x4, k.gemv_tma] {
+        for f in [k.gemv, k.gemv_8x3, k.gemv_4x4, k.gemv_tma, k.gemv_stream] {
             // SAFETY: a valid function handle; the value is within the device's limit.
             unsafe {
                 result::function::set_function_attribute(
@@ -128,6 +136,7 @@ impl Kernels {
             gemv_8x3: f(),
             gemv_4x4: f(),
             gemv_tma: f(),
+            gemv_stream: f(),
             rms_norm_rows: f(),
             add_inplace: f(),
             swiglu: f(),
@@ -144,6 +153,8 @@ impl Kernels {
             attn_decode_split_64: f(),
             attn_decode_split_128: f(),
             attn_decode_reduce: f(),
+            attn_decode_fused_64: f(),
+            attn_decode_fused_128: f(),
             attn_prefill_64: f(),
             attn_prefill_128: f(),
             modules: Vec::new(),

@@ -7,11 +7,14 @@
 //!   the GEMV's prologue (each block normalizes and quantizes the input itself; block 0
 //!   also writes `h`);
 //! - consecutive products reading the same input: one GEMV launch with up to three
-//!   segments (q, k, v);
+//!   segments (q, k, v); the streaming GEMV shares the grid out among the segments in
+//!   proportion to their bytes ([`partition_blocks`]);
 //! - `gate = Wg·h; up = Wu·h; act = swiglu(gate, up)`: one pair segment;
 //! - `o = W·a; x += o`: the residual add in the GEMV epilogue;
-//! - `rope(q); rope(k); attention(q, k, v)` for one token: one kernel rotating q and k
-//!   and storing k and v in the cache, then the split-K attention and its merge.
+//! - `rope(q); rope(k); attention(q, k, v)` for one token: one launch doing RoPE, the KV
+//!   store, the split-K attention and its merge (`attn_decode_fused`), or, with
+//!   [`Ctx::fused_attention`] off, one kernel rotating q and k and storing k and v, then
+//!   the split-K attention and the merge as two more launches.
 //!
 //! A fusion only applies when the outputs alias none of the inputs, so the fused kernels
 //! compute exactly what the op-by-op sequence would. Everything else lowers one op to
@@ -53,7 +56,11 @@ pub enum Cmd {
 /// The GEMV kernel variants (kernels/gemv.cu).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GemvKind {
-    /// Weights read straight from global memory; 8 warps, 2 blocks per SM.
+    /// Each lane keeps several weight units in flight across row boundaries, each block
+    /// serves one segment; 8 warps, 2 blocks per SM (the default).
+    Stream,
+    /// Weights read straight from global memory, one row's loads at a time; 8 warps, 2
+    /// blocks per SM (the default before `Stream`).
     Plain,
     /// The same, 8 warps and 3 blocks per SM (fewer registers).
     Plain8x3,
@@ -64,9 +71,10 @@ pub enum GemvKind {
 }
 
 impl GemvKind {
-    /// From `DS4_CUDA_GEMV` (`plain`, `8x3`, `4x4`, `tma`).
+    /// From `DS4_CUDA_GEMV` (`stream`, `plain`, `8x3`, `4x4`, `tma`).
     pub fn from_name(s: &str) -> Option<GemvKind> {
         Some(match s {
+            "stream" => GemvKind::Stream,
             "plain" => GemvKind::Plain,
             "8x3" => GemvKind::Plain8x3,
             "4x4" => GemvKind::Plain4x4,
@@ -83,9 +91,14 @@ pub struct AttnScratch {
     pub pm: DPtr,
     pub pl: DPtr,
     pub po: DPtr,
-    /// Capacity of `pm`/`pl` (heads × splits) and of `po` (heads × splits × head_dim).
+    /// Per-KV-head completion counters of the fused decode attention (u32, zero between
+    /// launches: the last block of each head resets its counter).
+    pub cnt: DPtr,
+    /// Capacity of `pm`/`pl` (heads × splits) and of `po` (heads × splits × head_dim),
+    /// and counters in `cnt`.
     pub cap_ms: usize,
     pub cap_o: usize,
+    pub cap_cnt: usize,
 }
 
 /// What lowering needs to know about the device.
@@ -99,6 +112,9 @@ pub struct Ctx<'a> {
     pub gemv_prefetch: u32,
     /// Which GEMV kernel.
     pub gemv: GemvKind,
+    /// One-token `rope, rope, attention` as one launch (`attn_decode_fused`) rather than
+    /// three.
+    pub fused_attention: bool,
     pub step: DPtr,
     pub n_tok: usize,
     pub attn: AttnScratch,
@@ -138,7 +154,7 @@ struct GemvParams {
     eps: f32,
     prefetch: i32,
     stage_bytes: i32,
-    pad: i32,
+    seg_blk: [i32; 4],
 }
 
 /// Threads of a GEMV block (kernels/gemv.cu GEMV_WARPS × 32).
@@ -150,6 +166,32 @@ const GEMV_WARPS: u32 = GEMV_THREADS / 32;
 pub fn decode_splits(n_ctx: u32, n_head_kv: u32, n_sm: u32) -> u32 {
     let by_sm = (2 * n_sm).div_ceil(n_head_kv.max(1));
     n_ctx.div_ceil(32).min(by_sm).clamp(1, 64)
+}
+
+/// Shares `grid` blocks out among segments in proportion to their weight bytes: at
+/// least one block each, at most `caps[s]` (enough blocks for one row per warp), the
+/// total at most `grid` when that allows one block per segment (largest deficit first).
+pub fn partition_blocks(grid: u32, bytes: &[u64], caps: &[u32]) -> Vec<u32> {
+    let total: u64 = bytes.iter().sum::<u64>().max(1);
+    let ideal: Vec<f64> = bytes
+        .iter()
+        .map(|&b| grid as f64 * b as f64 / total as f64)
+        .collect();
+    let mut b: Vec<u32> = ideal
+        .iter()
+        .zip(caps)
+        .map(|(&x, &c)| (x.floor() as u32).clamp(1, c.max(1)))
+        .collect();
+    let mut left = grid.saturating_sub(b.iter().sum());
+    while left > 0 {
+        let pick = (0..b.len())
+            .filter(|&s| b[s] < caps[s])
+            .max_by(|&x, &y| (ideal[x] - b[x] as f64).total_cmp(&(ideal[y] - b[y] as f64)));
+        let Some(s) = pick else { break };
+        b[s] += 1;
+        left -= 1;
+    }
+    b
 }
 
 fn grid_1d(n: u64, n_sm: u32) -> (u32, u32, u32) {
@@ -381,6 +423,7 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
         .collect();
     let plain = gemv_smem_bytes(inp.n as usize) as u32;
     let (f, smem, warps) = match cx.gemv {
+        GemvKind::Stream => (cx.k.gemv_stream, plain, GEMV_WARPS),
         GemvKind::Plain => (cx.k.gemv, plain, GEMV_WARPS),
         GemvKind::Plain8x3 => (cx.k.gemv_8x3, plain, GEMV_WARPS),
         GemvKind::Plain4x4 => (cx.k.gemv_4x4, plain, 4),
@@ -392,7 +435,21 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
         }
     };
     let occ = (cx.gemv_occupancy)(f, warps * 32, smem);
-    let grid = (row0 as u32).div_ceil(warps).min(cx.n_sm * occ).max(1);
+    let mut grid = (row0 as u32).div_ceil(warps).min(cx.n_sm * occ).max(1);
+    if cx.gemv == GemvKind::Stream {
+        let n = p.nseg as usize;
+        let caps: Vec<u32> = p.seg[..n]
+            .iter()
+            .map(|s| (s.rows as u32).div_ceil(warps))
+            .collect();
+        let blocks = partition_blocks(grid, &seg_bytes, &caps);
+        let mut at = 0;
+        for (k, b) in blocks.iter().enumerate() {
+            p.seg_blk[k] = at as i32;
+            at += b;
+        }
+        grid = at;
+    }
     let mut args = Args::new();
     args.push(p);
     Some((
@@ -433,18 +490,8 @@ fn decode_attention_kernels(
     n_head_kv: u32,
     head_dim: u32,
 ) -> Result<()> {
-    let s = decode_splits(n_ctx, n_head_kv, cx.n_sm);
-    if (n_head * s) as usize > cx.attn.cap_ms || (n_head * s * head_dim) as usize > cx.attn.cap_o {
-        return Err(CudaError::Unsupported(format!(
-            "attention of {n_head} heads × {s} splits exceeds the scratch"
-        )));
-    }
+    let s = check_decode_attention(cx, n_ctx, n_head, n_head_kv, head_dim)?;
     let group = n_head / n_head_kv;
-    if group > 8 {
-        return Err(CudaError::Unsupported(format!(
-            "{group} query heads per KV head (the CUDA decode attention supports 8)"
-        )));
-    }
     let scale = 1.0f32 / (head_dim as f32).sqrt();
     let mut a = Args::new();
     a.push(q)
@@ -527,6 +574,12 @@ fn decode_attention(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Resu
     {
         return Ok(None);
     }
+    if cx.fused_attention {
+        decode_attention_fused(
+            cx, cmds, q, k, v, k_cache, v_cache, out, n_ctx, n_head, n_head_kv, head_dim, &rq,
+        )?;
+        return Ok(Some(3));
+    }
     let mut a = Args::new();
     a.push(q)
         .push(k)
@@ -552,6 +605,90 @@ fn decode_attention(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Resu
         cx, cmds, q, k_cache, v_cache, out, n_ctx, n_head, n_head_kv, head_dim,
     )?;
     Ok(Some(3))
+}
+
+/// RoPE, KV store, split-K attention and merge of one token in one launch.
+#[allow(clippy::too_many_arguments)]
+fn decode_attention_fused(
+    cx: &Ctx,
+    cmds: &mut Vec<Cmd>,
+    q: DPtr,
+    k: DPtr,
+    v: DPtr,
+    kc: DPtr,
+    vc: DPtr,
+    out: DPtr,
+    n_ctx: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    head_dim: u32,
+    rope: &RopeArgs,
+) -> Result<()> {
+    let s = check_decode_attention(cx, n_ctx, n_head, n_head_kv, head_dim)?;
+    if n_head_kv as usize > cx.attn.cap_cnt {
+        return Err(CudaError::Unsupported(format!(
+            "{n_head_kv} KV heads exceed the attention counters"
+        )));
+    }
+    let f = match head_dim {
+        64 => cx.k.attn_decode_fused_64,
+        128 => cx.k.attn_decode_fused_128,
+        d => {
+            return Err(CudaError::Unsupported(format!(
+                "head size {d} (the CUDA attention supports 64 and 128)"
+            )));
+        }
+    };
+    let scale = 1.0f32 / (head_dim as f32).sqrt();
+    let mut a = Args::new();
+    a.push(q)
+        .push(k)
+        .push(v)
+        .push(kc)
+        .push(vc)
+        .push(cx.attn.pm)
+        .push(cx.attn.pl)
+        .push(cx.attn.po)
+        .push(out)
+        .push(cx.attn.cnt)
+        .push(cx.step);
+    a.push((n_head / n_head_kv) as i32)
+        .push((n_head_kv * head_dim) as i32)
+        .push(scale);
+    push_rope(&mut a, rope);
+    cmds.push(Cmd::Launch(Launch {
+        f,
+        grid: (n_head_kv, s, 1),
+        block: 128,
+        smem: 0,
+        args: a,
+        label: "rope + kv store + attention",
+        bytes: 0,
+    }));
+    Ok(())
+}
+
+/// The splits of a decode attention, after checking the scratch and the group size.
+fn check_decode_attention(
+    cx: &Ctx,
+    n_ctx: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    head_dim: u32,
+) -> Result<u32> {
+    let s = decode_splits(n_ctx, n_head_kv, cx.n_sm);
+    if (n_head * s) as usize > cx.attn.cap_ms || (n_head * s * head_dim) as usize > cx.attn.cap_o {
+        return Err(CudaError::Unsupported(format!(
+            "attention of {n_head} heads × {s} splits exceeds the scratch"
+        )));
+    }
+    let group = n_head / n_head_kv;
+    if group > 8 {
+        return Err(CudaError::Unsupported(format!(
+            "{group} query heads per KV head (the CUDA decode attention supports 8)"
+        )));
+    }
+    Ok(s)
 }
 
 fn push_rope(a: &mut Args, r: &RopeArgs) {
@@ -936,26 +1073,40 @@ mod tests {
         ops
     }
 
-    fn lowered(ops: &[Op], n_tok: usize, k: &Kernels) -> Vec<Cmd> {
+    fn lowered_with(
+        ops: &[Op],
+        n_tok: usize,
+        k: &Kernels,
+        gemv: GemvKind,
+        fused_attention: bool,
+    ) -> Vec<Cmd> {
         let occ = |_: Func, _: u32, _: u32| 2;
         let attn = AttnScratch {
             pm: 1 << 50,
             pl: 2 << 50,
             po: 3 << 50,
+            cnt: 4 << 50,
             cap_ms: 1 << 16,
             cap_o: 1 << 22,
+            cap_cnt: 1024,
         };
         let cx = Ctx {
             k,
             n_sm: 132,
             gemv_occupancy: &occ,
             gemv_prefetch: 2,
-            gemv: GemvKind::Plain,
+            gemv,
+            fused_attention,
             step: 99 << 40,
             n_tok,
             attn,
         };
         lower(ops, &cx).unwrap()
+    }
+
+    /// The previous default: plain GEMV, attention in three launches.
+    fn lowered(ops: &[Op], n_tok: usize, k: &Kernels) -> Vec<Cmd> {
+        lowered_with(ops, n_tok, k, GemvKind::Plain, false)
     }
 
     fn funcs(cmds: &[Cmd]) -> Vec<Func> {
@@ -992,6 +1143,41 @@ mod tests {
         }
         want.extend([k.copy_f32, g]);
         assert_eq!(f, want);
+    }
+
+    #[test]
+    fn the_default_decode_step_is_five_kernels_per_layer() {
+        let k = Kernels::fake();
+        let cmds = lowered_with(&llama_step(1, 3), 1, &k, GemvKind::Stream, true);
+        let f = funcs(&cmds);
+        let g = k.gemv_stream;
+        let mut want = vec![k.embed_rows];
+        for _ in 0..3 {
+            want.extend([g, k.attn_decode_fused_64, g, g, g]);
+        }
+        want.extend([k.copy_f32, g]);
+        assert_eq!(f, want);
+        // q/k/v: 512 + 128 + 128 rows of 512 (Q4_K, Q4_K, Q6_K) over at most
+        // 264 blocks of 8 warps: each segment gets whole blocks, one row per warp at most.
+        let Cmd::Launch(qkv) = &cmds[1] else {
+            panic!("a launch")
+        };
+        assert_eq!(qkv.grid.0, 64 + 16 + 16);
+    }
+
+    #[test]
+    fn blocks_follow_segment_bytes_within_caps() {
+        // q, k, v of llama3-8b: 9.4, 2.4, 3.4 MB; 264 blocks, caps of one row per warp.
+        let b = partition_blocks(264, &[9_437_184, 2_359_296, 3_440_640], &[512, 128, 128]);
+        assert_eq!(b.iter().sum::<u32>(), 264);
+        assert_eq!(b, [163, 41, 60]);
+        // Caps bind: the rest goes to the segments below their cap.
+        let b = partition_blocks(100, &[1000, 10], &[20, 5]);
+        assert_eq!(b, [20, 5]);
+        // Every segment gets a block even when the grid is smaller than the count.
+        assert_eq!(partition_blocks(1, &[5, 5, 5], &[4, 4, 4]), [1, 1, 1]);
+        let b = partition_blocks(10, &[1, 1_000_000], &[8, 8]);
+        assert_eq!(b, [2, 8]);
     }
 
     #[test]
@@ -1045,8 +1231,8 @@ mod tests {
     #[test]
     fn gemv_params_match_the_kernel_layout() {
         // kernels/gemv.cu: Seg = 2 x 32-byte Planes + 5 pointers + 4 ints = 120 bytes;
-        // GemvParams = 3 Segs + 3 pointers + 8 4-byte fields = 416 bytes.
+        // GemvParams = 3 Segs + 3 pointers + 11 4-byte fields, padded to 8 = 432 bytes.
         assert_eq!(std::mem::size_of::<Seg>(), 120);
-        assert_eq!(std::mem::size_of::<GemvParams>(), 416);
+        assert_eq!(std::mem::size_of::<GemvParams>(), 432);
     }
 }
