@@ -153,7 +153,7 @@ fn check_greedy(json: &str) {
             &params,
             &|t| lm.tokenizer.is_eog(t),
             &mut |_, _| {},
-            &mut |t| {
+            &mut |t, _| {
                 ours.push(t);
                 std::ops::ControlFlow::Continue(())
             },

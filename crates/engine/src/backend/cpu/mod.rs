@@ -1,7 +1,8 @@
 //! The CPU backend: quantized matrix products from `ds4-quant` (activations quantized
 //! per block, as ggml's CPU backend does) and the elementwise operations written to
 //! follow ggml's CPU arithmetic (`ggml-cpu/ops.cpp`): RMSNorm sums squares in f64,
-//! RoPE angles advance by repeated f32 multiplication, softmax sums in f64, and the KV
+//! RoPE angles advance by repeated f32 multiplication (rotations fused as GCC fuses
+//! ggml's), softmax sums in f64, and the KV
 //! cache is stored in f16 with the query and the attention weights rounded to f16
 //! before their products, as llama.cpp does with its default f16 cache (flash
 //! attention off). Work is spread over rayon's pool.
@@ -254,8 +255,9 @@ impl Backend for CpuBackend {
                         (2 * j, 2 * j + 1)
                     };
                     let (x0, x1) = (head[a], head[b]);
-                    head[a] = x0 * c - x1 * s;
-                    head[b] = x0 * s + x1 * c;
+                    // ggml's `x0*cos - x1*sin` as GCC fuses it (one fma each).
+                    head[a] = x0.mul_add(c, -(x1 * s));
+                    head[b] = x0.mul_add(s, x1 * c);
                 }
             }
         }
