@@ -104,8 +104,13 @@ impl GlmParser {
     /// Ends the current call (closing its arguments object).
     fn end_call(&mut self, out: &mut Vec<OutputEvent>) {
         let delta = if self.args == 0 { "{}" } else { "}" };
-        out.push(OutputEvent::ToolCallArgs { index: self.index(), delta: delta.into() });
-        out.push(OutputEvent::ToolCallEnd { index: self.index() });
+        out.push(OutputEvent::ToolCallArgs {
+            index: self.index(),
+            delta: delta.into(),
+        });
+        out.push(OutputEvent::ToolCallEnd {
+            index: self.index(),
+        });
         self.mode = Mode::Text;
     }
 
@@ -128,13 +133,19 @@ impl GlmParser {
                 }
             },
             Mode::Name => {
-                let end = [KEY_OPEN, CLOSE].iter().filter_map(|t| self.buf.find(t)).min();
+                let end = [KEY_OPEN, CLOSE]
+                    .iter()
+                    .filter_map(|t| self.buf.find(t))
+                    .min();
                 let Some(end) = end else { return false };
                 let name = self.buf[..end].trim().to_string();
                 self.buf.drain(..end);
                 self.calls += 1;
                 self.args = 0;
-                out.push(OutputEvent::ToolCallBegin { index: self.index(), name });
+                out.push(OutputEvent::ToolCallBegin {
+                    index: self.index(),
+                    name,
+                });
                 self.mode = Mode::Args;
                 true
             }
@@ -147,12 +158,19 @@ impl GlmParser {
                     return true;
                 }
                 if t.starts_with(KEY_OPEN) {
-                    let Some(kc) = t.find(KEY_CLOSE) else { return false };
+                    let Some(kc) = t.find(KEY_CLOSE) else {
+                        return false;
+                    };
                     let key = t[KEY_OPEN.len()..kc].trim().to_string();
                     let rest = t[kc + KEY_CLOSE.len()..].trim_start();
                     let (value, consumed) = if let Some(body) = rest.strip_prefix(VALUE_OPEN) {
-                        let Some(vc) = body.find(VALUE_CLOSE) else { return false };
-                        (value_json(&body[..vc]), self.buf.len() - body.len() + vc + VALUE_CLOSE.len())
+                        let Some(vc) = body.find(VALUE_CLOSE) else {
+                            return false;
+                        };
+                        (
+                            value_json(&body[..vc]),
+                            self.buf.len() - body.len() + vc + VALUE_CLOSE.len(),
+                        )
                     } else if could_be(rest, VALUE_OPEN) {
                         return false;
                     } else {
@@ -175,8 +193,14 @@ impl GlmParser {
 
     fn push_arg(&mut self, key: &str, value: &str, out: &mut Vec<OutputEvent>) {
         let sep = if self.args == 0 { "{" } else { ", " };
-        let delta = format!("{sep}{}: {value}", serde_json::Value::String(key.to_string()));
-        out.push(OutputEvent::ToolCallArgs { index: self.index(), delta });
+        let delta = format!(
+            "{sep}{}: {value}",
+            serde_json::Value::String(key.to_string())
+        );
+        out.push(OutputEvent::ToolCallArgs {
+            index: self.index(),
+            delta,
+        });
         self.args += 1;
     }
 }
@@ -195,7 +219,11 @@ impl ToolCallParser for GlmParser {
                 self.emit_text(&t, out);
             }
             Mode::Name => {
-                let t = format!("{}{OPEN}{}", std::mem::take(&mut self.ws_before_call), std::mem::take(&mut self.buf));
+                let t = format!(
+                    "{}{OPEN}{}",
+                    std::mem::take(&mut self.ws_before_call),
+                    std::mem::take(&mut self.buf)
+                );
                 self.emit_text(&t, out);
             }
             Mode::Args => {
@@ -252,13 +280,24 @@ mod tests {
         assert_eq!(c.text, "");
         assert_eq!(c.tool_calls.len(), 2);
         assert_eq!(c.tool_calls[0].arguments, r#"{"x": {"k":[1,true]}}"#);
-        assert_eq!((c.tool_calls[1].name.as_str(), c.tool_calls[1].arguments.as_str()), ("b", "{}"));
+        assert_eq!(
+            (
+                c.tool_calls[1].name.as_str(),
+                c.tool_calls[1].arguments.as_str()
+            ),
+            ("b", "{}")
+        );
     }
 
     #[test]
     fn strings_are_escaped_and_multiline() {
-        let c = parse("<tool_call>write<arg_key>text</arg_key><arg_value>line \"1\"\nline 2</arg_value></tool_call>");
-        assert_eq!(c.tool_calls[0].arguments, r#"{"text": "line \"1\"\nline 2"}"#);
+        let c = parse(
+            "<tool_call>write<arg_key>text</arg_key><arg_value>line \"1\"\nline 2</arg_value></tool_call>",
+        );
+        assert_eq!(
+            c.tool_calls[0].arguments,
+            r#"{"text": "line \"1\"\nline 2"}"#
+        );
         let v: serde_json::Value = serde_json::from_str(&c.tool_calls[0].arguments).unwrap();
         assert_eq!(v["text"], "line \"1\"\nline 2");
     }
@@ -314,8 +353,15 @@ mod tests {
     #[test]
     fn builtin_template_renders_a_tool_conversation() {
         use ds4_tokenizer::{ChatMessage, ChatTemplate, RenderOptions, ToolCall};
-        let t = ChatTemplate::new(include_str!("../../../tokenizer/templates/glm5.jinja"), "", "").unwrap();
-        let tools = vec![serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {}}})];
+        let t = ChatTemplate::new(
+            include_str!("../../../tokenizer/templates/glm5.jinja"),
+            "",
+            "",
+        )
+        .unwrap();
+        let tools = vec![
+            serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {}}}),
+        ];
         let msgs = vec![
             ChatMessage::new("system", "Be brief."),
             ChatMessage::new("user", "Hi"),
@@ -323,25 +369,49 @@ mod tests {
                 role: "assistant".into(),
                 content: Some("Calling.".into()),
                 reasoning_content: Some("old thought".into()),
-                tool_calls: vec![ToolCall { id: None, name: "f".into(), arguments: r#"{"a": "x", "b": 2}"#.into() }],
+                tool_calls: vec![ToolCall {
+                    id: None,
+                    name: "f".into(),
+                    arguments: r#"{"a": "x", "b": 2}"#.into(),
+                }],
                 ..ChatMessage::default()
             },
-            ChatMessage { role: "tool".into(), content: Some("ok".into()), ..ChatMessage::default() },
-            ChatMessage { role: "tool".into(), content: Some("ok2".into()), ..ChatMessage::default() },
+            ChatMessage {
+                role: "tool".into(),
+                content: Some("ok".into()),
+                ..ChatMessage::default()
+            },
+            ChatMessage {
+                role: "tool".into(),
+                content: Some("ok2".into()),
+                ..ChatMessage::default()
+            },
             ChatMessage::new("user", "Thanks"),
         ];
-        let opts = RenderOptions { tools: Some(tools), add_generation_prompt: true, ..RenderOptions::default() };
+        let opts = RenderOptions {
+            tools: Some(tools),
+            add_generation_prompt: true,
+            ..RenderOptions::default()
+        };
         let text = t.render(&msgs, &opts).unwrap();
         let tail = "<|system|>Be brief.<|user|>Hi<|assistant|></think>Calling.\
                     <tool_call>f<arg_key>a</arg_key><arg_value>x</arg_value><arg_key>b</arg_key><arg_value>2</arg_value></tool_call>\
                     <|observation|><tool_response>ok</tool_response><tool_response>ok2</tool_response>\
                     <|user|>Thanks<|assistant|><think>";
-        assert!(text.starts_with("[gMASK]<sop><|system|>\n# Tools\n"), "{text}");
+        assert!(
+            text.starts_with("[gMASK]<sop><|system|>\n# Tools\n"),
+            "{text}"
+        );
         assert!(text.contains("<tools>\n{\"type\": \"function\""), "{text}");
         assert!(text.ends_with(tail), "{text}");
-        let no_think =
-            RenderOptions { enable_thinking: false, add_generation_prompt: true, ..RenderOptions::default() };
-        let text = t.render(&[ChatMessage::new("user", "Hi")], &no_think).unwrap();
+        let no_think = RenderOptions {
+            enable_thinking: false,
+            add_generation_prompt: true,
+            ..RenderOptions::default()
+        };
+        let text = t
+            .render(&[ChatMessage::new("user", "Hi")], &no_think)
+            .unwrap();
         assert_eq!(text, "[gMASK]<sop><|user|>Hi<|assistant|></think>");
     }
 }

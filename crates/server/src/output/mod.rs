@@ -156,10 +156,21 @@ mod tests {
     fn detects_the_glm_format_from_its_template() {
         let glm = include_str!("../../../tokenizer/templates/glm5.jinja");
         assert_eq!(ToolFormat::detect(glm), ToolFormat::Glm);
-        assert_eq!(ToolFormat::detect("{{ '<tool_call>' }}"), ToolFormat::Hermes);
+        assert_eq!(
+            ToolFormat::detect("{{ '<tool_call>' }}"),
+            ToolFormat::Hermes
+        );
         let mut p = OutputParser::new(false, Some(ToolFormat::Glm));
-        let events = p.push("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>");
-        assert!(events.contains(&OutputEvent::ToolCallBegin { index: 0, name: "get_weather".into() }), "{events:?}");
+        let events = p.push(
+            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
+        );
+        assert!(
+            events.contains(&OutputEvent::ToolCallBegin {
+                index: 0,
+                name: "get_weather".into()
+            }),
+            "{events:?}"
+        );
     }
 
     #[test]

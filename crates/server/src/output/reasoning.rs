@@ -155,10 +155,22 @@ mod tests {
     #[test]
     fn whole_text_split() {
         let w = |t: &str, inside| super::split(t, inside);
-        assert_eq!(w("\n<think>\nplan\n</think>\n\nAnswer.", false), (Some("plan\n".into()), "Answer.".into()));
-        assert_eq!(w("No tags <think>x</think>", false), (None, "No tags <think>x</think>".into()));
-        assert_eq!(w("still thinking", true), (Some("still thinking".into()), String::new()));
-        assert_eq!(w("<think></think>Hi", false), (Some(String::new()), "Hi".into()));
+        assert_eq!(
+            w("\n<think>\nplan\n</think>\n\nAnswer.", false),
+            (Some("plan\n".into()), "Answer.".into())
+        );
+        assert_eq!(
+            w("No tags <think>x</think>", false),
+            (None, "No tags <think>x</think>".into())
+        );
+        assert_eq!(
+            w("still thinking", true),
+            (Some("still thinking".into()), String::new())
+        );
+        assert_eq!(
+            w("<think></think>Hi", false),
+            (Some(String::new()), "Hi".into())
+        );
     }
 
     fn split(inside: bool, pieces: &[&str]) -> (String, String) {
