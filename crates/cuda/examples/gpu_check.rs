@@ -375,14 +375,15 @@ fn bench(args: &[String]) -> Res<()> {
             );
         }
     }
-    KernelConfig::NEW.apply(&backend);
+    KernelConfig::DEFAULT.apply(&backend);
     if o.variants {
         use ds4_cuda::lower::GemvKind;
-        let default = GemvKind::Stream;
+        let default = GemvKind::Plain;
         for (label, graphs, pdl, gemv) in [
             ("gemv-8x3", true, true, GemvKind::Plain8x3),
             ("gemv-4x4", true, true, GemvKind::Plain4x4),
             ("gemv-tma", true, true, GemvKind::Tma),
+            ("gemv-chunk", true, true, GemvKind::Chunk),
             ("no-pdl", true, false, default),
             ("no-graph", false, true, default),
             ("no-graph-no-pdl", false, false, default),
@@ -442,20 +443,22 @@ fn bench(args: &[String]) -> Res<()> {
 struct KernelConfig {
     gemv: ds4_cuda::lower::GemvKind,
     fused_attention: bool,
-    /// GEMV rows per warp prefetched into L2 before waiting for the previous kernel
-    /// (0: one).
+    /// GEMV rows per warp prefetched into L2 (plain: ahead of the row it computes, 0:
+    /// only its first; chunk: beyond the first chunk, before waiting for the previous
+    /// kernel).
     prefetch: u32,
 }
 
 impl KernelConfig {
-    /// The default since the streaming GEMV and the one-launch attention.
-    const NEW: KernelConfig = KernelConfig {
-        gemv: ds4_cuda::lower::GemvKind::Stream,
+    /// The chunked GEMV and the one-launch attention (labelled `new` in the benchmark
+    /// notes of 2026-11-29).
+    const CHUNK_FUSED: KernelConfig = KernelConfig {
+        gemv: ds4_cuda::lower::GemvKind::Chunk,
         fused_attention: true,
         prefetch: 0,
     };
-    /// The default before them (commit 5da9941).
-    const OLD: KernelConfig = KernelConfig {
+    /// The backend's default: plain GEMV, attention in three launches (`old`).
+    const DEFAULT: KernelConfig = KernelConfig {
         gemv: ds4_cuda::lower::GemvKind::Plain,
         fused_attention: false,
         prefetch: 0,
@@ -470,7 +473,10 @@ impl KernelConfig {
 
 fn profile_configs(on: bool) -> Vec<(&'static str, KernelConfig)> {
     if on {
-        vec![("new", KernelConfig::NEW), ("old", KernelConfig::OLD)]
+        vec![
+            ("chunk-gemv-fused-attention", KernelConfig::CHUNK_FUSED),
+            ("default", KernelConfig::DEFAULT),
+        ]
     } else {
         Vec::new()
     }
@@ -486,38 +492,36 @@ fn ab_compare(
     n: usize,
     decode_run: &dyn Fn(usize) -> Res<f64>,
 ) -> Res<()> {
-    use ds4_cuda::lower::GemvKind::{Plain, Stream};
+    use ds4_cuda::lower::GemvKind::Plain;
     let configs = [
-        ("old", KernelConfig::OLD),
-        ("new", KernelConfig::NEW),
+        ("default", KernelConfig::DEFAULT),
+        ("chunk-gemv-fused-attention", KernelConfig::CHUNK_FUSED),
         (
-            "stream-gemv-only",
-            KernelConfig {
-                gemv: Stream,
-                fused_attention: false,
-                prefetch: 0,
-            },
-        ),
-        (
-            "fused-attention-only",
+            "plain-gemv-fused-attention",
             KernelConfig {
                 gemv: Plain,
-                fused_attention: true,
-                prefetch: 0,
+                ..KernelConfig::CHUNK_FUSED
             },
         ),
         (
-            "new-prefetch-2-rows",
+            "chunk-gemv-3-launch-attention",
+            KernelConfig {
+                fused_attention: false,
+                ..KernelConfig::CHUNK_FUSED
+            },
+        ),
+        (
+            "chunk-fused-prefetch-1-row",
+            KernelConfig {
+                prefetch: 1,
+                ..KernelConfig::CHUNK_FUSED
+            },
+        ),
+        (
+            "chunk-fused-prefetch-2-rows",
             KernelConfig {
                 prefetch: 2,
-                ..KernelConfig::NEW
-            },
-        ),
-        (
-            "new-prefetch-4-rows",
-            KernelConfig {
-                prefetch: 4,
-                ..KernelConfig::NEW
+                ..KernelConfig::CHUNK_FUSED
             },
         ),
     ];
@@ -566,7 +570,7 @@ fn ab_compare(
             kernels[c]
         );
     }
-    KernelConfig::NEW.apply(backend);
+    KernelConfig::DEFAULT.apply(backend);
     Ok(())
 }
 
@@ -579,8 +583,8 @@ fn gemv_bench() -> Res<()> {
     b.set_pdl(false);
     b.set_graphs(false);
     b.set_profile(true);
-    use ds4_cuda::lower::GemvKind::{self, Plain, Stream};
-    let kinds: [GemvKind; 2] = [Plain, Stream];
+    use ds4_cuda::lower::GemvKind::{self, Chunk, Plain};
+    let kinds: [GemvKind; 2] = [Plain, Chunk];
     let shapes = [
         (4096, 4096, Q4_K),
         (14336, 4096, Q4_K),

@@ -5,10 +5,11 @@
 // length is derived on the device from the step's position, so the grid is fixed and
 // a captured graph stays valid as the cache grows. Each block keeps a running max,
 // sum and weighted V per query head of its group; `attn_decode_reduce` merges the
-// splits; `attn_decode_fused` does RoPE, the KV store, the splits and their merge in
-// one launch (the last block of each KV head merges). Prefill (many query rows): `attn_prefill`, a flash-attention kernel on the
-// tensor cores (mma.sync m16n8k16, f16 inputs, f32 accumulation) with the online
-// softmax in registers; one warp per 16 query rows, 64 keys per tile.
+// splits; `attn_decode_fused` (opt-in, measured slower) does RoPE, the KV store, the
+// splits and their merge in one launch (the last block of each KV head merges).
+// Prefill (many query rows): `attn_prefill`, a flash-attention kernel on the tensor
+// cores (mma.sync m16n8k16, f16 inputs, f32 accumulation) with the online softmax in
+// registers; one warp per 16 query rows, 64 keys per tile.
 //
 // As in the CPU backend (llama.cpp's f16-cache path), the query is rounded to f16
 // before the products with f16 keys and the softmax runs in f32 with scale
@@ -24,11 +25,14 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 
 #define DEC_WARPS 4
 #define MAX_GROUP 8
+#define MAX_SPLITS 64  // lower.rs decode_splits
 
 // Partial results of split s of KV head g: m[h][s], l[h][s], o[h][s][hd] for the group's
 // query heads h. `qg` points at the group's query heads (group x HD, already rotated);
-// positions p0 .. p1-1 of the cache.
-template <int HD>
+// positions p0 .. p1-1 of the cache. Each warp takes every DEC_WARPS-th position, B
+// positions per memory round trip (the keys and values of B positions are loaded before
+// the first is used; the softmax updates run in the same order for any B).
+template <int HD, int B>
 __device__ void split_partials(const float* qg, const u16* kc, const u16* vc, float* pm, float* pl, float* po, int g,
                                int s, int S, int p0, int p1, int group, int kv_dim, float scale) {
     constexpr int E = HD / 32;  // elements per lane
@@ -45,28 +49,44 @@ __device__ void split_partials(const float* qg, const u16* kc, const u16* vc, fl
             qr[j][e] = j < group ? round_f16(qg[j * HD + lane * E + e]) : 0.f;
         }
     }
-    for (int p = p0 + warp; p < p1; p += DEC_WARPS) {
-        float kr[E], vr[E];
-        const u16* kp = kc + (i64)p * kv_dim + g * HD + lane * E;
-        const u16* vp = vc + (i64)p * kv_dim + g * HD + lane * E;
+    for (int pb = p0 + warp; pb < p1; pb += DEC_WARPS * B) {
+        u16 kh[B][E], vh[B][E];
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-            kr[e] = h2f(kp[e]);
-            vr[e] = h2f(vp[e]);
+        for (int b = 0; b < B; ++b) {
+            const int p = pb + b * DEC_WARPS;
+            if (p < p1) {
+                const u16* kp = kc + (i64)p * kv_dim + g * HD + lane * E;
+                const u16* vp = vc + (i64)p * kv_dim + g * HD + lane * E;
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    kh[b][e] = kp[e];
+                    vh[b][e] = vp[e];
+                }
+            }
         }
 #pragma unroll
-        for (int j = 0; j < MAX_GROUP; ++j) {
-            if (j < group) {
-                float d = 0.f;
+        for (int b = 0; b < B; ++b) {
+            if (pb + b * DEC_WARPS >= p1) break;
+            float kr[E], vr[E];
 #pragma unroll
-                for (int e = 0; e < E; ++e) d += qr[j][e] * kr[e];
-                const float sc = warp_sum(d) * scale;
-                const float mn = fmaxf(m[j], sc);
-                const float corr = expf(m[j] - mn), pw = expf(sc - mn);
-                l[j] = l[j] * corr + pw;
+            for (int e = 0; e < E; ++e) {
+                kr[e] = h2f(kh[b][e]);
+                vr[e] = h2f(vh[b][e]);
+            }
 #pragma unroll
-                for (int e = 0; e < E; ++e) o[j][e] = o[j][e] * corr + pw * vr[e];
-                m[j] = mn;
+            for (int j = 0; j < MAX_GROUP; ++j) {
+                if (j < group) {
+                    float d = 0.f;
+#pragma unroll
+                    for (int e = 0; e < E; ++e) d += qr[j][e] * kr[e];
+                    const float sc = warp_sum(d) * scale;
+                    const float mn = fmaxf(m[j], sc);
+                    const float corr = expf(m[j] - mn), pw = expf(sc - mn);
+                    l[j] = l[j] * corr + pw;
+#pragma unroll
+                    for (int e = 0; e < E; ++e) o[j][e] = o[j][e] * corr + pw * vr[e];
+                    m[j] = mn;
+                }
             }
         }
     }
@@ -111,23 +131,6 @@ __device__ __forceinline__ void split_range(int len, int s, int S, int* p0, int*
     *p1 = min(len, *p0 + chunk);
 }
 
-// Element d of query head h merged over the S splits (read through L2: other blocks
-// wrote the partials).
-__device__ __forceinline__ float merge_splits(const float* pm, const float* pl, const float* po, int h, int d,
-                                              int head_dim, int S) {
-    float M = NEG_INF;
-    for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(pm + h * S + s));
-    float L = 0.f, O = 0.f;
-    for (int s = 0; s < S; ++s) {
-        const float ms = __ldcg(pm + h * S + s);
-        if (ms == NEG_INF) continue;
-        const float c = expf(ms - M);
-        L += c * __ldcg(pl + h * S + s);
-        O += c * __ldcg(po + ((i64)h * S + s) * head_dim + d);
-    }
-    return O / L;
-}
-
 #define DECODE_KERNEL(HD)                                                                                     \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                                 \
         attn_decode_split_##HD(const float* q, const u16* kc, const u16* vc, float* pm, float* pl, float* po,   \
@@ -137,7 +140,7 @@ __device__ __forceinline__ float merge_splits(const float* pm, const float* pl, 
         const int g = blockIdx.x, s = blockIdx.y, S = gridDim.y;                                                 \
         int p0, p1;                                                                                              \
         split_range(step->pos0 + step->n_tok, s, S, &p0, &p1);                                                   \
-        split_partials<HD>(q + g * group * HD, kc, vc, pm, pl, po, g, s, S, p0, p1, group, kv_dim, scale);       \
+        split_partials<HD, 1>(q + g * group * HD, kc, vc, pm, pl, po, g, s, S, p0, p1, group, kv_dim, scale);    \
     }
 DECODE_KERNEL(64)
 DECODE_KERNEL(128)
@@ -148,7 +151,19 @@ extern "C" __global__ void attn_decode_reduce(const float* pm, const float* pl, 
     pdl_wait();
     pdl_trigger();
     const int h = blockIdx.x;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) out[h * head_dim + d] = merge_splits(pm, pl, po, h, d, head_dim, S);
+    float M = NEG_INF;
+    for (int s = 0; s < S; ++s) M = fmaxf(M, pm[h * S + s]);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float L = 0.f, O = 0.f;
+        for (int s = 0; s < S; ++s) {
+            const float ms = pm[h * S + s];
+            if (ms == NEG_INF) continue;
+            const float c = expf(ms - M);
+            L += c * pl[h * S + s];
+            O += c * po[((i64)h * S + s) * head_dim + d];
+        }
+        out[h * head_dim + d] = O / L;
+    }
 }
 
 // Decode attention of one token in one launch (grid: KV heads x splits): RoPE of q and
@@ -191,7 +206,7 @@ __device__ void decode_fused(float* q, float* k, const float* v, u16* kc, u16* v
         }
         __syncthreads();
     }
-    split_partials<HD>(sq, kc, vc, pm, pl, po, g, s, S, p0, p1, group, kv_dim, scale);
+    split_partials<HD, 4>(sq, kc, vc, pm, pl, po, g, s, S, p0, p1, group, kv_dim, scale);
     __threadfence();
     __syncthreads();
     if (tid == 0) last = atomicAdd(cnt + g, 1u) == (u32)(S - 1);
@@ -199,10 +214,49 @@ __device__ void decode_fused(float* q, float* k, const float* v, u16* kc, u16* v
     if (!last) return;
     __threadfence();
     if (tid == 0) cnt[g] = 0;
-    for (int idx = tid; idx < group * HD; idx += blockDim.x) {
-        const int j = idx / HD, d = idx % HD, h = g * group + j;
-        out[h * HD + d] = merge_splits(pm, pl, po, h, d, HD, S);
-        qg[idx] = sq[idx];
+    // The merge (attn_decode_reduce's arithmetic) with every load of a phase in flight
+    // at once: the splits' maxima and sums, then each head's weights, then the outputs.
+    __shared__ float wm[MAX_GROUP * MAX_SPLITS], wl[MAX_GROUP * MAX_SPLITS], wL[MAX_GROUP];
+    for (int i = tid; i < group * S; i += blockDim.x) {
+        wm[i] = __ldcg(pm + g * group * S + i);
+        wl[i] = __ldcg(pl + g * group * S + i);
+    }
+    __syncthreads();
+    if (tid < group) {
+        float M = NEG_INF;
+        for (int t = 0; t < S; ++t) M = fmaxf(M, wm[tid * S + t]);
+        float L = 0.f;
+        for (int t = 0; t < S; ++t) {
+            const float ms = wm[tid * S + t];
+            const float c = ms == NEG_INF ? 0.f : expf(ms - M);
+            if (ms != NEG_INF) L += c * wl[tid * S + t];
+            wm[tid * S + t] = c;  // now the split's weight (0: empty split)
+        }
+        wL[tid] = L;
+    }
+    __syncthreads();
+    constexpr int PER = MAX_GROUP * HD / (DEC_WARPS * 32);
+    float O[PER];
+#pragma unroll
+    for (int m = 0; m < PER; ++m) {
+        const int idx = tid + m * DEC_WARPS * 32;
+        O[m] = 0.f;
+        if (idx < group * HD) {
+            const int j = idx / HD, d = idx % HD, h = g * group + j;
+            for (int t = 0; t < S; ++t) {
+                const float c = wm[j * S + t];
+                if (c != 0.f) O[m] += c * __ldcg(po + ((i64)h * S + t) * HD + d);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < PER; ++m) {
+        const int idx = tid + m * DEC_WARPS * 32;
+        if (idx < group * HD) {
+            const int j = idx / HD, d = idx % HD, h = g * group + j;
+            out[h * HD + d] = O[m] / wL[j];
+            qg[idx] = sq[idx];
+        }
     }
 }
 

@@ -16,10 +16,12 @@
 // (gate, up) `out3[r] = silu(gate)·up`.
 //
 // Kernels: `gemv` (8 warps, 2 blocks per SM; the default), `gemv_8x3` and `gemv_4x4`
-// (other block shapes, for measurements) and `gemv_tma` (weights streamed through
-// shared memory with bulk copies; correct, slower so far — docs/benchmarks.md). Every buffer the unfused operations would
-// write is still written (h, q, k, v, gate, up), so the fused step computes the same
-// values as the op-by-op one.
+// (other block shapes, for measurements), `gemv_tma` (weights streamed through shared
+// memory with bulk copies) and `gemv_chunk` (loads issued a chunk of steps at a time,
+// the first before the previous kernel ends); the last two are correct and slower so
+// far (docs/benchmarks.md). Every buffer the unfused operations would write is still
+// written (h, q, k, v, gate, up), so the fused step computes the same values as the
+// op-by-op one.
 
 #include "common.cuh"
 
@@ -499,9 +501,10 @@ __device__ __forceinline__ void quantize_chunk(const GemvParams& P, const Act& a
 
 // The shared-memory activation: the input (RMS-normalized when the launch fuses a
 // norm) quantized to the formats the segments' types need. Loads are issued for up to
-// four chunks per warp before any is processed, so the prologue costs one or two
+// CB chunks per warp before any is processed, so the prologue costs one or two
 // memory round trips. Ends with a block barrier.
-__device__ Act build_act(const GemvParams& P, u8* smem, double* red) {
+template <int CB = 4>
+__device__ __forceinline__ Act build_act(const GemvParams& P, u8* smem, double* red) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = P.n_in;
     int off[6];
@@ -539,10 +542,10 @@ __device__ Act build_act(const GemvParams& P, u8* smem, double* red) {
     const bool write_h = P.h_out && blockIdx.x == 0;
     const int nch = (n + 255) / 256;
     const int nw = blockDim.x >> 5;
-    for (int base = warp; base < nch; base += 4 * nw) {
-        float4 xa[4][2], wa[4][2];
+    for (int base = warp; base < nch; base += CB * nw) {
+        float4 xa[CB][2], wa[CB][2];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < CB; ++k) {
             const int i = (base + k * nw) * 256 + lane * 8;
             xa[k][0] = xa[k][1] = wa[k][0] = wa[k][1] = make_float4(0.f, 0.f, 0.f, 0.f);
             if (base + k * nw < nch && i < n) {
@@ -555,7 +558,7 @@ __device__ Act build_act(const GemvParams& P, u8* smem, double* red) {
             }
         }
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
+        for (int k = 0; k < CB; ++k)
             if (base + k * nw < nch) quantize_chunk(P, a, base + k * nw, lane, xa[k], wa[k], scale, write_h);
     }
     __syncthreads();
@@ -597,16 +600,26 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv(const GemvParams P) { 
 extern "C" __global__ void __launch_bounds__(256, 3) gemv_8x3(const GemvParams P) { gemv_plain(P); }
 extern "C" __global__ void __launch_bounds__(128, 4) gemv_4x4(const GemvParams P) { gemv_plain(P); }
 
-// ---- the streaming GEMV (default): a ring of register slots per lane
+// ---- the chunked GEMV (opt-in): loads issued a chunk of steps at a time, the first
+// chunk before the previous kernel ends
 //
-// Each warp walks its rows of one segment (global rows gwarp, gwarp + nwarps, …, as
-// the plain kernel) as one stream of steps: a step is 32 consecutive units of one row
-// (one per lane), a row of a pair segment is its gate row then its up row. Lane l keeps
-// the units of the next D steps in D register slots: the slot consumed by step t is
-// refilled with step t + D before the dot product of step t+1, so D loads per lane stay
-// in flight across row boundaries (the plain kernel waits for every row's loads before
-// computing it, one memory round trip per row and per matrix of a pair). A row's sum is
-// the lanes' partial sums in step order, reduced over the warp at its last step.
+// Each block serves one segment: blocks seg_blk[s] .. seg_blk[s+1]-1 (the host shares
+// the grid out in proportion to the segments' bytes). A warp walks its rows of the
+// segment (local rows wl, wl + nw, …) as one sequence of steps: a step is 32
+// consecutive units of one row (one per lane); a row of a pair segment is its gate row
+// then its up row. Lanes issue the loads of D steps (a chunk, across row ends and the
+// gate/up pair: D units in flight per lane instead of one row's 4) before using any,
+// then compute them; a row's sum is the lanes' partial sums in step order, reduced over
+// the warp at its last step. The first chunk is requested before `griddepcontrol.wait`
+// and before the activation is built: weights do not depend on the previous kernel,
+// so that memory round trip overlaps the previous kernel's tail and the prologue.
+//
+// Measured slower than the plain kernel on the H200, as was a first version keeping a
+// ring of D slots per lane, each refilled right after its use (commit e7b7364;
+// docs/benchmarks.md).
+//
+// Every block runs one instantiation of `chunk_seg` (no loop around them: with one,
+// the compiler keeps values of every type's pipeline live across it and spills).
 
 template <class U, bool KQ>
 struct UW {
@@ -623,7 +636,7 @@ struct UW {
     }
 };
 
-// A position in a warp's step stream: step k of part p (0: gate or the matrix, 1: up)
+// A position in a warp's step sequence: step k of part p (0: gate or the matrix, 1: up)
 // of local row r.
 struct SCur {
     int k, p, r;
@@ -638,34 +651,42 @@ struct SCur {
     }
 };
 
-// Streams J rows of segment s (local rows r0, r0 + rstride, …) through D slots; NP = 2
-// for a gate/up pair of one weight type.
+// Issues the loads of steps t0 .. t0+D-1 (those below T) into buf.
 template <class W, int D, int NP>
-__device__ __forceinline__ void stream_seg(const Seg& s, int r0, int J, int rstride, int n, const Act& a, int lane) {
-    const int nb = n / W::BE, NU = nb * W::UPB, S = (NU + 31) >> 5;
-    const int T = J * NP * S;
-    W buf[D];
-    SCur is = {0, 0, r0}, cs = {0, 0, r0};
+__device__ __forceinline__ void load_chunk(W* buf, const Seg& s, SCur& is, int t0, int T, int S, int NU, int nb,
+                                           int rstride, int lane) {
 #pragma unroll
     for (int d = 0; d < D; ++d) {
-        if (d < T) {
+        if (t0 + d < T) {
             const int i = is.k * 32 + lane;
             if (i < NU) buf[d].load(NP == 2 && is.p ? s.w2 : s.w, (i64)is.r * nb, i);
             is.next(S, NP, rstride);
         }
     }
+}
+
+// The whole kernel body for a segment of one weight type: J rows (local rows r0,
+// r0 + rstride, …); NP = 2 for a gate/up pair of that type.
+template <class W, int D, int NP>
+__device__ __forceinline__ void chunk_seg(const GemvParams& P, const Seg& s, int r0, int J, int rstride, u8* smem,
+                                          double* red, int lane) {
+    const int n = P.n_in;
+    const int nb = n / W::BE, NU = nb * W::UPB, S = (NU + 31) >> 5;
+    const int T = J * NP * S;
+    W buf[D];
+    SCur is = {0, 0, r0}, cs = {0, 0, r0};
+    load_chunk<W, D, NP>(buf, s, is, 0, T, S, NU, nb, rstride, lane);
+    pdl_wait();
+    pdl_trigger();
+    const Act a = build_act<2>(P, smem, red);
     float acc = 0.f, first = 0.f;
     for (int t0 = 0; t0 < T; t0 += D) {
+        if (t0 > 0) load_chunk<W, D, NP>(buf, s, is, t0, T, S, NU, nb, rstride, lane);
 #pragma unroll
         for (int d = 0; d < D; ++d) {
             if (t0 + d < T) {
                 const int i = cs.k * 32 + lane;
                 if (i < NU) acc += buf[d].dot(a, i);
-                if (t0 + d + D < T) {
-                    const int i2 = is.k * 32 + lane;
-                    if (i2 < NU) buf[d].load(NP == 2 && is.p ? s.w2 : s.w, (i64)is.r * nb, i2);
-                    is.next(S, NP, rstride);
-                }
                 if (cs.k == S - 1) {
                     const float v = warp_sum(acc);
                     acc = 0.f;
@@ -678,44 +699,42 @@ __device__ __forceinline__ void stream_seg(const Seg& s, int r0, int J, int rstr
     }
 }
 
-// Slots per lane by type: 16-byte units get 8 (128 bytes in flight per lane), 32-byte
-// units (Q5_K, Q6_K, Q8_0) 6, within the 128 registers of two 8-warp blocks per SM.
-#define STREAM_CASE(TY, U, KQ, D)                                                   \
-    if (s.type == TY) {                                                             \
-        if (pair) stream_seg<UW<U, KQ>, D, 2>(s, r0, J, rstride, n, a, lane);       \
-        else stream_seg<UW<U, KQ>, D, 1>(s, r0, J, rstride, n, a, lane);            \
-        return;                                                                     \
+// Steps per chunk by type: 16-byte units get 8 (128 bytes in flight per lane), 32-byte
+// units 6 (Q6_K) or 4 (Q5_K, Q8_0, whose units take the most registers), within the 128
+// registers of two 8-warp blocks per SM.
+#define CHUNK_CASE(TY, U, KQ, D)                                                             \
+    if (s.type == TY) {                                                                      \
+        if (pair) chunk_seg<UW<U, KQ>, D, 2>(P, s, r0, J, rstride, smem, red, lane);         \
+        else chunk_seg<UW<U, KQ>, D, 1>(P, s, r0, J, rstride, smem, red, lane);              \
+        return;                                                                              \
     }
 
-__device__ __forceinline__ void stream_rows(const Seg& s, int r0, int J, int rstride, int n, const Act& a, int lane) {
+__device__ __forceinline__ void chunk_rows(const GemvParams& P, const Seg& s, int r0, int J, int rstride, u8* smem,
+                                           double* red, int lane) {
     const bool pair = s.out3 != nullptr;
-    if (pair && s.type2 != s.type) {
-        // A pair of two weight types (no such model yet): row by row.
-        for (int j = 0; j < J; ++j) {
-            const int r = r0 + j * rstride;
-            const float v = row_dot(s.type, s.w, r, n, a, lane);
-            const float u = row_dot(s.type2, s.w2, r, n, a, lane);
-            if (lane == 0) epilogue(s, r, v, u);
-        }
-        return;
+    if (!pair || s.type2 == s.type) {
+        CHUNK_CASE(T_Q4_0, UQ4_0, false, 8)
+        CHUNK_CASE(T_Q4_1, UQ4_1, false, 8)
+        CHUNK_CASE(T_Q5_0, UQ5_0, false, 8)
+        CHUNK_CASE(T_Q8_0, UQ8_0, false, 4)
+        CHUNK_CASE(T_Q4_K, UQ4_K, true, 8)
+        CHUNK_CASE(T_Q5_K, UQ5_K, true, 4)
+        CHUNK_CASE(T_Q6_K, UQ6_K, true, 6)
+        CHUNK_CASE(T_IQ2_XXS, UIQ2_XXS, true, 8)
     }
-    {
-        STREAM_CASE(T_Q4_0, UQ4_0, false, 8)
-        STREAM_CASE(T_Q4_1, UQ4_1, false, 8)
-        STREAM_CASE(T_Q5_0, UQ5_0, false, 8)
-        STREAM_CASE(T_Q8_0, UQ8_0, false, 6)
-        STREAM_CASE(T_Q4_K, UQ4_K, true, 8)
-        STREAM_CASE(T_Q5_K, UQ5_K, true, 6)
-        STREAM_CASE(T_Q6_K, UQ6_K, true, 6)
-        STREAM_CASE(T_IQ2_XXS, UIQ2_XXS, true, 8)
+    // A pair of two weight types (no such model yet): row by row.
+    pdl_wait();
+    pdl_trigger();
+    const Act a = build_act<2>(P, smem, red);
+    for (int j = 0; j < J; ++j) {
+        const int r = r0 + j * rstride;
+        const float v = row_dot(s.type, s.w, r, P.n_in, a, lane);
+        const float u = pair ? row_dot(s.type2, s.w2, r, P.n_in, a, lane) : 0.f;
+        if (lane == 0) epilogue(s, r, v, u);
     }
 }
 
-// Each block serves one segment: blocks seg_blk[s] .. seg_blk[s+1]-1 (the host shares
-// the grid out in proportion to the segments' bytes), so that the kernel has no loop
-// around the per-type pipelines (with one, the compiler keeps values of every type's
-// pipeline live across it and spills).
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_stream(const GemvParams P) {
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_chunk(const GemvParams P) {
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double red[GEMV_WARPS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -726,18 +745,17 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv_stream(const GemvParam
     const Seg& s = P.seg[si];
     const int b0 = P.seg_blk[si], b1 = si + 1 < P.nseg ? P.seg_blk[si + 1] : (int)gridDim.x;
     const int wl = ((int)blockIdx.x - b0) * wpb + warp, nw = (b1 - b0) * wpb;
+    // Optional L2 prefetch of the rows after the first chunk's.
     if (lane == 0)
-        for (int k = 0; k < max(1, P.prefetch); ++k) {
+        for (int k = 1; k <= P.prefetch; ++k) {
             const int r = wl + k * nw;
             if (r < s.rows) {
                 prefetch_row(s.type, s.w, r, n);
                 if (s.out3) prefetch_row(s.type2, s.w2, r, n);
             }
         }
-    pdl_wait();
-    pdl_trigger();
-    const Act a = build_act(P, smem, red);
-    if (wl < s.rows) stream_rows(s, wl, (s.rows - 1 - wl) / nw + 1, nw, n, a, lane);
+    const int J = wl < s.rows ? (s.rows - 1 - wl) / nw + 1 : 0;
+    chunk_rows(P, s, wl, J, nw, smem, red, lane);
 }
 
 // ---- the TMA variant: each warp streams its rows through shared-memory stages

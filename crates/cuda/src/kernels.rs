@@ -19,7 +19,7 @@ pub struct Kernels {
     /// The GEMV streaming weights through shared memory with bulk copies.
     pub gemv_tma: Func,
     /// The GEMV keeping several units per lane in flight across rows (the default).
-    pub gemv_stream: Func,
+    pub gemv_chunk: Func,
     pub rms_norm_rows: Func,
     pub add_inplace: Func,
     pub swiglu: Func,
@@ -83,7 +83,7 @@ impl Kernels {
             gemv_8x3: get("gemv_8x3")?,
             gemv_4x4: get("gemv_4x4")?,
             gemv_tma: get("gemv_tma")?,
-            gemv_stream: get("gemv_stream")?,
+            gemv_chunk: get("gemv_chunk")?,
             rms_norm_rows: get("rms_norm_rows")?,
             add_inplace: get("add_inplace")?,
             swiglu: get("swiglu")?,
@@ -107,7 +107,7 @@ impl Kernels {
             modules,
         };
         let smem = GEMV_MAX_SMEM.min(gpu.max_smem_optin);
-        for f in [k.gemv, k.gemv_8x3, k.gemv_4x4, k.gemv_tma, k.gemv_stream] {
+        for f in [k.gemv, k.gemv_8x3, k.gemv_4x4, k.gemv_tma, k.gemv_chunk] {
             // SAFETY: a valid function handle; the value is within the device's limit.
             unsafe {
                 result::function::set_function_attribute(
@@ -136,7 +136,7 @@ impl Kernels {
             gemv_8x3: f(),
             gemv_4x4: f(),
             gemv_tma: f(),
-            gemv_stream: f(),
+            gemv_chunk: f(),
             rms_norm_rows: f(),
             add_inplace: f(),
             swiglu: f(),

@@ -7,7 +7,7 @@
 //!   the GEMV's prologue (each block normalizes and quantizes the input itself; block 0
 //!   also writes `h`);
 //! - consecutive products reading the same input: one GEMV launch with up to three
-//!   segments (q, k, v); the streaming GEMV shares the grid out among the segments in
+//!   segments (q, k, v); the chunked GEMV shares the grid out among the segments in
 //!   proportion to their bytes ([`partition_blocks`]);
 //! - `gate = Wg·h; up = Wu·h; act = swiglu(gate, up)`: one pair segment;
 //! - `o = W·a; x += o`: the residual add in the GEMV epilogue;
@@ -56,12 +56,14 @@ pub enum Cmd {
 /// The GEMV kernel variants (kernels/gemv.cu).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GemvKind {
-    /// Each lane keeps several weight units in flight across row boundaries, each block
-    /// serves one segment; 8 warps, 2 blocks per SM (the default).
-    Stream,
-    /// Weights read straight from global memory, one row's loads at a time; 8 warps, 2
-    /// blocks per SM (the default before `Stream`).
+    /// Weights read straight from global memory, one row's loads (4 units per lane) at a
+    /// time; 8 warps, 2 blocks per SM (the default: fastest measured).
     Plain,
+    /// Each lane issues the loads of a chunk of steps (up to 8 units, across row ends and
+    /// the gate/up pair) before using them, the first chunk before waiting for the
+    /// previous kernel; each block serves one segment; 8 warps, 2 blocks per SM.
+    /// Correct (parity passes), measured slower than `Plain` (docs/benchmarks.md).
+    Chunk,
     /// The same, 8 warps and 3 blocks per SM (fewer registers).
     Plain8x3,
     /// The same, 4 warps and 4 blocks per SM.
@@ -71,10 +73,10 @@ pub enum GemvKind {
 }
 
 impl GemvKind {
-    /// From `DS4_CUDA_GEMV` (`stream`, `plain`, `8x3`, `4x4`, `tma`).
+    /// From `DS4_CUDA_GEMV` (`chunk`, `plain`, `8x3`, `4x4`, `tma`).
     pub fn from_name(s: &str) -> Option<GemvKind> {
         Some(match s {
-            "stream" => GemvKind::Stream,
+            "chunk" => GemvKind::Chunk,
             "plain" => GemvKind::Plain,
             "8x3" => GemvKind::Plain8x3,
             "4x4" => GemvKind::Plain4x4,
@@ -113,7 +115,7 @@ pub struct Ctx<'a> {
     /// Which GEMV kernel.
     pub gemv: GemvKind,
     /// One-token `rope, rope, attention` as one launch (`attn_decode_fused`) rather than
-    /// three.
+    /// three (correct, measured slower; off by default).
     pub fused_attention: bool,
     pub step: DPtr,
     pub n_tok: usize,
@@ -423,7 +425,7 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
         .collect();
     let plain = gemv_smem_bytes(inp.n as usize) as u32;
     let (f, smem, warps) = match cx.gemv {
-        GemvKind::Stream => (cx.k.gemv_stream, plain, GEMV_WARPS),
+        GemvKind::Chunk => (cx.k.gemv_chunk, plain, GEMV_WARPS),
         GemvKind::Plain => (cx.k.gemv, plain, GEMV_WARPS),
         GemvKind::Plain8x3 => (cx.k.gemv_8x3, plain, GEMV_WARPS),
         GemvKind::Plain4x4 => (cx.k.gemv_4x4, plain, 4),
@@ -436,7 +438,7 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
     };
     let occ = (cx.gemv_occupancy)(f, warps * 32, smem);
     let mut grid = (row0 as u32).div_ceil(warps).min(cx.n_sm * occ).max(1);
-    if cx.gemv == GemvKind::Stream {
+    if cx.gemv == GemvKind::Chunk {
         let n = p.nseg as usize;
         let caps: Vec<u32> = p.seg[..n]
             .iter()
@@ -1146,11 +1148,11 @@ mod tests {
     }
 
     #[test]
-    fn the_default_decode_step_is_five_kernels_per_layer() {
+    fn chunk_gemv_and_fused_attention_give_five_kernels_per_layer() {
         let k = Kernels::fake();
-        let cmds = lowered_with(&llama_step(1, 3), 1, &k, GemvKind::Stream, true);
+        let cmds = lowered_with(&llama_step(1, 3), 1, &k, GemvKind::Chunk, true);
         let f = funcs(&cmds);
-        let g = k.gemv_stream;
+        let g = k.gemv_chunk;
         let mut want = vec![k.embed_rows];
         for _ in 0..3 {
             want.extend([g, k.attn_decode_fused_64, g, g, g]);
