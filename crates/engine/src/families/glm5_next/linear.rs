@@ -6,11 +6,12 @@
 //!
 //! - [`Linear::forward`]: the model's ordinary projections. Quantized weights use
 //!   `ds4_quant::matmul` (activations quantized to the weight type's `vec_dot_type`,
-//!   as ggml's CPU backend does). F32 weights take the same path when the row length is
-//!   a whole number of 32-element blocks: `ds4_quant`'s F32 product is a true f32 dot
-//!   (16-lane striped fused multiply-add), so f32 parity is kept. BF16/F16 weights round
-//!   the activations to their type first — what the reference's bf16 model computes
-//!   anyway, since its activations are bf16 there.
+//!   as ggml's CPU backend does). Float weights follow the PyTorch reference rather
+//!   than ggml: BF16/F16 weights round the activations to their type (the reference's
+//!   bf16 model holds bf16 activations) and every float product accumulates in f32 with
+//!   the crate's own kernel ([`dot_f32`]) — `ds4_quant`'s float products reproduce
+//!   ggml's kernels (pairwise `vdpbf16ps` sums, tinyBLAS orders), which is no closer to
+//!   PyTorch and, in the chaotic bf16 fixtures, measurably further from it.
 //! - [`Linear::forward_exact`]: f32 activations times the weight's values without any
 //!   rounding of the activations (the reference's float32 islands that multiply an
 //!   upcast bf16 weight by f32 activations: the mHC `fn` products, §3/§10).
@@ -80,12 +81,28 @@ impl Linear {
         QMatrix { ty: self.ty, rows: self.rows, cols: self.cols, data: self.data() }
     }
 
-    /// Whether `ds4_quant` can multiply this matrix (its activations need whole 32- or
-    /// 256-element blocks).
+    /// Whether this is a quantized matrix `ds4_quant` multiplies (its activations need
+    /// whole 32- or 256-element blocks); float matrices use the family's own f32 kernel.
     fn quant_path(&self) -> bool {
         let act = ds4_quant::vec_dot_type(self.ty);
         let block = if act == GgmlType::Q8_K { 256 } else { 32 };
-        self.cols.is_multiple_of(block) && ds4_quant::is_supported(self.ty)
+        !is_float(self.ty) && self.cols.is_multiple_of(block) && ds4_quant::is_supported(self.ty)
+    }
+
+    /// The float path of [`Linear::forward`]: activations rounded to a BF16/F16
+    /// weight's type, then f32 products.
+    fn forward_float(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        match self.ty {
+            GgmlType::BF16 => {
+                let r: Vec<f32> = x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+                self.forward_exact(&r, n, out)
+            }
+            GgmlType::F16 => {
+                let r: Vec<f32> = x.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+                self.forward_exact(&r, n, out)
+            }
+            _ => self.forward_exact(x, n, out),
+        }
     }
 
     /// All rows as f32 values (for re-layout at load time).
@@ -115,7 +132,7 @@ impl Linear {
             let acts = QuantizedActs::new(ds4_quant::vec_dot_type(self.ty), x, n, self.cols);
             ds4_quant::matmul(&self.qmatrix(), &acts, out);
         } else {
-            self.forward_exact(x, n, out);
+            self.forward_float(x, n, out);
         }
     }
 
@@ -126,7 +143,7 @@ impl Linear {
             let q = acts.quantized(ds4_quant::vec_dot_type(self.ty));
             ds4_quant::matmul(&self.qmatrix(), &q, out);
         } else {
-            self.forward_exact(acts.x, acts.n, out);
+            self.forward_float(acts.x, acts.n, out);
         }
     }
 
@@ -164,6 +181,10 @@ impl Linear {
             }
         }
     }
+}
+
+fn is_float(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
 /// Decodes one row of a float or quantized type into `w` (resized).
