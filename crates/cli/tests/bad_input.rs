@@ -1,0 +1,126 @@
+//! Bad input gives one clear `error:` line and a non-zero exit, never a panic: a missing
+//! file, a truncated or corrupted GGUF, an unknown architecture, an unsupported tensor
+//! type, a missing tensor, a prompt longer than `--ctx`.
+
+mod support;
+
+use std::path::Path;
+use std::process::Output;
+
+use ds4_gguf::{GgmlType, GgufFile, GgufWriter};
+use support::{run, show};
+
+/// Asserts a clean failure whose one error line contains `needle`.
+fn fails_with(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", show(out));
+    assert!(!err.contains("panicked"), "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(errors[0].contains(needle), "expected '{needle}' in: {err}");
+}
+
+fn run_model(path: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["run", "-m", path.to_str().unwrap(), "--no-template", "-p", "hello", "-n", "2"];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// A tiny valid llama model written by `ds4-server synth`.
+fn tiny_model(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("tiny.gguf");
+    let out = run(&["synth", "tiny-llama:q4_0", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", show(&out));
+    path
+}
+
+/// Rewrites `src` to `dst` with `edit` applied to each tensor (name, dims, type, bytes);
+/// returning `None` drops the tensor.
+fn rewrite(
+    src: &Path,
+    dst: &Path,
+    edit: impl Fn(&str, &[u64], GgmlType, &[u8]) -> Option<(Vec<u64>, GgmlType, Vec<u8>)>,
+) {
+    let f = GgufFile::open(src).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata().iter() {
+        w.add_metadata(k.clone(), v.clone()).unwrap();
+    }
+    for t in f.tensors() {
+        if let Some((dims, ty, data)) = edit(&t.name, &t.dims, t.dtype, f.tensor_data(t)) {
+            w.add_tensor(t.name.clone(), &dims, ty, data).unwrap();
+        }
+    }
+    w.write_file(dst).unwrap();
+}
+
+#[test]
+fn missing_file() {
+    fails_with(&run_model(Path::new("/nonexistent/model.gguf"), &[]), "does not exist");
+}
+
+#[test]
+fn truncated_and_corrupted_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = tiny_model(dir.path());
+    let bytes = std::fs::read(&good).unwrap();
+    for cut in [10, 100, bytes.len() / 2, bytes.len() - 1] {
+        let p = dir.path().join(format!("cut{cut}.gguf"));
+        std::fs::write(&p, &bytes[..cut]).unwrap();
+        fails_with(&run_model(&p, &[]), p.to_str().unwrap());
+    }
+    let mut bad = bytes.clone();
+    bad[..4].copy_from_slice(b"GGUX");
+    let p = dir.path().join("magic.gguf");
+    std::fs::write(&p, &bad).unwrap();
+    fails_with(&run_model(&p, &[]), "magic");
+}
+
+#[test]
+fn unknown_architecture() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = tiny_model(dir.path());
+    let f = GgufFile::open(&good).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata().iter() {
+        let v = if k == "general.architecture" { ds4_gguf::Value::String("mamba9".into()) } else { v.clone() };
+        w.add_metadata(k.replace("llama.", "mamba9."), v).unwrap();
+    }
+    for t in f.tensors() {
+        w.add_tensor(t.name.clone(), &t.dims, t.dtype, f.tensor_data(t)).unwrap();
+    }
+    let p = dir.path().join("arch.gguf");
+    w.write_file(&p).unwrap();
+    fails_with(&run_model(&p, &[]), "unknown model architecture 'mamba9'");
+}
+
+#[test]
+fn unsupported_tensor_type_and_missing_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = tiny_model(dir.path());
+    // IQ3_S is a valid GGUF type this engine does not compute with.
+    let p = dir.path().join("iq3s.gguf");
+    rewrite(&good, &p, |name, dims, ty, data| {
+        if name == "blk.0.attn_q.weight" {
+            let n = (dims.iter().product::<u64>() as usize) / 256 * GgmlType::IQ3_S.type_size();
+            Some((dims.to_vec(), GgmlType::IQ3_S, vec![0u8; n]))
+        } else {
+            Some((dims.to_vec(), ty, data.to_vec()))
+        }
+    });
+    fails_with(&run_model(&p, &[]), "blk.0.attn_q.weight");
+    let p = dir.path().join("missing.gguf");
+    rewrite(&good, &p, |name, dims, ty, data| {
+        (name != "blk.0.ffn_down.weight").then(|| (dims.to_vec(), ty, data.to_vec()))
+    });
+    fails_with(&run_model(&p, &[]), "tensor 'blk.0.ffn_down.weight' is missing");
+}
+
+#[test]
+fn prompt_longer_than_the_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = tiny_model(dir.path());
+    let long = "word ".repeat(200);
+    let out = run(&["run", "-m", good.to_str().unwrap(), "--no-template", "-p", &long, "--ctx", "64"]);
+    fails_with(&out, "but the context holds 64");
+}
