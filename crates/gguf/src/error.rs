@@ -42,7 +42,7 @@ pub enum GgufError {
     /// A count that the remaining bytes cannot possibly hold (a corrupted count).
     #[error(
         "{file}: {what} = {count} at byte {offset} is impossible: the {remaining} bytes left \
-         hold at most {max}"
+         hold at most {max} (the file is truncated or corrupted)"
     )]
     CountTooLarge {
         file: String,
