@@ -4,8 +4,9 @@
 use crate::api::common::{Conversation, ToolChoice};
 use crate::api::error::ApiError;
 use crate::backend::{BackendError, ChatTurn, RenderRequest, Vocab};
-use crate::output::{THINK_OPEN, ToolFormat};
+use crate::output::{OutputParser, THINK_OPEN, ToolFormat};
 use crate::tools_prompt::inline_tools;
+use crate::worker::PromptInput;
 
 /// A rendered prompt.
 #[derive(Debug, Clone)]
@@ -17,6 +18,21 @@ pub struct PromptPlan {
     pub starts_in_reasoning: bool,
     /// Parse tool calls in this format (`None` when no tools are offered).
     pub tool_format: Option<ToolFormat>,
+}
+
+impl PromptPlan {
+    /// The parser for what the model generates after this prompt.
+    pub fn parser(&self) -> OutputParser {
+        OutputParser::new(self.starts_in_reasoning, self.tool_format)
+    }
+
+    /// The prompt as the worker takes it.
+    pub fn into_input(self) -> PromptInput {
+        PromptInput::Text {
+            text: self.text,
+            tokens: self.tokens,
+        }
+    }
 }
 
 /// Renders and tokenizes `conv` for `vocab`.

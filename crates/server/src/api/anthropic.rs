@@ -15,32 +15,23 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::body::{parse_json, read_body};
-use super::common::{
-    Conversation, Sampling, SeedIn, ToolChoice, max_tokens_field, new_id, resolve_model,
-};
+use super::body::{GenRequest, read_request};
+use super::common::{Conversation, ToolChoice, joined_text, max_tokens_field, new_id, str_field};
 use super::error::{AnthropicError, ApiError};
-use super::stream::{StreamFormat, collect, named_event, sse, submit};
+use super::stream::{StreamFormat, collect, named_event, render, sse, submit};
 use crate::backend::{ChatTurn, TurnToolCall};
-use crate::output::{OutputEvent, OutputParser};
-use crate::prompt::chat_prompt;
+use crate::output::OutputEvent;
 use crate::state::AppState;
-use crate::worker::{FinishReason, Finished, PromptInput, Usage};
+use crate::worker::{FinishReason, Finished, Usage};
 
-/// A Messages request (fields not listed are ignored).
+/// A Messages request's own fields (besides [`GenFields`](super::common::GenFields);
+/// fields not listed are ignored).
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
-    pub model: Option<String>,
     pub messages: Vec<MessageIn>,
     pub system: Option<SystemIn>,
     pub max_tokens: Option<u64>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub seed: Option<SeedIn>,
     pub stop_sequences: Option<Vec<String>>,
-    pub stream: Option<bool>,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
     pub thinking: Option<Value>,
@@ -78,15 +69,6 @@ fn block_type<'a>(b: &'a Value, at: &str) -> Result<&'a str, ApiError> {
     })
 }
 
-fn block_str<'a>(b: &'a Value, key: &str, at: &str) -> Result<&'a str, ApiError> {
-    b.get(key).and_then(Value::as_str).ok_or_else(|| {
-        ApiError::invalid_field(
-            &format!("{at}.{key}"),
-            format!("`{at}.{key}` must be a string"),
-        )
-    })
-}
-
 fn unsupported(kind: &str, at: &str) -> ApiError {
     ApiError::invalid_field(
         &format!("{at}.type"),
@@ -96,25 +78,10 @@ fn unsupported(kind: &str, at: &str) -> ApiError {
 
 /// The text of text blocks (tool results may hold a string or text blocks).
 fn blocks_text(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
-    match v {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(blocks)) => {
-            let mut texts = Vec::new();
-            for (i, b) in blocks.iter().enumerate() {
-                let at = format!("{at}[{i}]");
-                match block_type(b, &at)? {
-                    "text" => texts.push(block_str(b, "text", &at)?.to_string()),
-                    other => return Err(unsupported(other, &at)),
-                }
-            }
-            Ok(texts.join("\n"))
-        }
-        Some(_) => Err(ApiError::invalid_field(
-            at,
-            format!("`{at}` must be a string or a list of blocks"),
-        )),
-    }
+    joined_text(v, at, "blocks", |b, at| match block_type(b, at)? {
+        "text" => Ok(str_field(b, "text", at)?.to_string()),
+        other => Err(unsupported(other, at)),
+    })
 }
 
 fn conversation_messages(
@@ -160,18 +127,18 @@ fn conversation_messages(
         for (j, b) in blocks.iter().enumerate() {
             let at = format!("{at}.content[{j}]");
             match block_type(b, &at)? {
-                "text" => texts.push(block_str(b, "text", &at)?.to_string()),
-                "thinking" => reasoning.push(block_str(b, "thinking", &at)?.to_string()),
+                "text" => texts.push(str_field(b, "text", &at)?.to_string()),
+                "thinking" => reasoning.push(str_field(b, "thinking", &at)?.to_string()),
                 "redacted_thinking" => {}
                 "tool_use" => calls.push(TurnToolCall {
-                    id: block_str(b, "id", &at)?.to_string(),
-                    name: block_str(b, "name", &at)?.to_string(),
+                    id: str_field(b, "id", &at)?.to_string(),
+                    name: str_field(b, "name", &at)?.to_string(),
                     arguments: b.get("input").cloned().unwrap_or(json!({})),
                 }),
                 "tool_result" => out.push(ChatTurn {
                     role: "tool".into(),
                     content: Some(blocks_text(b.get("content"), &format!("{at}.content"))?),
-                    tool_call_id: Some(block_str(b, "tool_use_id", &at)?.to_string()),
+                    tool_call_id: Some(str_field(b, "tool_use_id", &at)?.to_string()),
                     ..Default::default()
                 }),
                 kind @ ("image" | "document" | "audio") => return Err(unsupported(kind, &at)),
@@ -269,40 +236,28 @@ pub async fn messages(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, AnthropicError> {
-    let bytes = read_body(&headers, body, state.config.max_body_bytes).await?;
-    let mut req: MessagesRequest = parse_json(&bytes)?;
-    let model = resolve_model(&state, req.model.as_deref())?;
+    let GenRequest {
+        api: mut req,
+        common,
+        model,
+    } = read_request::<MessagesRequest>(&state, &headers, body).await?;
     let Some(max_tokens) = max_tokens_field("max_tokens", req.max_tokens)? else {
         return Err(ApiError::invalid_field("max_tokens", "`max_tokens` is required").into());
     };
-    let conv = conversation(&mut req)?;
-    let sampling = Sampling {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        seed: req.seed,
-    };
-    let vocab = state.vocab.clone();
-    let tool_format = state.tool_format;
-    let plan = tokio::task::spawn_blocking(move || chat_prompt(&*vocab, &conv, tool_format))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let plan = render(&state, conversation(&mut req)?).await?;
     let id = new_id("msg_");
-    let parser = OutputParser::new(plan.starts_in_reasoning, plan.tool_format);
+    let parser = plan.parser();
     let stop = req.stop_sequences.take().unwrap_or_default();
     let rx = submit(
         &state,
         &id,
-        PromptInput::Text {
-            text: plan.text,
-            tokens: plan.tokens,
-        },
+        plan.into_input(),
         Some(max_tokens),
-        |m| sampling.settings(m, None),
+        &common,
+        None,
         stop,
     )?;
-    if req.stream == Some(true) {
+    if common.streams() {
         let fmt = MessageStream {
             id,
             model,
@@ -344,15 +299,10 @@ pub async fn count_tokens(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, AnthropicError> {
-    let bytes = read_body(&headers, body, state.config.max_body_bytes).await?;
-    let mut req: MessagesRequest = parse_json(&bytes)?;
-    resolve_model(&state, req.model.as_deref())?;
-    let conv = conversation(&mut req)?;
-    let vocab = state.vocab.clone();
-    let tool_format = state.tool_format;
-    let plan = tokio::task::spawn_blocking(move || chat_prompt(&*vocab, &conv, tool_format))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let mut req = read_request::<MessagesRequest>(&state, &headers, body)
+        .await?
+        .api;
+    let plan = render(&state, conversation(&mut req)?).await?;
     Ok(axum::Json(json!({"input_tokens": plan.tokens.len()})).into_response())
 }
 

@@ -1,13 +1,16 @@
 //! Request bodies: read with a size limit (413), parsed as JSON (400 on malformed
 //! JSON), then deserialized with the path of a field of the wrong type in the message
-//! (400). Unknown fields are ignored.
+//! (400). Unknown fields are ignored. A generation request is read as its API's own
+//! fields plus the [`GenFields`] all APIs share, with the model name checked (404).
 
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
+use super::common::{GenFields, resolve_model};
 use super::error::ApiError;
+use crate::state::AppState;
 
 /// Bytes past the limit that are still read (and dropped) so the client, which is
 /// still sending, sees the 413 instead of a reset connection.
@@ -49,8 +52,37 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     Ok(out)
 }
 
+/// A generation request: the API's own fields, the shared ones, and the model name to
+/// answer with.
+#[derive(Debug)]
+pub struct GenRequest<T> {
+    pub api: T,
+    pub common: GenFields,
+    pub model: String,
+}
+
+/// Reads a generation request's body (the shared fields first, then those of `T`) and
+/// resolves its model name.
+pub async fn read_request<T: DeserializeOwned>(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<GenRequest<T>, ApiError> {
+    let bytes = read_body(headers, body, state.config.max_body_bytes).await?;
+    let value = json_object(&bytes)?;
+    let common: GenFields = from_value(&value)?;
+    let api = from_value(&value)?;
+    let model = resolve_model(state, common.model.as_deref())?;
+    Ok(GenRequest { api, common, model })
+}
+
 /// Parses a JSON object body into `T`.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    from_value(&json_object(bytes)?)
+}
+
+/// Parses a body that must hold a JSON object.
+fn json_object(bytes: &[u8]) -> Result<serde_json::Value, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request(
             "the request body is empty; send a JSON object",
@@ -63,6 +95,11 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             "the request body must be a JSON object",
         ));
     }
+    Ok(value)
+}
+
+/// Deserializes `T` from a parsed body, naming the field at fault.
+fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();

@@ -1,5 +1,6 @@
-//! Pieces shared by the API adapters: the API-neutral conversation, sampling fields
-//! and their validation, model-name resolution, ids and time.
+//! Pieces shared by the API adapters: the API-neutral conversation, the fields every
+//! generation request has and their validation, content text, model-name resolution,
+//! ids and time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -68,9 +69,13 @@ impl StopIn {
     }
 }
 
-/// Sampling fields as requests give them; missing ones take ds4's defaults.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Sampling {
+/// The fields every generation request has whatever its API: the model name, whether
+/// to stream, and the sampling settings (missing ones take ds4's defaults). Read from
+/// the same body as the API's own fields (see [`super::body::read_request`]).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct GenFields {
+    pub model: Option<String>,
+    pub stream: Option<bool>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<i64>,
@@ -96,7 +101,12 @@ pub fn clock_seed() -> u64 {
     t.as_nanos() as u64 | 1
 }
 
-impl Sampling {
+impl GenFields {
+    /// Whether the answer is to be streamed.
+    pub fn streams(&self) -> bool {
+        self.stream == Some(true)
+    }
+
     /// Validated generation settings.
     pub fn settings(
         &self,
@@ -130,6 +140,17 @@ impl Sampling {
             seed,
             top_logprobs,
         })
+    }
+}
+
+/// A `top_logprobs`-like field (alternatives per token): at most 20.
+pub fn logprobs_field(name: &str, v: Option<u32>) -> Result<Option<usize>, ApiError> {
+    match v {
+        Some(k) if k > 20 => Err(ApiError::invalid_field(
+            name,
+            format!("`{name}` must be at most 20"),
+        )),
+        k => Ok(k.map(|k| k as usize)),
     }
 }
 
@@ -185,6 +206,51 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The string field `key` of JSON object `item` found at path `at`.
+pub fn str_field<'a>(item: &'a Value, key: &str, at: &str) -> Result<&'a str, ApiError> {
+    item.get(key).and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid_field(
+            &format!("{at}.{key}"),
+            format!("`{at}.{key}` must be a string"),
+        )
+    })
+}
+
+/// The error for a content part of a type other than text, at path `at`.
+pub fn unsupported_part(kind: &str, at: &str) -> ApiError {
+    ApiError::invalid_field(
+        &format!("{at}.type"),
+        format!("content parts of type '{kind}' are not supported: this model reads text only"),
+    )
+}
+
+/// The text of content `v` at path `at`: a string, or a list whose items `part` turns
+/// into text (given the item and its path), joined by newlines; missing or null is
+/// empty text. `noun` names the items in the error for any other JSON type.
+pub fn joined_text(
+    v: Option<&Value>,
+    at: &str,
+    noun: &str,
+    part: impl Fn(&Value, &str) -> Result<String, ApiError>,
+) -> Result<String, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(items)) => {
+            let texts = items
+                .iter()
+                .enumerate()
+                .map(|(i, p)| part(p, &format!("{at}[{i}]")))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(texts.join("\n"))
+        }
+        Some(_) => Err(ApiError::invalid_field(
+            at,
+            format!("`{at}` must be a string or a list of {noun}"),
+        )),
+    }
+}
+
 /// Parses tool-call arguments text into JSON for the template (the raw text as a JSON
 /// string when it does not parse).
 pub fn arguments_value(text: &str) -> Value {
@@ -206,7 +272,7 @@ mod tests {
 
     #[test]
     fn sampling_defaults_are_ds4s() {
-        let s = Sampling {
+        let s = GenFields {
             seed: Some(SeedIn::Unsigned(7)),
             ..Default::default()
         }
@@ -223,7 +289,7 @@ mod tests {
         );
         assert_eq!(s.seed, 7);
         assert!(
-            Sampling {
+            GenFields {
                 top_p: Some(1.5),
                 ..Default::default()
             }
@@ -231,7 +297,7 @@ mod tests {
             .is_err()
         );
         assert!(
-            Sampling {
+            GenFields {
                 temperature: Some(f32::NAN),
                 ..Default::default()
             }

@@ -7,6 +7,7 @@ pub mod common;
 pub mod error;
 pub mod models;
 pub mod openai_chat;
+pub mod openai_common;
 pub mod openai_completions;
 pub mod openai_responses;
 pub mod stream;

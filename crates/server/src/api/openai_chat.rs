@@ -11,33 +11,27 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::body::{parse_json, read_body};
+use super::body::{GenRequest, read_request};
 use super::common::{
-    Conversation, Sampling, SeedIn, StopIn, ToolChoice, arguments_value, max_tokens_field, new_id,
-    resolve_model, unix_now,
+    Conversation, StopIn, ToolChoice, arguments_value, logprobs_field, max_tokens_field, new_id,
+    unsupported_part,
 };
 use super::error::{ApiError, OpenAiError};
-use super::stream::{Completion, StreamFormat, collect, data_event, sse, submit};
+use super::openai_common::{Envelope, StreamOptions, stream_failed};
+use super::stream::{Completion, StreamFormat, collect, render, sse, submit};
 use crate::backend::{ChatTurn, TurnToolCall};
-use crate::output::{OutputEvent, OutputParser};
-use crate::prompt::chat_prompt;
+use crate::output::OutputEvent;
 use crate::state::AppState;
-use crate::worker::{FinishReason, Finished, PromptInput, TokenLogprob, Usage};
+use crate::worker::{FinishReason, Finished, TokenLogprob};
 
-/// A chat completion request (fields not listed are ignored).
+/// A chat completion request's own fields (besides
+/// [`GenFields`](super::common::GenFields); fields not listed are ignored).
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
-    pub model: Option<String>,
     pub messages: Vec<MessageIn>,
     pub max_tokens: Option<u64>,
     pub max_completion_tokens: Option<u64>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub seed: Option<SeedIn>,
     pub stop: Option<StopIn>,
-    pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
@@ -46,11 +40,6 @@ pub struct ChatRequest {
     pub n: Option<u32>,
     pub reasoning_effort: Option<String>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct StreamOptions {
-    pub include_usage: Option<bool>,
 }
 
 /// One message.
@@ -118,14 +107,7 @@ pub fn content_text(content: Option<ContentIn>, param: &str) -> Result<Option<St
                             "a text part needs `text`",
                         ));
                     }
-                    (other, _) => {
-                        return Err(ApiError::invalid_field(
-                            &format!("{param}[{i}].type"),
-                            format!(
-                                "content parts of type '{other}' are not supported: this model reads text only"
-                            ),
-                        ));
-                    }
+                    (other, _) => return Err(unsupported_part(other, &format!("{param}[{i}]"))),
                 }
             }
             Ok(Some(texts.join("\n")))
@@ -178,6 +160,21 @@ pub fn tool_choice(v: Option<Value>) -> Result<ToolChoice, ApiError> {
     }
 }
 
+/// The chat-template role of OpenAI role `role` (of the message at path `at`);
+/// `tool_turns`: whether tool results may come as messages.
+pub fn chat_role(role: &str, at: &str, tool_turns: bool) -> Result<&'static str, ApiError> {
+    match role {
+        "system" | "developer" => Ok("system"),
+        "user" => Ok("user"),
+        "assistant" => Ok("assistant"),
+        "tool" | "function" if tool_turns => Ok("tool"),
+        other => Err(ApiError::invalid_field(
+            &format!("{at}.role"),
+            format!("unknown role '{other}'"),
+        )),
+    }
+}
+
 /// Template variables for a reasoning-effort request.
 pub fn reasoning_vars(effort: Option<&str>, mut vars: Map<String, Value>) -> Map<String, Value> {
     if let Some(e) = effort {
@@ -197,18 +194,7 @@ fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
     }
     let mut messages = Vec::with_capacity(req.messages.len());
     for (i, m) in std::mem::take(&mut req.messages).into_iter().enumerate() {
-        let role = match m.role.as_str() {
-            "system" | "developer" => "system",
-            "user" => "user",
-            "assistant" => "assistant",
-            "tool" | "function" => "tool",
-            other => {
-                return Err(ApiError::invalid_field(
-                    &format!("messages[{i}].role"),
-                    format!("unknown role '{other}'"),
-                ));
-            }
-        };
+        let role = chat_role(&m.role, &format!("messages[{i}]"), true)?;
         let content = content_text(m.content, &format!("messages[{i}].content"))?;
         let tool_calls = m
             .tool_calls
@@ -250,77 +236,48 @@ pub async fn handler(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, OpenAiError> {
-    let bytes = read_body(&headers, body, state.config.max_body_bytes).await?;
-    let mut req: ChatRequest = parse_json(&bytes)?;
-    let model = resolve_model(&state, req.model.as_deref())?;
+    let GenRequest {
+        api: mut req,
+        common,
+        model,
+    } = read_request::<ChatRequest>(&state, &headers, body).await?;
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid_field("n", "only n = 1 is supported").into());
     }
     let conv = conversation(&mut req)?;
     let max_tokens = max_tokens_field("max_completion_tokens", req.max_completion_tokens)?
         .or(max_tokens_field("max_tokens", req.max_tokens)?);
-    let top_logprobs = match (req.logprobs, req.top_logprobs) {
-        (_, Some(k)) if k > 20 => {
-            return Err(ApiError::invalid_field(
-                "top_logprobs",
-                "`top_logprobs` must be at most 20",
-            )
-            .into());
-        }
-        (Some(true), k) => Some(k.unwrap_or(0) as usize),
-        _ => None,
+    let top = logprobs_field("top_logprobs", req.top_logprobs)?;
+    let top_logprobs = (req.logprobs == Some(true)).then(|| top.unwrap_or(0));
+    let plan = render(&state, conv).await?;
+    let object = if common.streams() {
+        "chat.completion.chunk"
+    } else {
+        "chat.completion"
     };
-    let sampling = Sampling {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        seed: req.seed,
-    };
-    let vocab = state.vocab.clone();
-    let tool_format = state.tool_format;
-    let plan = tokio::task::spawn_blocking(move || chat_prompt(&*vocab, &conv, tool_format))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
-    let id = new_id("chatcmpl-");
-    let parser = OutputParser::new(plan.starts_in_reasoning, plan.tool_format);
+    let env = Envelope::new("chatcmpl-", object, model, top_logprobs.is_some());
+    let parser = plan.parser();
     let stop = req.stop.take().map(StopIn::into_vec).unwrap_or_default();
     let rx = submit(
         &state,
-        &id,
-        PromptInput::Text {
-            text: plan.text,
-            tokens: plan.tokens,
-        },
+        &env.id,
+        plan.into_input(),
         max_tokens,
-        |m| sampling.settings(m, top_logprobs),
+        &common,
+        top_logprobs,
         stop,
     )?;
-    let meta = Meta {
-        id,
-        model,
-        created: unix_now(),
-        logprobs: top_logprobs.is_some(),
-    };
-    if req.stream == Some(true) {
-        let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true);
+    if common.streams() {
         let fmt = ChatStream {
-            meta,
-            include_usage,
+            env,
+            include_usage: StreamOptions::include_usage(req.stream_options.as_ref()),
             calls: 0,
             pending_logprobs: Vec::new(),
         };
         return Ok(sse(rx, parser, fmt, state.config.keepalive));
     }
     let done = collect(rx, parser).await?;
-    Ok(axum::Json(response_body(&meta, &done)).into_response())
-}
-
-struct Meta {
-    id: String,
-    model: String,
-    created: u64,
-    logprobs: bool,
+    Ok(axum::Json(response_body(&env, &done)).into_response())
 }
 
 fn finish_reason(reason: &FinishReason, tool_calls: bool) -> &'static str {
@@ -329,17 +286,6 @@ fn finish_reason(reason: &FinishReason, tool_calls: bool) -> &'static str {
         FinishReason::Length | FinishReason::ContextFull => "length",
         FinishReason::Eog | FinishReason::StopSequence(_) | FinishReason::Cancelled => "stop",
     }
-}
-
-/// `usage` with `prompt_tokens_details.cached_tokens`.
-pub fn usage_json(u: &Usage, reasoning_tokens: usize) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
-    })
 }
 
 fn logprob_json(lp: &TokenLogprob) -> Value {
@@ -351,7 +297,7 @@ fn logprob_json(lp: &TokenLogprob) -> Value {
     })
 }
 
-fn response_body(meta: &Meta, done: &Completion) -> Value {
+fn response_body(env: &Envelope, done: &Completion) -> Value {
     let out = &done.out;
     let calls: Vec<Value> = out
         .tool_calls
@@ -368,30 +314,22 @@ fn response_body(meta: &Meta, done: &Completion) -> Value {
     if !calls.is_empty() {
         message["tool_calls"] = json!(calls);
     }
-    let logprobs = if meta.logprobs {
+    let logprobs = if env.logprobs {
         json!({"content": done.logprobs.iter().map(logprob_json).collect::<Vec<_>>()})
     } else {
         Value::Null
     };
-    json!({
-        "id": meta.id,
-        "object": "chat.completion",
-        "created": meta.created,
-        "model": meta.model,
-        "system_fingerprint": crate::SYSTEM_FINGERPRINT,
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason(&done.finish, !calls.is_empty()),
-        }],
-        "usage": usage_json(&done.usage, done.reasoning_tokens),
-        "timings": done.usage.timings_json(),
-    })
+    let choice = json!({
+        "index": 0,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason(&done.finish, !calls.is_empty()),
+    });
+    env.body_with_usage(json!([choice]), &done.usage, done.reasoning_tokens)
 }
 
 struct ChatStream {
-    meta: Meta,
+    env: Envelope,
     include_usage: bool,
     calls: usize,
     pending_logprobs: Vec<TokenLogprob>,
@@ -399,19 +337,14 @@ struct ChatStream {
 
 impl ChatStream {
     fn chunk(&mut self, delta: Value, finish: Option<&str>) -> Event {
-        let logprobs = if self.meta.logprobs && !self.pending_logprobs.is_empty() {
+        let logprobs = if self.env.logprobs && !self.pending_logprobs.is_empty() {
             json!({"content": self.pending_logprobs.drain(..).map(|l| logprob_json(&l)).collect::<Vec<_>>()})
         } else {
             Value::Null
         };
-        data_event(&json!({
-            "id": self.meta.id,
-            "object": "chat.completion.chunk",
-            "created": self.meta.created,
-            "model": self.meta.model,
-            "system_fingerprint": crate::SYSTEM_FINGERPRINT,
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-        }))
+        self.env.chunk(
+            json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]),
+        )
     }
 }
 
@@ -441,28 +374,12 @@ impl StreamFormat for ChatStream {
     }
 
     fn finished(&mut self, fin: &Finished, reasoning_tokens: usize) -> Vec<Event> {
-        let reason = finish_reason(&fin.reason, self.calls > 0);
-        let mut out = vec![self.chunk(json!({}), Some(reason))];
-        if self.include_usage {
-            out.push(data_event(&json!({
-                "id": self.meta.id,
-                "object": "chat.completion.chunk",
-                "created": self.meta.created,
-                "model": self.meta.model,
-                "system_fingerprint": crate::SYSTEM_FINGERPRINT,
-                "choices": [],
-                "usage": usage_json(&fin.usage, reasoning_tokens),
-                "timings": fin.usage.timings_json(),
-            })));
-        }
-        out.push(Event::default().data("[DONE]"));
-        out
+        let last = self.chunk(json!({}), Some(finish_reason(&fin.reason, self.calls > 0)));
+        self.env
+            .stream_end(last, self.include_usage, &fin.usage, reasoning_tokens)
     }
 
     fn failed(&mut self, err: &ApiError) -> Vec<Event> {
-        vec![
-            data_event(&err.openai_body()),
-            Event::default().data("[DONE]"),
-        ]
+        stream_failed(err)
     }
 }

@@ -12,11 +12,11 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::body::{parse_json, read_body};
-use super::common::{Sampling, SeedIn, StopIn, max_tokens_field, new_id, resolve_model, unix_now};
+use super::body::{GenRequest, read_request};
+use super::common::{StopIn, logprobs_field, max_tokens_field};
 use super::error::{ApiError, OpenAiError};
-use super::openai_chat::{StreamOptions, usage_json};
-use super::stream::{StreamFormat, collect, data_event, sse, submit};
+use super::openai_common::{Envelope, StreamOptions, stream_failed};
+use super::stream::{StreamFormat, blocking, collect, sse, submit};
 use crate::output::{OutputEvent, OutputParser};
 use crate::state::AppState;
 use crate::worker::{FinishReason, Finished, PromptInput, TokenLogprob};
@@ -24,19 +24,13 @@ use crate::worker::{FinishReason, Finished, PromptInput, TokenLogprob};
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: usize = 16;
 
-/// A completion request (fields not listed are ignored).
+/// A completion request's own fields (besides
+/// [`GenFields`](super::common::GenFields); fields not listed are ignored).
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
-    pub model: Option<String>,
     pub prompt: PromptIn,
     pub max_tokens: Option<u64>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub seed: Option<SeedIn>,
     pub stop: Option<StopIn>,
-    pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub logprobs: Option<u32>,
     pub echo: Option<bool>,
@@ -98,79 +92,45 @@ pub async fn handler(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, OpenAiError> {
-    let bytes = read_body(&headers, body, state.config.max_body_bytes).await?;
-    let req: CompletionRequest = parse_json(&bytes)?;
-    let model = resolve_model(&state, req.model.as_deref())?;
+    let GenRequest {
+        api: req,
+        common,
+        model,
+    } = read_request::<CompletionRequest>(&state, &headers, body).await?;
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid_field("n", "only n = 1 is supported").into());
     }
     if req.echo == Some(true) {
         return Err(ApiError::invalid_field("echo", "echo is not supported").into());
     }
-    if let Some(k) = req.logprobs
-        && k > 20
-    {
-        return Err(ApiError::invalid_field("logprobs", "`logprobs` must be at most 20").into());
-    }
+    let top = logprobs_field("logprobs", req.logprobs)?;
     let max_tokens = max_tokens_field("max_tokens", req.max_tokens)?.unwrap_or(DEFAULT_MAX_TOKENS);
-    let sampling = Sampling {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        seed: req.seed,
-    };
-    let top = req.logprobs.map(|k| k as usize);
     let st = state.clone();
-    let prompt = tokio::task::spawn_blocking(move || prompt_input(&st, req.prompt))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
-    let id = new_id("cmpl-");
+    let prompt = blocking(move || prompt_input(&st, req.prompt)).await?;
+    let env = Envelope::new("cmpl-", "text_completion", model, top.is_some());
     let stop = req.stop.map(StopIn::into_vec).unwrap_or_default();
     let rx = submit(
         &state,
-        &id,
+        &env.id,
         prompt,
         Some(max_tokens),
-        |m| sampling.settings(m, top),
+        &common,
+        top,
         stop,
     )?;
-    let meta = Meta {
-        id,
-        model,
-        created: unix_now(),
-        logprobs: top.is_some(),
-    };
-    if req.stream == Some(true) {
-        let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true);
+    if common.streams() {
         let fmt = CompletionStream {
-            meta,
-            include_usage,
+            env,
+            include_usage: StreamOptions::include_usage(req.stream_options.as_ref()),
             pending: Vec::new(),
             offset: 0,
         };
         return Ok(sse(rx, OutputParser::plain(), fmt, state.config.keepalive));
     }
     let done = collect(rx, OutputParser::plain()).await?;
-    let logprobs = meta.logprobs.then(|| logprobs_json(&done.logprobs, 0));
-    Ok(axum::Json(json!({
-        "id": meta.id,
-        "object": "text_completion",
-        "created": meta.created,
-        "model": meta.model,
-        "system_fingerprint": crate::SYSTEM_FINGERPRINT,
-        "choices": [{"text": done.out.text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason(&done.finish)}],
-        "usage": usage_json(&done.usage, 0),
-        "timings": done.usage.timings_json(),
-    }))
-    .into_response())
-}
-
-struct Meta {
-    id: String,
-    model: String,
-    created: u64,
-    logprobs: bool,
+    let logprobs = env.logprobs.then(|| logprobs_json(&done.logprobs, 0));
+    let choice = json!({"text": done.out.text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason(&done.finish)});
+    Ok(axum::Json(env.body_with_usage(json!([choice]), &done.usage, 0)).into_response())
 }
 
 fn finish_reason(r: &FinishReason) -> &'static str {
@@ -201,7 +161,7 @@ fn logprobs_json(lps: &[TokenLogprob], mut offset: usize) -> Value {
 }
 
 struct CompletionStream {
-    meta: Meta,
+    env: Envelope,
     include_usage: bool,
     pending: Vec<TokenLogprob>,
     offset: usize,
@@ -209,7 +169,7 @@ struct CompletionStream {
 
 impl CompletionStream {
     fn chunk(&mut self, text: &str, finish: Option<&str>) -> Event {
-        let logprobs = if self.meta.logprobs && !self.pending.is_empty() {
+        let logprobs = if self.env.logprobs && !self.pending.is_empty() {
             let v = logprobs_json(&self.pending, self.offset);
             self.offset += self.pending.iter().map(|l| l.token.len()).sum::<usize>();
             self.pending.clear();
@@ -217,14 +177,9 @@ impl CompletionStream {
         } else {
             Value::Null
         };
-        data_event(&json!({
-            "id": self.meta.id,
-            "object": "text_completion",
-            "created": self.meta.created,
-            "model": self.meta.model,
-            "system_fingerprint": crate::SYSTEM_FINGERPRINT,
-            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
-        }))
+        self.env.chunk(
+            json!([{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]),
+        )
     }
 }
 
@@ -245,26 +200,11 @@ impl StreamFormat for CompletionStream {
     }
 
     fn finished(&mut self, fin: &Finished, _: usize) -> Vec<Event> {
-        let mut out = vec![self.chunk("", Some(finish_reason(&fin.reason)))];
-        if self.include_usage {
-            out.push(data_event(&json!({
-                "id": self.meta.id,
-                "object": "text_completion",
-                "created": self.meta.created,
-                "model": self.meta.model,
-                "choices": [],
-                "usage": usage_json(&fin.usage, 0),
-                "timings": fin.usage.timings_json(),
-            })));
-        }
-        out.push(Event::default().data("[DONE]"));
-        out
+        let last = self.chunk("", Some(finish_reason(&fin.reason)));
+        self.env.stream_end(last, self.include_usage, &fin.usage, 0)
     }
 
     fn failed(&mut self, err: &ApiError) -> Vec<Event> {
-        vec![
-            data_event(&err.openai_body()),
-            Event::default().data("[DONE]"),
-        ]
+        stream_failed(err)
     }
 }

@@ -14,34 +14,27 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::body::{parse_json, read_body};
+use super::body::{GenRequest, read_request};
 use super::common::{
-    Conversation, Sampling, SeedIn, StopIn, arguments_value, max_tokens_field, new_id,
-    resolve_model, unix_now,
+    Conversation, StopIn, arguments_value, joined_text, max_tokens_field, new_id, str_field,
+    unix_now, unsupported_part,
 };
 use super::error::{ApiError, OpenAiError};
-use super::openai_chat::{reasoning_vars, tool_choice};
-use super::stream::{StreamFormat, collect, named_event, sse, submit};
+use super::openai_chat::{chat_role, reasoning_vars, tool_choice};
+use super::stream::{StreamFormat, collect, named_event, render, sse, submit};
 use crate::backend::{ChatTurn, TurnToolCall};
-use crate::output::{OutputEvent, OutputParser};
-use crate::prompt::chat_prompt;
+use crate::output::OutputEvent;
 use crate::state::AppState;
-use crate::worker::{FinishReason, Finished, PromptInput, Usage};
+use crate::worker::{FinishReason, Finished, Usage};
 
-/// A Responses request (fields not listed are ignored).
+/// A Responses request's own fields (besides [`GenFields`](super::common::GenFields);
+/// fields not listed are ignored).
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
-    pub model: Option<String>,
     pub input: InputIn,
     pub instructions: Option<String>,
     pub max_output_tokens: Option<u64>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub seed: Option<SeedIn>,
     pub stop: Option<StopIn>,
-    pub stream: Option<bool>,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
     pub reasoning: Option<ReasoningIn>,
@@ -62,48 +55,18 @@ pub enum InputIn {
     Items(Vec<Value>),
 }
 
-fn str_field<'a>(item: &'a Value, key: &str, at: &str) -> Result<&'a str, ApiError> {
-    item.get(key).and_then(Value::as_str).ok_or_else(|| {
-        ApiError::invalid_field(
-            &format!("{at}.{key}"),
-            format!("`{at}.{key}` must be a string"),
-        )
-    })
-}
-
 /// The text of a `content` value: a string, or parts with `text` (or `refusal`).
 fn content_of(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
-    match v {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => {
-            let mut texts = Vec::new();
-            for (i, p) in parts.iter().enumerate() {
-                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
-                match kind {
-                    "input_text" | "output_text" | "text" | "reasoning_text" | "summary_text" => {
-                        texts.push(str_field(p, "text", &format!("{at}[{i}]"))?.to_string())
-                    }
-                    "refusal" => {
-                        texts.push(str_field(p, "refusal", &format!("{at}[{i}]"))?.to_string())
-                    }
-                    other => {
-                        return Err(ApiError::invalid_field(
-                            &format!("{at}[{i}].type"),
-                            format!(
-                                "content parts of type '{other}' are not supported: this model reads text only"
-                            ),
-                        ));
-                    }
-                }
+    joined_text(v, at, "parts", |p, at| {
+        let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+        match kind {
+            "input_text" | "output_text" | "text" | "reasoning_text" | "summary_text" => {
+                Ok(str_field(p, "text", at)?.to_string())
             }
-            Ok(texts.join("\n"))
+            "refusal" => Ok(str_field(p, "refusal", at)?.to_string()),
+            other => Err(unsupported_part(other, at)),
         }
-        Some(_) => Err(ApiError::invalid_field(
-            at,
-            format!("`{at}` must be a string or a list of parts"),
-        )),
-    }
+    })
 }
 
 fn messages_from_input(
@@ -140,17 +103,7 @@ fn messages_from_input(
                 });
         match kind {
             "message" => {
-                let role = match str_field(item, "role", &at)? {
-                    "system" | "developer" => "system",
-                    "user" => "user",
-                    "assistant" => "assistant",
-                    other => {
-                        return Err(ApiError::invalid_field(
-                            &format!("{at}.role"),
-                            format!("unknown role '{other}'"),
-                        ));
-                    }
-                };
+                let role = chat_role(str_field(item, "role", &at)?, &at, false)?;
                 let content = content_of(item.get("content"), &format!("{at}.content"))?;
                 let mut turn = ChatTurn::text(role, &content);
                 if role == "assistant" {
@@ -248,9 +201,11 @@ pub async fn handler(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, OpenAiError> {
-    let bytes = read_body(&headers, body, state.config.max_body_bytes).await?;
-    let req: ResponsesRequest = parse_json(&bytes)?;
-    let model = resolve_model(&state, req.model.as_deref())?;
+    let GenRequest {
+        api: req,
+        common,
+        model,
+    } = read_request::<ResponsesRequest>(&state, &headers, body).await?;
     if req.previous_response_id.is_some() {
         return Err(ApiError::invalid_field(
             "previous_response_id",
@@ -262,8 +217,8 @@ pub async fn handler(
     let echo = Echo {
         instructions: req.instructions.clone(),
         max_output_tokens: req.max_output_tokens,
-        temperature: req.temperature,
-        top_p: req.top_p,
+        temperature: common.temperature,
+        top_p: common.top_p,
         tools: req.tools.clone().unwrap_or_default(),
         tool_choice: req.tool_choice.clone().unwrap_or(json!("auto")),
         effort: effort.clone(),
@@ -281,30 +236,17 @@ pub async fn handler(
         return Err(ApiError::invalid_field("input", "`input` must hold at least one item").into());
     }
     let max_tokens = max_tokens_field("max_output_tokens", req.max_output_tokens)?;
-    let sampling = Sampling {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        seed: req.seed,
-    };
-    let vocab = state.vocab.clone();
-    let tool_format = state.tool_format;
-    let plan = tokio::task::spawn_blocking(move || chat_prompt(&*vocab, &conv, tool_format))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let plan = render(&state, conv).await?;
     let id = new_id("resp_");
-    let parser = OutputParser::new(plan.starts_in_reasoning, plan.tool_format);
+    let parser = plan.parser();
     let stop = req.stop.map(StopIn::into_vec).unwrap_or_default();
     let rx = submit(
         &state,
         &id,
-        PromptInput::Text {
-            text: plan.text,
-            tokens: plan.tokens,
-        },
+        plan.into_input(),
         max_tokens,
-        |m| sampling.settings(m, None),
+        &common,
+        None,
         stop,
     )?;
     let meta = Meta {
@@ -313,7 +255,7 @@ pub async fn handler(
         created: unix_now(),
         echo,
     };
-    if req.stream == Some(true) {
+    if common.streams() {
         let fmt = ResponseStream {
             meta,
             seq: 0,
@@ -541,6 +483,47 @@ impl ResponseStream {
     }
 }
 
+impl ResponseStream {
+    /// Reasoning (`reasoning`) or answer text: appended to the open item of its kind,
+    /// which is opened first when another kind (or none) is open.
+    fn text_delta(&mut self, reasoning: bool, t: String) -> Vec<Event> {
+        let mut events = Vec::new();
+        let open_kind = match self.open {
+            Some(Open::Reasoning { .. }) => Some(true),
+            Some(Open::Message { .. }) => Some(false),
+            _ => None,
+        };
+        if open_kind != Some(reasoning) {
+            let (id, text) = (
+                new_id(if reasoning { "rs_" } else { "msg_" }),
+                String::new(),
+            );
+            events.extend(self.open_item(if reasoning {
+                Open::Reasoning { id, text }
+            } else {
+                Open::Message { id, text }
+            }));
+        }
+        let idx = self.index();
+        let (Some(Open::Reasoning { id, text }) | Some(Open::Message { id, text })) =
+            &mut self.open
+        else {
+            return events;
+        };
+        text.push_str(&t);
+        let mut v =
+            json!({"item_id": id.clone(), "output_index": idx, "content_index": 0, "delta": t});
+        let name = if reasoning {
+            "response.reasoning_text.delta"
+        } else {
+            v["logprobs"] = json!([]);
+            "response.output_text.delta"
+        };
+        events.push(self.event(name, v));
+        events
+    }
+}
+
 impl StreamFormat for ResponseStream {
     fn started(&mut self, _: usize, _: usize) -> Vec<Event> {
         let r = self.meta.response("in_progress", Vec::new(), None);
@@ -553,48 +536,8 @@ impl StreamFormat for ResponseStream {
     fn output(&mut self, ev: OutputEvent) -> Vec<Event> {
         let mut events = Vec::new();
         match ev {
-            OutputEvent::Reasoning(t) => {
-                if !matches!(self.open, Some(Open::Reasoning { .. })) {
-                    events.extend(self.open_item(Open::Reasoning {
-                        id: new_id("rs_"),
-                        text: String::new(),
-                    }));
-                }
-                let idx = self.index();
-                let v = match &mut self.open {
-                    Some(Open::Reasoning { id, text }) => {
-                        text.push_str(&t);
-                        Some(
-                            json!({"item_id": id.clone(), "output_index": idx, "content_index": 0, "delta": t}),
-                        )
-                    }
-                    _ => None,
-                };
-                if let Some(v) = v {
-                    events.push(self.event("response.reasoning_text.delta", v));
-                }
-            }
-            OutputEvent::Text(t) => {
-                if !matches!(self.open, Some(Open::Message { .. })) {
-                    events.extend(self.open_item(Open::Message {
-                        id: new_id("msg_"),
-                        text: String::new(),
-                    }));
-                }
-                let idx = self.index();
-                let v = match &mut self.open {
-                    Some(Open::Message { id, text }) => {
-                        text.push_str(&t);
-                        Some(
-                            json!({"item_id": id.clone(), "output_index": idx, "content_index": 0, "delta": t, "logprobs": []}),
-                        )
-                    }
-                    _ => None,
-                };
-                if let Some(v) = v {
-                    events.push(self.event("response.output_text.delta", v));
-                }
-            }
+            OutputEvent::Reasoning(t) => events.extend(self.text_delta(true, t)),
+            OutputEvent::Text(t) => events.extend(self.text_delta(false, t)),
             OutputEvent::ToolCallBegin { name, .. } => {
                 events.extend(self.open_item(Open::Call {
                     id: new_id("fc_"),

@@ -1,5 +1,5 @@
-//! Running a job for a handler: queueing it (400 for a prompt over the context, 429
-//! when the queue is full), then either collecting the whole answer or streaming it as
+//! Running a job for a handler: rendering a conversation off the async threads,
+//! queueing the job (400 for a prompt over the context, 429 when the queue is full), then either collecting the whole answer or streaming it as
 //! server-sent events in the API's format, with keep-alive comments while the request
 //! waits in the queue or its prompt prefills. A client that goes away drops the job's
 //! receiver, which cancels it in the worker.
@@ -13,22 +13,43 @@ use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::common::{Conversation, GenFields};
 use super::error::ApiError;
-use crate::backend::GenSettings;
 use crate::output::collect::Collected;
 use crate::output::{OutputEvent, OutputParser};
+use crate::prompt::{PromptPlan, chat_prompt};
 use crate::state::AppState;
 use crate::worker::{
     FinishReason, Finished, Job, PromptInput, SubmitError, TokenLogprob, Usage, WorkerEvent,
 };
 
-/// Checks the prompt against the context and queues the job.
+/// Runs `f` on tokio's blocking threads (tokenizing and template rendering are CPU
+/// work).
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+}
+
+/// Renders and tokenizes `conv` with the model's chat template.
+pub async fn render(state: &AppState, conv: Conversation) -> Result<PromptPlan, ApiError> {
+    let vocab = state.vocab.clone();
+    let tool_format = state.tool_format;
+    blocking(move || chat_prompt(&*vocab, &conv, tool_format)).await
+}
+
+/// Checks the prompt against the context and queues the job: at most `max_tokens`
+/// (default: what the context leaves), sampled as `fields` say, with `top_logprobs`
+/// alternatives per token when asked for.
 pub fn submit(
     state: &AppState,
     id: &str,
     prompt: PromptInput,
     max_tokens: Option<usize>,
-    settings: impl FnOnce(usize) -> Result<GenSettings, ApiError>,
+    fields: &GenFields,
+    top_logprobs: Option<usize>,
     stop: Vec<String>,
 ) -> Result<UnboundedReceiver<WorkerEvent>, ApiError> {
     let n_ctx = state.worker.n_ctx();
@@ -41,7 +62,7 @@ pub fn submit(
             prompt.len()
         )));
     }
-    let settings = settings(max_tokens.unwrap_or(n_ctx - prompt.len()))?;
+    let settings = fields.settings(max_tokens.unwrap_or(n_ctx - prompt.len()), top_logprobs)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
         id: id.to_string(),
