@@ -187,6 +187,29 @@ pub struct SyncOutcome {
     pub time: Option<Duration>,
 }
 
+/// The leading tokens of `prompt` a session holding `held` keeps in [`Engine::sync`]:
+/// the common prefix, but one less when that is the whole prompt and the logits after
+/// it are not at hand (the session holds more, or `logits_known` is false), so that
+/// the last token is evaluated again. A prompt over `n_ctx` tokens is refused.
+pub fn reusable_prefix(
+    held: &[u32],
+    prompt: &[u32],
+    n_ctx: usize,
+    logits_known: bool,
+) -> Result<usize, BackendError> {
+    if prompt.len() > n_ctx {
+        return Err(BackendError::ContextFull {
+            needed: prompt.len(),
+            n_ctx,
+        });
+    }
+    let keep = held.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    if keep == prompt.len() && (keep < held.len() || !logits_known) {
+        return Ok(keep.saturating_sub(1));
+    }
+    Ok(keep)
+}
+
 /// The live session, owned by the engine worker thread.
 pub trait Engine: Send + 'static {
     /// Context size in tokens.

@@ -3,10 +3,8 @@
 //! of `ds4-server serve`.
 //!
 //! Generation goes through `ds4_engine::generate::generate`, the loop `ds4-server run`
-//! uses, so a fixed seed gives the same text. Only requests for log-probabilities take
-//! a local loop that mirrors it step for step (same sampler call, same RNG, same stop
-//! checks) and also reads each step's logits row, until `generate` hands the row to its
-//! callback.
+//! uses, so a fixed seed gives the same text; log-probabilities are read from the
+//! logits row `generate` hands to its per-token callback.
 
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
@@ -24,7 +22,7 @@ use serde_json::Value;
 use crate::args::ServeArgs;
 use crate::backend::{
     BackendError, Engine, GenOutcome, GenSettings, GenStop, ModelParts, RenderRequest, Sampled,
-    SamplerSettings, SyncOutcome, Vocab,
+    SamplerSettings, SyncOutcome, Vocab, reusable_prefix,
 };
 
 /// A loaded model's text side.
@@ -144,10 +142,18 @@ pub struct EngineSession {
 pub type PhaseHook = Arc<dyn Fn(&'static str) + Send + Sync>;
 
 impl EngineSession {
-    fn set_phase(&self, phase: &'static str) {
-        if let Some(h) = &self.phase {
-            h(phase);
-        }
+    /// Runs `f` with the phase hook told `phase` before and `idle` after.
+    fn in_phase<R>(&mut self, phase: &'static str, f: impl FnOnce(&mut Self) -> R) -> R {
+        let hook = self.phase.clone();
+        let tell = |p| {
+            if let Some(h) = &hook {
+                h(p);
+            }
+        };
+        tell(phase);
+        let r = f(self);
+        tell("idle");
+        r
     }
 }
 
@@ -190,10 +196,7 @@ impl Engine for EngineSession {
         prompt: &[u32],
         cancel: &dyn Fn() -> bool,
     ) -> Result<SyncOutcome, BackendError> {
-        self.set_phase("prefill");
-        let r = self.sync_chunks(prompt, cancel);
-        self.set_phase("idle");
-        r
+        self.in_phase("prefill", |s| s.sync_chunks(prompt, cancel))
     }
 
     fn generate(
@@ -202,10 +205,7 @@ impl Engine for EngineSession {
         settings: &GenSettings,
         on_token: &mut dyn FnMut(Sampled) -> ControlFlow<()>,
     ) -> Result<GenOutcome, BackendError> {
-        self.set_phase("decode");
-        let r = self.generate_inner(prompt, settings, on_token);
-        self.set_phase("idle");
-        r
+        self.in_phase("decode", |s| s.generate_inner(prompt, settings, on_token))
     }
 }
 
@@ -217,18 +217,12 @@ impl EngineSession {
         prompt: &[u32],
         cancel: &dyn Fn() -> bool,
     ) -> Result<SyncOutcome, BackendError> {
-        if prompt.len() > self.session.n_ctx() {
-            return Err(BackendError::ContextFull {
-                needed: prompt.len(),
-                n_ctx: self.session.n_ctx(),
-            });
-        }
-        let mut keep = self.session.common_prefix(prompt);
-        if keep == prompt.len()
-            && (keep < self.session.tokens().len() || self.session.logits().is_none())
-        {
-            keep = keep.saturating_sub(1);
-        }
+        let keep = reusable_prefix(
+            self.session.tokens(),
+            prompt,
+            self.session.n_ctx(),
+            self.session.logits().is_some(),
+        )?;
         let t0 = Instant::now();
         let mut evaluated = 0;
         let mut end = keep;

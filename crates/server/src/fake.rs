@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{
     BackendError, ChatTurn, Engine, GenOutcome, GenSettings, GenStop, ModelParts, RenderRequest,
-    Sampled, SyncOutcome, Vocab,
+    Sampled, SyncOutcome, Vocab, reusable_prefix,
 };
 
 /// `<|im_start|>`.
@@ -45,6 +45,16 @@ impl Default for FakeConfig {
             prefill_delay: Duration::ZERO,
             token_delay: Duration::ZERO,
             responder: Arc::new(|_| "Hello world".to_string()),
+        }
+    }
+}
+
+impl FakeConfig {
+    /// The default toy model, answering `reply(prompt)`.
+    pub fn replying(reply: impl Fn(&str) -> String + Send + Sync + 'static) -> Self {
+        FakeConfig {
+            responder: Arc::new(reply),
+            ..Default::default()
         }
     }
 }
@@ -237,21 +247,7 @@ impl Engine for FakeEngine {
         prompt: &[u32],
         cancel: &dyn Fn() -> bool,
     ) -> Result<SyncOutcome, BackendError> {
-        if prompt.len() > self.config.n_ctx {
-            return Err(BackendError::ContextFull {
-                needed: prompt.len(),
-                n_ctx: self.config.n_ctx,
-            });
-        }
-        let mut keep = self
-            .tokens
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
-        if keep == prompt.len() && (keep < self.tokens.len() || !self.logits_known) {
-            keep = keep.saturating_sub(1);
-        }
+        let keep = reusable_prefix(&self.tokens, prompt, self.config.n_ctx, self.logits_known)?;
         self.tokens.truncate(keep);
         let t0 = Instant::now();
         for chunk in prompt[keep..].chunks(64) {
