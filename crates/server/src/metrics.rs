@@ -136,12 +136,6 @@ impl Metrics {
     /// The exposition text.
     pub fn render(&self, g: Gauges) -> String {
         let mut s = String::new();
-        let counter = |s: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
-        let gauge = |s: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
         let _ = writeln!(
             s,
             "# HELP ds4_requests_total HTTP requests by endpoint and status.\n# TYPE ds4_requests_total counter"
@@ -153,91 +147,27 @@ impl Metrics {
             );
         }
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-        counter(
-            &mut s,
-            "ds4_rejected_requests_total",
-            "Requests refused because the queue was full.",
-            load(&self.rejected),
-        );
-        counter(
-            &mut s,
-            "ds4_cancelled_generations_total",
-            "Generations cancelled by a disconnect or shutdown.",
-            load(&self.cancelled),
-        );
-        counter(
-            &mut s,
-            "ds4_prompt_tokens_total",
-            "Prompt tokens of all requests.",
-            load(&self.prompt_tokens),
-        );
-        counter(
-            &mut s,
-            "ds4_cached_prompt_tokens_total",
-            "Prompt tokens reused from the live session (not evaluated).",
-            load(&self.cached_tokens),
-        );
-        counter(
-            &mut s,
-            "ds4_prefill_tokens_total",
-            "Prompt tokens evaluated.",
-            load(&self.prefill_tokens),
-        );
-        counter(
-            &mut s,
-            "ds4_generated_tokens_total",
-            "Tokens generated.",
-            load(&self.generated_tokens),
-        );
-        counter(
-            &mut s,
-            "ds4_prefill_seconds_total",
-            "Time spent evaluating prompt tokens.",
-            load(&self.prefill_us) / 1e6,
-        );
-        counter(
-            &mut s,
-            "ds4_decode_seconds_total",
-            "Time spent generating (first to last token of each request).",
-            load(&self.decode_us) / 1e6,
-        );
-        let f = |a: &AtomicU64| f64::from_bits(a.load(Ordering::Relaxed));
-        gauge(
-            &mut s,
-            "ds4_prefill_tokens_per_second",
-            "Prefill speed of the last request that evaluated prompt tokens.",
-            f(&self.last_prefill_tps),
-        );
-        gauge(
-            &mut s,
-            "ds4_decode_tokens_per_second",
-            "Decode speed of the last request that generated two or more tokens.",
-            f(&self.last_decode_tps),
-        );
-        gauge(
-            &mut s,
-            "ds4_queue_depth",
-            "Requests waiting for the engine.",
-            g.queue_depth as f64,
-        );
-        gauge(
-            &mut s,
-            "ds4_engine_busy",
-            "1 while the engine runs a request.",
-            if g.busy { 1.0 } else { 0.0 },
-        );
-        gauge(
-            &mut s,
-            "ds4_session_tokens",
-            "Tokens held by the live session.",
-            g.session_tokens as f64,
-        );
-        gauge(
-            &mut s,
-            "ds4_context_size",
-            "Context size in tokens.",
-            g.n_ctx as f64,
-        );
+        let bits = |a: &AtomicU64| f64::from_bits(a.load(Ordering::Relaxed));
+        #[rustfmt::skip]
+        let series: [(&str, &str, &str, f64); 14] = [
+            ("ds4_rejected_requests_total", "counter", "Requests refused because the queue was full.", load(&self.rejected)),
+            ("ds4_cancelled_generations_total", "counter", "Generations cancelled by a disconnect or shutdown.", load(&self.cancelled)),
+            ("ds4_prompt_tokens_total", "counter", "Prompt tokens of all requests.", load(&self.prompt_tokens)),
+            ("ds4_cached_prompt_tokens_total", "counter", "Prompt tokens reused from the live session (not evaluated).", load(&self.cached_tokens)),
+            ("ds4_prefill_tokens_total", "counter", "Prompt tokens evaluated.", load(&self.prefill_tokens)),
+            ("ds4_generated_tokens_total", "counter", "Tokens generated.", load(&self.generated_tokens)),
+            ("ds4_prefill_seconds_total", "counter", "Time spent evaluating prompt tokens.", load(&self.prefill_us) / 1e6),
+            ("ds4_decode_seconds_total", "counter", "Time spent generating (first to last token of each request).", load(&self.decode_us) / 1e6),
+            ("ds4_prefill_tokens_per_second", "gauge", "Prefill speed of the last request that evaluated prompt tokens.", bits(&self.last_prefill_tps)),
+            ("ds4_decode_tokens_per_second", "gauge", "Decode speed of the last request that generated two or more tokens.", bits(&self.last_decode_tps)),
+            ("ds4_queue_depth", "gauge", "Requests waiting for the engine.", g.queue_depth as f64),
+            ("ds4_engine_busy", "gauge", "1 while the engine runs a request.", if g.busy { 1.0 } else { 0.0 }),
+            ("ds4_session_tokens", "gauge", "Tokens held by the live session.", g.session_tokens as f64),
+            ("ds4_context_size", "gauge", "Context size in tokens.", g.n_ctx as f64),
+        ];
+        for (name, kind, help, v) in series {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        }
         let h = lock(&self.ttft);
         let _ = writeln!(
             s,
