@@ -3,9 +3,7 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{fake_server, post, post_sse};
+use common::{fake_server, post, post_sse, streamed};
 use ds4_http::ServerConfig;
 use ds4_http::fake::FakeConfig;
 use serde_json::{Value, json};
@@ -14,18 +12,15 @@ const CALL: &str =
     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 
 fn model() -> FakeConfig {
-    FakeConfig {
-        responder: Arc::new(|prompt: &str| {
-            if prompt.contains("<tool_response>") {
-                "<think>Got it.</think>It is 18 degrees.".to_string()
-            } else if prompt.contains("get_weather") {
-                CALL.to_string()
-            } else {
-                "<think>Easy.</think>Hello!".to_string()
-            }
-        }),
-        ..Default::default()
-    }
+    FakeConfig::replying(|prompt| {
+        if prompt.contains("<tool_response>") {
+            "<think>Got it.</think>It is 18 degrees.".to_string()
+        } else if prompt.contains("get_weather") {
+            CALL.to_string()
+        } else {
+            "<think>Easy.</think>Hello!".to_string()
+        }
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,11 +97,7 @@ async fn stream_event_sequence() {
         .position(|e| e["content_block"]["type"] == "text")
         .unwrap();
     assert_eq!(j[text_start]["index"], 1);
-    let text: String = j
-        .iter()
-        .filter_map(|e| e["delta"]["text"].as_str().map(String::from))
-        .collect();
-    assert_eq!(text, "Hello!");
+    assert_eq!(streamed(&events, "/delta/text"), "Hello!");
     let delta = &j[j.len() - 2];
     assert_eq!(delta["delta"]["stop_reason"], "end_turn");
     assert_eq!(delta["usage"]["output_tokens"], 26);
@@ -148,11 +139,7 @@ async fn tool_use_round_trip() {
     )
     .await;
     let j: Vec<Value> = events.iter().map(|e| e.json()).collect();
-    let text: String = j
-        .iter()
-        .filter_map(|e| e["delta"]["text"].as_str().map(String::from))
-        .collect();
-    assert_eq!(text, "It is 18 degrees.");
+    assert_eq!(streamed(&events, "/delta/text"), "It is 18 degrees.");
     let start = &j[0]["message"]["usage"];
     assert!(
         start["cache_read_input_tokens"].as_u64().unwrap() > 50,
@@ -166,10 +153,7 @@ async fn tool_use_round_trip() {
         .find(|e| e["content_block"]["type"] == "tool_use")
         .unwrap();
     assert_eq!(start["content_block"]["name"], "get_weather");
-    let partial: String = j
-        .iter()
-        .filter_map(|e| e["delta"]["partial_json"].as_str().map(String::from))
-        .collect();
+    let partial = streamed(&events, "/delta/partial_json");
     assert_eq!(
         serde_json::from_str::<Value>(&partial).unwrap(),
         json!({"city": "Paris"})

@@ -4,18 +4,13 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{fake_server, post, post_sse};
+use common::{fake_server, pieces, post, post_sse, streamed};
 use ds4_http::ServerConfig;
 use ds4_http::fake::{FakeConfig, last_user_message};
 use serde_json::{Value, json};
 
 fn replying(text: &'static str) -> FakeConfig {
-    FakeConfig {
-        responder: Arc::new(move |_| text.to_string()),
-        ..Default::default()
-    }
+    FakeConfig::replying(move |_| text.to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,15 +109,7 @@ async fn stop_sequences_never_leak_and_max_tokens_cuts() {
         &json!({"messages": msgs, "stop": [", how", "xyz"], "stream": true}),
     )
     .await;
-    let text: String = events
-        .iter()
-        .filter_map(|e| {
-            e.json()["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(String::from)
-        })
-        .collect();
-    assert_eq!(text, "Hello world");
+    assert_eq!(streamed(&events, "/choices/0/delta/content"), "Hello world");
     let (_, _, v) = post(&url, &json!({"messages": msgs, "max_tokens": 5})).await;
     assert_eq!(v["choices"][0]["message"]["content"], "Hello");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
@@ -146,14 +133,7 @@ async fn incomplete_utf8_is_held_back() {
         &json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true}),
     )
     .await;
-    let pieces: Vec<String> = events
-        .iter()
-        .filter_map(|e| {
-            e.json()["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(String::from)
-        })
-        .collect();
+    let pieces = pieces(&events, "/choices/0/delta/content");
     assert!(pieces.iter().all(|p| !p.contains('\u{fffd}')), "{pieces:?}");
     assert_eq!(pieces.concat(), "café €");
     s.shutdown().await.unwrap();
@@ -202,22 +182,8 @@ async fn reasoning_is_split_off() {
         &json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true}),
     )
     .await;
-    let reasoning: String = events
-        .iter()
-        .filter_map(|e| {
-            e.json()["choices"][0]["delta"]["reasoning_content"]
-                .as_str()
-                .map(String::from)
-        })
-        .collect();
-    let content: String = events
-        .iter()
-        .filter_map(|e| {
-            e.json()["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(String::from)
-        })
-        .collect();
+    let reasoning = streamed(&events, "/choices/0/delta/reasoning_content");
+    let content = streamed(&events, "/choices/0/delta/content");
     assert_eq!(
         (reasoning.as_str(), content.as_str()),
         ("Let me think.\n", "The answer.")
@@ -230,7 +196,7 @@ const CALL: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"c
 fn tool_model(supports_tools: bool) -> FakeConfig {
     FakeConfig {
         supports_tools,
-        responder: Arc::new(|prompt: &str| {
+        ..FakeConfig::replying(|prompt| {
             if prompt.contains("<tool_response>") || prompt.contains("<|im_start|>tool") {
                 "It is 18 degrees.".to_string()
             } else if prompt.contains("get_weather") {
@@ -238,8 +204,7 @@ fn tool_model(supports_tools: bool) -> FakeConfig {
             } else {
                 "No tools.".to_string()
             }
-        }),
-        ..Default::default()
+        })
     }
 }
 
@@ -328,14 +293,7 @@ async fn tool_call_streams_argument_deltas() {
     assert_eq!(first["index"], 0);
     assert_eq!(first["function"]["name"], "get_weather");
     assert!(first["id"].is_string());
-    let args: String = deltas
-        .iter()
-        .filter_map(|d| {
-            d["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
-                .as_str()
-                .map(String::from)
-        })
-        .collect();
+    let args = streamed(&events, "/choices/0/delta/tool_calls/0/function/arguments");
     assert_eq!(
         serde_json::from_str::<Value>(&args).unwrap(),
         json!({"city": "Paris", "unit": "celsius"})
@@ -351,10 +309,7 @@ async fn tool_call_streams_argument_deltas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn legacy_completions() {
-    let fake = FakeConfig {
-        responder: Arc::new(|p: &str| format!("<{}>", p.len())),
-        ..Default::default()
-    };
+    let fake = FakeConfig::replying(|p| format!("<{}>", p.len()));
     let s = fake_server(fake, ServerConfig::default()).await;
     let url = format!("{}/v1/completions", s.base_url());
     let (status, _, v) = post(&url, &json!({"prompt": "Once upon"})).await;
@@ -374,11 +329,7 @@ async fn legacy_completions() {
         &json!({"prompt": "abc", "stream": true, "max_tokens": 2}),
     )
     .await;
-    let text: String = events
-        .iter()
-        .filter_map(|e| e.json()["choices"][0]["text"].as_str().map(String::from))
-        .collect();
-    assert_eq!(text, "<3");
+    assert_eq!(streamed(&events, "/choices/0/text"), "<3");
     assert_eq!(events.last().unwrap().data, "[DONE]");
     let (status, _, v) = post(&url, &json!({"prompt": [999999]})).await;
     assert_eq!(
@@ -390,10 +341,7 @@ async fn legacy_completions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_answer_and_stream() {
-    let fake = FakeConfig {
-        responder: Arc::new(|p: &str| format!("You said {}", last_user_message(p))),
-        ..Default::default()
-    };
+    let fake = FakeConfig::replying(|p| format!("You said {}", last_user_message(p)));
     let s = fake_server(fake, ServerConfig::default()).await;
     let url = format!("{}/v1/responses", s.base_url());
     let (status, _, v) = post(

@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{fake_server, post};
+use common::{fake_server, metric, post};
 use ds4_http::ServerConfig;
 use ds4_http::fake::FakeConfig;
 use serde_json::json;
@@ -32,7 +30,7 @@ async fn twenty_turn_agent_conversation_reuses_the_prefix() {
     let fake = FakeConfig {
         n_ctx: 32768,
         supports_tools: true,
-        responder: Arc::new(|p: &str| {
+        ..FakeConfig::replying(|p| {
             let turn = p.matches("<|im_start|>tool").count();
             if turn.is_multiple_of(2) {
                 format!(
@@ -41,8 +39,7 @@ async fn twenty_turn_agent_conversation_reuses_the_prefix() {
             } else {
                 format!("Hello world: step {turn} looks fine.")
             }
-        }),
-        ..Default::default()
+        })
     };
     let s = fake_server(fake, ServerConfig::default()).await;
     let url = format!("{}/v1/chat/completions", s.base_url());
@@ -88,23 +85,11 @@ async fn twenty_turn_agent_conversation_reuses_the_prefix() {
         }
     }
     // The metrics show it too: cached tokens dominate the prompt tokens.
-    let text = common::client()
-        .get(format!("{}/metrics", s.base_url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let get = |name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap()
-    };
+    let base = s.base_url();
     let (prompt, cached, prefilled) = (
-        get("ds4_prompt_tokens_total"),
-        get("ds4_cached_prompt_tokens_total"),
-        get("ds4_prefill_tokens_total"),
+        metric(&base, "ds4_prompt_tokens_total").await,
+        metric(&base, "ds4_cached_prompt_tokens_total").await,
+        metric(&base, "ds4_prefill_tokens_total").await,
     );
     assert!(cached / prompt > 0.9, "{cached} of {prompt}");
     assert!(
@@ -116,10 +101,7 @@ async fn twenty_turn_agent_conversation_reuses_the_prefix() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resent_reasoning_and_edited_answers_degrade_gracefully() {
-    let fake = FakeConfig {
-        responder: Arc::new(|_| "<think>Short thought.</think>Hello world again".into()),
-        ..Default::default()
-    };
+    let fake = FakeConfig::replying(|_| "<think>Short thought.</think>Hello world again".into());
     let s = fake_server(fake, ServerConfig::default()).await;
     let url = format!("{}/v1/chat/completions", s.base_url());
     let sys = json!({"role": "system", "content": agent_system_prompt()});

@@ -9,41 +9,19 @@
 
 mod common;
 
-use common::{model_path, post};
+use common::{metric, open_model as open, post};
 use ds4_engine::generate::{GenerateParams, generate};
 use ds4_engine::sampler::SamplerParams;
 use ds4_engine::{LoadedModel, Session};
-use ds4_http::{ServerConfig, ServerHandle, engine_model, start};
+use ds4_http::{ServerConfig, ServerHandle};
 use ds4_tokenizer::{ChatMessage, RenderOptions, StreamDecoder};
 use serde_json::json;
 
 const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
 const N_CTX: usize = 4096;
 
-fn open(file: &str) -> Option<LoadedModel> {
-    match model_path(file) {
-        Some(p) => Some(LoadedModel::open(&p).expect("model loads")),
-        None => {
-            eprintln!(
-                "skipped: {file} not found in $DS4_MODELS or ~/.cache/ds4-server/models (run `make test-models`)"
-            );
-            None
-        }
-    }
-}
-
 async fn serve(lm: LoadedModel) -> ServerHandle {
-    let (vocab, engine) = engine_model(lm, N_CTX, None).expect("session");
-    start(
-        ServerConfig {
-            port: 0,
-            ..Default::default()
-        },
-        vocab,
-        engine,
-    )
-    .await
-    .expect("server starts")
+    common::engine_server(lm, N_CTX, ServerConfig::default()).await
 }
 
 /// What `ds4-server run` prints for these messages: the default template options, a
@@ -227,22 +205,10 @@ async fn twenty_turn_agent_conversation_is_served_from_the_session() {
         }
     }
     // The metrics show the suffix-only prefill: far fewer tokens evaluated than sent.
-    let text = common::client()
-        .get(format!("{}/metrics", s.base_url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let get = |name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap()
-    };
+    let base = s.base_url();
     let (sent, prefilled) = (
-        get("ds4_prompt_tokens_total"),
-        get("ds4_prefill_tokens_total"),
+        metric(&base, "ds4_prompt_tokens_total").await,
+        metric(&base, "ds4_prefill_tokens_total").await,
     );
     eprintln!("prompt tokens sent {sent}, prefilled {prefilled}");
     assert!(

@@ -6,20 +6,29 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_anthropic_error, assert_openai_error, client, fake_server, parse_sse, post, post_raw,
-    post_sse,
+    assert_anthropic_error, assert_openai_error, client, fake_server, get_json, health, metric,
+    parse_sse, post, post_raw, post_sse, post_text, streamed, user_chat as chat,
 };
 use ds4_http::ServerConfig;
 use ds4_http::fake::FakeConfig;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-fn chat(content: &str) -> Value {
-    json!({"messages": [{"role": "user", "content": content}]})
+/// The toy model answering a prompt with "long" in it with 4000 tokens, 5 ms each.
+fn long_on_request() -> FakeConfig {
+    FakeConfig {
+        token_delay: Duration::from_millis(5),
+        ..FakeConfig::replying(|p| {
+            if p.contains("long") {
+                "z".repeat(4000)
+            } else {
+                "Hello world".into()
+            }
+        })
+    }
 }
 
 async fn still_serving(base: &str) {
@@ -148,12 +157,7 @@ async fn unknown_models_and_routes() {
     let (status, _, v) = post(&format!("{base}/v1/nope"), &json!({})).await;
     assert_eq!(status, 404);
     assert_openai_error(&v);
-    let r = client()
-        .get(format!("{base}/v1/models"))
-        .send()
-        .await
-        .unwrap();
-    let v: Value = r.json().await.unwrap();
+    let v = get_json(&format!("{base}/v1/models")).await;
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "fake-model");
     assert_eq!(v["data"][1]["id"], "Fake Model 1B");
@@ -190,12 +194,7 @@ async fn unknown_models_and_routes() {
     .await;
     assert_eq!(status, 200);
     assert_eq!(v["model"], "gpt-5");
-    let r = client()
-        .get(format!("{}/v1/models", s.base_url()))
-        .send()
-        .await
-        .unwrap();
-    let v: Value = r.json().await.unwrap();
+    let v = get_json(&format!("{}/v1/models", s.base_url())).await;
     assert_eq!(v["data"][1]["id"], "my-alias");
     s.shutdown().await.unwrap();
 }
@@ -355,76 +354,31 @@ async fn api_key_and_cors() {
     s.shutdown().await.unwrap();
 }
 
-/// Waits until `/health` reports `n` requests waiting.
-async fn wait_for_queue(base: &str, n: u64) {
+/// Waits (up to about 5 s) until `/health` shows `done`; panics saying it never `what`.
+async fn wait_for_health(base: &str, what: &str, done: impl Fn(&Value) -> bool) {
     for _ in 0..500 {
-        let v: Value = client()
-            .get(format!("{base}/health"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if v["queue_depth"] == n {
+        if done(&health(base).await) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("the queue never held {n} requests");
+    panic!("{what}");
+}
+
+/// Waits until `/health` reports `n` requests waiting.
+async fn wait_for_queue(base: &str, n: u64) {
+    let what = format!("the queue never held {n} requests");
+    wait_for_health(base, &what, |v| v["queue_depth"] == n).await;
 }
 
 /// Waits until the engine runs a request.
 async fn wait_busy(base: &str) {
-    for _ in 0..500 {
-        let v: Value = client()
-            .get(format!("{base}/health"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if v["busy"] == true {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the engine never became busy");
-}
-
-async fn metric(base: &str, name: &str) -> f64 {
-    let text = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(name)
-                .and_then(|r| r.strip_prefix(' '))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(f64::NAN)
+    wait_for_health(base, "the engine never became busy", |v| v["busy"] == true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_mid_stream_cancels_within_a_step() {
-    let fake = FakeConfig {
-        token_delay: Duration::from_millis(5),
-        responder: Arc::new(|p: &str| {
-            if p.contains("long") {
-                "z".repeat(4000)
-            } else {
-                "Hello world".into()
-            }
-        }),
-        ..Default::default()
-    };
-    let s = fake_server(fake, ServerConfig::default()).await;
+    let s = fake_server(long_on_request(), ServerConfig::default()).await;
     let base = s.base_url();
     let mut body = chat("long please");
     body["stream"] = json!(true);
@@ -475,10 +429,8 @@ async fn sixty_four_concurrent_clients() {
             let base = base.clone();
             tokio::spawn(async move {
                 if i % 2 == 0 {
-                    let r = client().post(format!("{base}/v1/chat/completions")).json(&chat(&format!("client {i}"))).send().await.unwrap();
-                    let status = r.status().as_u16();
-                    let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
-                    let v: Value = r.json().await.unwrap();
+                    let (status, headers, v) = post(&format!("{base}/v1/chat/completions"), &chat(&format!("client {i}"))).await;
+                    let retry = headers.get("retry-after").map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
                     match status {
                         200 => assert_eq!(v["choices"][0]["message"]["content"], "Hello world"),
                         429 => {
@@ -490,9 +442,7 @@ async fn sixty_four_concurrent_clients() {
                     status
                 } else {
                     let body = json!({"max_tokens": 50, "stream": true, "messages": [{"role": "user", "content": format!("client {i}")}]});
-                    let r = client().post(format!("{base}/v1/messages")).json(&body).send().await.unwrap();
-                    let status = r.status().as_u16();
-                    let text = r.text().await.unwrap();
+                    let (status, _, text) = post_text(&format!("{base}/v1/messages"), &body).await;
                     match status {
                         200 => {
                             let (events, _) = parse_sse(&text);
@@ -545,13 +495,7 @@ async fn keep_alive_comments_during_a_long_prefill() {
     .await;
     let mut body = chat(&"p".repeat(3000));
     body["stream"] = json!(true);
-    let r = client()
-        .post(format!("{}/v1/chat/completions", s.base_url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let text = r.text().await.unwrap();
+    let (_, _, text) = post_text(&format!("{}/v1/chat/completions", s.base_url()), &body).await;
     let before_data = &text[..text.find("data:").unwrap()];
     let comments = before_data.lines().filter(|l| l.starts_with(':')).count();
     assert!(
@@ -567,8 +511,7 @@ async fn keep_alive_comments_during_a_long_prefill() {
 async fn graceful_shutdown_finishes_running_work_and_refuses_queued() {
     let fake = FakeConfig {
         token_delay: Duration::from_millis(5),
-        responder: Arc::new(|_| "w".repeat(300)),
-        ..Default::default()
+        ..FakeConfig::replying(|_| "w".repeat(300))
     };
     let s = fake_server(fake, ServerConfig::default()).await;
     let base = s.base_url();
@@ -593,14 +536,7 @@ async fn graceful_shutdown_finishes_running_work_and_refuses_queued() {
     s.shutdown().await.unwrap();
     let (status, events, _) = running.await.unwrap();
     assert_eq!(status, 200);
-    let text: String = events
-        .iter()
-        .filter_map(|e| {
-            e.json()["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(String::from)
-        })
-        .collect();
+    let text = streamed(&events, "/choices/0/delta/content");
     assert_eq!(text.len(), 300, "the running request finished");
     assert_eq!(events.last().unwrap().data, "[DONE]");
     let (status, _, v) = queued.await.unwrap();
@@ -616,8 +552,7 @@ async fn graceful_shutdown_finishes_running_work_and_refuses_queued() {
 async fn shutdown_cancels_after_the_drain_timeout() {
     let fake = FakeConfig {
         token_delay: Duration::from_millis(5),
-        responder: Arc::new(|_| "w".repeat(10_000)),
-        ..Default::default()
+        ..FakeConfig::replying(|_| "w".repeat(10_000))
     };
     let s = fake_server(
         fake,
@@ -653,14 +588,7 @@ async fn shutdown_cancels_after_the_drain_timeout() {
 async fn health_and_metrics() {
     let s = fake_server(FakeConfig::default(), ServerConfig::default()).await;
     let base = s.base_url();
-    let v: Value = client()
-        .get(format!("{base}/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = health(&base).await;
     assert_eq!(v["status"], "ok");
     assert_eq!(v["model"], "fake-model");
     post(&format!("{base}/v1/chat/completions"), &chat("a")).await;
@@ -698,18 +626,7 @@ async fn health_and_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_while_waiting_for_a_whole_answer_cancels() {
-    let fake = FakeConfig {
-        token_delay: Duration::from_millis(5),
-        responder: Arc::new(|p: &str| {
-            if p.contains("long") {
-                "z".repeat(4000)
-            } else {
-                "Hello world".into()
-            }
-        }),
-        ..Default::default()
-    };
-    let s = fake_server(fake, ServerConfig::default()).await;
+    let s = fake_server(long_on_request(), ServerConfig::default()).await;
     let base = s.base_url();
     let quick = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))

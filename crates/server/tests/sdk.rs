@@ -15,9 +15,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::model_path;
-use ds4_engine::LoadedModel;
-use ds4_http::{ServerConfig, ServerHandle, engine_model, start};
+use common::{engine_server, open_model};
+use ds4_http::{ServerConfig, ServerHandle};
 
 const N_CTX: usize = 4096;
 
@@ -71,26 +70,8 @@ fn sdk_python() -> Result<PathBuf, String> {
 }
 
 async fn serve(file: &str) -> Option<ServerHandle> {
-    let Some(path) = model_path(file) else {
-        eprintln!(
-            "skipped: {file} not found in $DS4_MODELS or ~/.cache/ds4-server/models (run `make test-models`)"
-        );
-        return None;
-    };
-    let lm = LoadedModel::open(&path).expect("model loads");
-    let (vocab, engine) = engine_model(lm, N_CTX, None).expect("session");
-    Some(
-        start(
-            ServerConfig {
-                port: 0,
-                ..Default::default()
-            },
-            vocab,
-            engine,
-        )
-        .await
-        .expect("server starts"),
-    )
+    let lm = open_model(file)?;
+    Some(engine_server(lm, N_CTX, ServerConfig::default()).await)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{client, fake_server, parse_sse};
+use common::{client, fake_server, health, parse_sse, post, post_text};
 use ds4_http::fake::{FakeConfig, last_user_message};
 use ds4_http::{ServerConfig, ServerHandle};
 use futures_util::StreamExt;
@@ -20,34 +20,22 @@ use serde_json::{Value, json};
 /// Sends request number `i` of the mix; panics on an unexpected answer. Returns the
 /// status.
 async fn one(base: &str, i: usize) -> u16 {
-    let c = client();
     let user = format!("request {i}");
+    let chat = format!("{base}/v1/chat/completions");
     match i % 7 {
         0 => {
-            let r = c
-                .post(format!("{base}/v1/chat/completions"))
-                .json(&json!({"messages": [{"role": "user", "content": user}], "max_tokens": 24}))
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
-            let v: Value = r.json().await.unwrap();
+            let body = json!({"messages": [{"role": "user", "content": user}], "max_tokens": 24});
+            let (status, _, v) = post(&chat, &body).await;
             assert!(
-                status == 200 && v["choices"][0]["message"]["content"].is_string() || status == 429,
+                status == 200 && v["choices"][0]["message"]["content"].is_string()
+                    || status == 429 && v.is_object(),
                 "{status} {v}"
             );
             status
         }
         1 => {
             let body = json!({"messages": [{"role": "user", "content": user}], "max_tokens": 24, "stream": true});
-            let r = c
-                .post(format!("{base}/v1/chat/completions"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
-            let text = r.text().await.unwrap();
+            let (status, _, text) = post_text(&chat, &body).await;
             assert!(
                 status == 200 && parse_sse(&text).0.last().unwrap().data == "[DONE]"
                     || status == 429,
@@ -57,48 +45,29 @@ async fn one(base: &str, i: usize) -> u16 {
         }
         2 => {
             let body = json!({"max_tokens": 24, "stream": i.is_multiple_of(2), "messages": [{"role": "user", "content": user}]});
-            let r = c
-                .post(format!("{base}/v1/messages"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
+            let (status, _, _) = post_text(&format!("{base}/v1/messages"), &body).await;
             assert!(status == 200 || status == 429, "{status}");
-            let _ = r.text().await.unwrap();
             status
         }
         3 => {
-            let r = c
-                .post(format!("{base}/v1/responses"))
-                .json(&json!({"input": user, "max_output_tokens": 24}))
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
-            let v: Value = r.json().await.unwrap();
+            let body = json!({"input": user, "max_output_tokens": 24});
+            let (status, _, v) = post(&format!("{base}/v1/responses"), &body).await;
             assert!(
-                status == 200 && v["object"] == "response" || status == 429,
+                status == 200 && v["object"] == "response" || status == 429 && v.is_object(),
                 "{status} {v}"
             );
             status
         }
         4 => {
-            let r = c
-                .post(format!("{base}/v1/completions"))
-                .json(&json!({"prompt": user, "max_tokens": 8}))
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
+            let body = json!({"prompt": user, "max_tokens": 8});
+            let (status, _, _) = post_text(&format!("{base}/v1/completions"), &body).await;
             assert!(matches!(status, 200 | 429));
-            let _ = r.text().await.unwrap();
             status
         }
         5 => {
             // A bad request: 400 in the right shape, without touching the engine.
-            let r = c
-                .post(format!("{base}/v1/chat/completions"))
+            let r = client()
+                .post(&chat)
                 .body("{\"messages\": 5}")
                 .send()
                 .await
@@ -111,12 +80,7 @@ async fn one(base: &str, i: usize) -> u16 {
         _ => {
             // A client that leaves after the first chunk.
             let body = json!({"messages": [{"role": "user", "content": user}], "max_tokens": 200, "stream": true});
-            let r = c
-                .post(format!("{base}/v1/chat/completions"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
+            let r = client().post(&chat).json(&body).send().await.unwrap();
             let status = r.status().as_u16();
             if status == 200 {
                 let mut s = r.bytes_stream();
@@ -162,22 +126,13 @@ async fn soak(
     for t in tasks {
         t.await.unwrap();
     }
-    let v: Value = client()
-        .get(format!("{base}/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(v["status"], "ok");
-    let r = client()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "final"}], "max_tokens": 8}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(health(&base).await["status"], "ok");
+    let (status, _, _) = post(
+        &format!("{base}/v1/chat/completions"),
+        &json!({"messages": [{"role": "user", "content": "final"}], "max_tokens": 8}),
+    )
+    .await;
+    assert_eq!(status, 200);
     (
         next.load(std::sync::atomic::Ordering::Relaxed)
             .min(requests),
@@ -188,8 +143,7 @@ async fn soak(
 fn toy() -> FakeConfig {
     FakeConfig {
         token_delay: Duration::from_micros(300),
-        responder: Arc::new(|p: &str| format!("Answer to {}.", last_user_message(p)).repeat(3)),
-        ..Default::default()
+        ..FakeConfig::replying(|p| format!("Answer to {}.", last_user_message(p)).repeat(3))
     }
 }
 
@@ -216,11 +170,8 @@ async fn long_soak_server(config: ServerConfig) -> ServerHandle {
     #[cfg(feature = "engine")]
     if let Some(path) = common::model_path("smollm2-135m-instruct-q4_1.gguf") {
         let lm = ds4_engine::LoadedModel::open(&path).expect("model loads");
-        let (vocab, engine) = ds4_http::engine_model(lm, 4096, None).expect("session");
         eprintln!("soak: SmolLM2-135M on the CPU engine");
-        return ds4_http::start(ServerConfig { port: 0, ..config }, vocab, engine)
-            .await
-            .expect("server starts");
+        return common::engine_server(lm, 4096, config).await;
     }
     eprintln!("soak: the toy model (SmolLM2 not available)");
     fake_server(

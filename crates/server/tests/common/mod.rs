@@ -1,20 +1,63 @@
-//! Helpers for the HTTP tests: a server on an ephemeral loopback port, JSON posts, and
-//! an SSE reader.
+//! Helpers for the HTTP tests: servers on an ephemeral loopback port (the toy model,
+//! or a real model when its file is present), JSON posts, an SSE reader, `/health` and
+//! `/metrics` readers, and the error-shape checks.
 
 #![allow(dead_code)]
 
 use std::time::Duration;
 
+use ds4_http::backend::ModelParts;
 use ds4_http::fake::{FakeConfig, fake_model};
 use ds4_http::{ServerConfig, ServerHandle, start};
-use serde_json::Value;
+use serde_json::{Value, json};
 
-/// Starts the toy model on 127.0.0.1:0.
-pub async fn fake_server(fake: FakeConfig, mut config: ServerConfig) -> ServerHandle {
+/// Starts `model` on 127.0.0.1 and a free port.
+pub async fn serve(mut config: ServerConfig, (vocab, engine): ModelParts) -> ServerHandle {
     config.host = "127.0.0.1".into();
     config.port = 0;
-    let (vocab, engine) = fake_model(fake);
     start(config, vocab, engine).await.expect("server starts")
+}
+
+/// Starts the toy model on 127.0.0.1:0.
+pub async fn fake_server(fake: FakeConfig, config: ServerConfig) -> ServerHandle {
+    serve(config, fake_model(fake)).await
+}
+
+/// Where the real models live: `$DS4_MODELS` or `~/.cache/ds4-server/models`.
+pub fn model_path(file: &str) -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("DS4_MODELS")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| std::path::PathBuf::from(h).join(".cache/ds4-server/models"))
+        })?;
+    let p = dir.join(file);
+    p.exists().then_some(p)
+}
+
+/// Loads real model `file`, or says the test is skipped when it is absent.
+#[cfg(feature = "engine")]
+pub fn open_model(file: &str) -> Option<ds4_engine::LoadedModel> {
+    match model_path(file) {
+        Some(p) => Some(ds4_engine::LoadedModel::open(&p).expect("model loads")),
+        None => {
+            eprintln!(
+                "skipped: {file} not found in $DS4_MODELS or ~/.cache/ds4-server/models (run `make test-models`)"
+            );
+            None
+        }
+    }
+}
+
+/// Serves a real model with a session of `n_ctx` tokens.
+#[cfg(feature = "engine")]
+pub async fn engine_server(
+    model: ds4_engine::LoadedModel,
+    n_ctx: usize,
+    config: ServerConfig,
+) -> ServerHandle {
+    let parts = ds4_http::engine_model(model, n_ctx, None).expect("session");
+    serve(config, parts).await
 }
 
 pub fn client() -> reqwest::Client {
@@ -24,12 +67,22 @@ pub fn client() -> reqwest::Client {
         .expect("client")
 }
 
-/// POSTs JSON; returns status, headers and the body parsed as JSON (Null if not JSON).
-pub async fn post(url: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
+/// A chat body with one user message.
+pub fn user_chat(content: &str) -> Value {
+    json!({"messages": [{"role": "user", "content": content}]})
+}
+
+/// POSTs JSON; returns status, headers and the body text.
+pub async fn post_text(url: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, String) {
     let r = client().post(url).json(body).send().await.expect("request");
     let status = r.status().as_u16();
     let headers = r.headers().clone();
-    let text = r.text().await.expect("body");
+    (status, headers, r.text().await.expect("body"))
+}
+
+/// POSTs JSON; returns status, headers and the body parsed as JSON (Null if not JSON).
+pub async fn post(url: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
+    let (status, headers, text) = post_text(url, body).await;
     (
         status,
         headers,
@@ -49,6 +102,32 @@ pub async fn post_raw(url: &str, body: Vec<u8>) -> (u16, Value) {
     let status = r.status().as_u16();
     let text = r.text().await.expect("body");
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// GETs `url` and parses the body as JSON.
+pub async fn get_json(url: &str) -> Value {
+    let r = client().get(url).send().await.expect("request");
+    r.json().await.expect("a JSON body")
+}
+
+/// `GET /health`.
+pub async fn health(base: &str) -> Value {
+    get_json(&format!("{base}/health")).await
+}
+
+/// The value of the unlabelled series `name` on the server's `/metrics` page.
+pub async fn metric(base: &str, name: &str) -> f64 {
+    let text = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("request")
+        .text()
+        .await
+        .expect("body");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
 }
 
 /// One SSE event.
@@ -92,11 +171,23 @@ pub fn parse_sse(text: &str) -> (Vec<Sse>, usize) {
 
 /// POSTs and reads a whole SSE response.
 pub async fn post_sse(url: &str, body: &Value) -> (u16, Vec<Sse>, usize) {
-    let r = client().post(url).json(body).send().await.expect("request");
-    let status = r.status().as_u16();
-    let text = r.text().await.expect("body");
+    let (status, _, text) = post_text(url, body).await;
     let (events, comments) = parse_sse(&text);
     (status, events, comments)
+}
+
+/// The strings at JSON pointer `ptr` in the events' data, in order (events without
+/// one are skipped).
+pub fn pieces(events: &[Sse], ptr: &str) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| e.json().pointer(ptr)?.as_str().map(String::from))
+        .collect()
+}
+
+/// The text streamed at JSON pointer `ptr`: [`pieces`] joined.
+pub fn streamed(events: &[Sse], ptr: &str) -> String {
+    pieces(events, ptr).concat()
 }
 
 /// The OpenAI error shape.
@@ -123,16 +214,4 @@ pub fn assert_anthropic_error(body: &Value, ty: &str) {
             .is_some_and(|m| !m.is_empty()),
         "{body}"
     );
-}
-
-/// Where the real models live: `$DS4_MODELS` or `~/.cache/ds4-server/models`.
-pub fn model_path(file: &str) -> Option<std::path::PathBuf> {
-    let dir = std::env::var_os("DS4_MODELS")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| std::path::PathBuf::from(h).join(".cache/ds4-server/models"))
-        })?;
-    let p = dir.join(file);
-    p.exists().then_some(p)
 }
