@@ -7,7 +7,7 @@
 //! the HTTP layer is testable without weights.
 
 use std::ops::ControlFlow;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
@@ -185,6 +185,18 @@ pub struct SyncOutcome {
     pub evaluated: usize,
     /// Time spent evaluating; `None` when nothing was evaluated.
     pub time: Option<Duration>,
+}
+
+impl SyncOutcome {
+    /// `evaluated` tokens evaluated since `started` after `reused` kept; no time when
+    /// nothing was evaluated.
+    pub fn timed(reused: usize, evaluated: usize, started: Instant) -> Self {
+        SyncOutcome {
+            reused,
+            evaluated,
+            time: (evaluated > 0).then(|| started.elapsed()),
+        }
+    }
 }
 
 /// The leading tokens of `prompt` a session holding `held` keeps in [`Engine::sync`]:

@@ -245,11 +245,7 @@ impl EngineSession {
             .sync(prompt, &mut |_, _| {})
             .map_err(engine_error)?
             .evaluated;
-        Ok(SyncOutcome {
-            reused: keep,
-            evaluated,
-            time: (evaluated > 0).then(|| t0.elapsed()),
-        })
+        Ok(SyncOutcome::timed(keep, evaluated, t0))
     }
 
     fn generate_inner(

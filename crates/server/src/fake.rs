@@ -260,11 +260,7 @@ impl Engine for FakeEngine {
         }
         self.logits_known = true;
         let evaluated = prompt.len() - keep;
-        Ok(SyncOutcome {
-            reused: keep,
-            evaluated,
-            time: (evaluated > 0).then(|| t0.elapsed()),
-        })
+        Ok(SyncOutcome::timed(keep, evaluated, t0))
     }
 
     fn generate(

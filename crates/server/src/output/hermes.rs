@@ -383,16 +383,17 @@ mod tests {
         (c, events)
     }
 
-    fn chars(s: &str) -> Vec<String> {
-        s.chars().map(|c| c.to_string()).collect()
+    /// [`parse`] with the text fed one character at a time.
+    fn parse_chars(text: &str) -> (Collected, Vec<OutputEvent>) {
+        let pieces: Vec<String> = text.chars().map(|c| c.to_string()).collect();
+        let refs: Vec<&str> = pieces.iter().map(|s| s.as_str()).collect();
+        parse(&refs)
     }
 
     #[test]
     fn streams_name_then_argument_deltas() {
         let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>";
-        let pieces = chars(text);
-        let refs: Vec<&str> = pieces.iter().map(|s| s.as_str()).collect();
-        let (c, events) = parse(&refs);
+        let (c, events) = parse_chars(text);
         assert_eq!(c.text, "");
         assert_eq!(c.tool_calls.len(), 1);
         assert_eq!(c.tool_calls[0].name, "get_weather");
@@ -467,9 +468,7 @@ mod tests {
     #[test]
     fn bare_and_fenced_calls() {
         let bare = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
-        let pieces = chars(bare);
-        let refs: Vec<&str> = pieces.iter().map(|s| s.as_str()).collect();
-        let (c, events) = parse(&refs);
+        let (c, events) = parse_chars(bare);
         assert_eq!(c.text, "");
         assert_eq!(c.tool_calls.len(), 1);
         assert_eq!(c.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
