@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{fake_server, post, post_sse, streamed};
+use common::{fake_server, first_of_type, post, post_sse, streamed};
 use ds4_http::ServerConfig;
 use ds4_http::fake::FakeConfig;
 use serde_json::{Value, json};
@@ -116,13 +116,7 @@ async fn tool_use_round_trip() {
     )
     .await;
     assert_eq!(v["stop_reason"], "tool_use", "{v}");
-    let block = v["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["type"] == "tool_use")
-        .cloned()
-        .unwrap();
+    let block = first_of_type(&v["content"], "tool_use");
     assert_eq!(block["name"], "get_weather");
     assert_eq!(block["input"], json!({"city": "Paris"}));
     assert!(block["id"].as_str().unwrap().starts_with("toolu_"));

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{fake_server, pieces, post, post_sse, streamed};
+use common::{fake_server, first_of_type, pieces, post, post_sse, streamed};
 use ds4_http::ServerConfig;
 use ds4_http::fake::{FakeConfig, last_user_message};
 use serde_json::{Value, json};
@@ -408,13 +408,7 @@ async fn responses_function_calls() {
     let url = format!("{}/v1/responses", s.base_url());
     let tools = json!([{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
     let (_, _, v) = post(&url, &json!({"input": "Weather?", "tools": tools})).await;
-    let call = v["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["type"] == "function_call")
-        .cloned()
-        .unwrap();
+    let call = first_of_type(&v["output"], "function_call");
     assert_eq!(call["name"], "get_weather");
     assert_eq!(
         serde_json::from_str::<Value>(call["arguments"].as_str().unwrap()).unwrap()["city"],

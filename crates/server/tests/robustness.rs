@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     assert_anthropic_error, assert_openai_error, client, fake_server, get_json, health, metric,
-    parse_sse, post, post_raw, post_sse, post_text, streamed, user_chat as chat,
+    parse_sse, post, post_raw, post_sse, post_text, status_of, streamed, user_chat as chat,
 };
 use ds4_http::ServerConfig;
 use ds4_http::fake::FakeConfig;
@@ -280,46 +280,18 @@ async fn api_key_and_cors() {
     .await;
     assert_eq!(status, 401);
     assert_anthropic_error(&v, "authentication_error");
-    let r = client()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth("wrong")
-        .json(&chat("x"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 401);
-    let r = client()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth("sekret")
-        .json(&chat("x"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let chat_url = format!("{base}/v1/chat/completions");
+    let as_chat = |key: &str| client().post(&chat_url).bearer_auth(key).json(&chat("x"));
+    assert_eq!(status_of(as_chat("wrong")).await, 401);
+    assert_eq!(status_of(as_chat("sekret")).await, 200);
     let r = client()
         .post(format!("{base}/v1/messages"))
         .header("x-api-key", "sekret")
-        .json(&json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+        .json(&json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}));
+    assert_eq!(status_of(r).await, 200);
+    assert_eq!(status_of(client().get(format!("{base}/health"))).await, 200);
     assert_eq!(
-        client()
-            .get(format!("{base}/health"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        client()
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status_of(client().get(format!("{base}/metrics"))).await,
         401
     );
     // No CORS headers unless --cors.

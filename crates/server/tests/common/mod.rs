@@ -176,6 +176,22 @@ pub async fn post_sse(url: &str, body: &Value) -> (u16, Vec<Sse>, usize) {
     (status, events, comments)
 }
 
+/// The first item of JSON array `items` whose `type` is `ty`.
+pub fn first_of_type(items: &Value, ty: &str) -> Value {
+    items
+        .as_array()
+        .expect("an array")
+        .iter()
+        .find(|i| i["type"] == ty)
+        .cloned()
+        .unwrap_or_else(|| panic!("no item of type {ty} in {items}"))
+}
+
+/// Sends a request; its status.
+pub async fn status_of(request: reqwest::RequestBuilder) -> u16 {
+    request.send().await.expect("request").status().as_u16()
+}
+
 /// The strings at JSON pointer `ptr` in the events' data, in order (events without
 /// one are skipped).
 pub fn pieces(events: &[Sse], ptr: &str) -> Vec<String> {
