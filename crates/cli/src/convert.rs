@@ -15,7 +15,11 @@ pub fn main(args: ds4_convert::ConvertArgs) -> Result<()> {
         eprintln!("  {name}: written as {written} (rows are not whole {asked} blocks)");
     }
     if !report.unused.is_empty() {
-        eprintln!("  {} checkpoint tensors were not used: {}", report.unused.len(), report.unused.join(", "));
+        eprintln!(
+            "  {} checkpoint tensors were not used: {}",
+            report.unused.len(),
+            report.unused.join(", ")
+        );
     }
     Ok(())
 }

@@ -11,8 +11,8 @@ mod measure;
 mod pull;
 mod replay;
 mod run;
-mod synth;
 mod serve;
+mod synth;
 
 use clap::{Parser, Subcommand};
 

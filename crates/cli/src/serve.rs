@@ -26,7 +26,11 @@ pub fn main(a: ServeCmd) -> Result<()> {
         a.server,
         lm,
         a.model.ctx,
-        |addr| eprintln!("serving on http://{addr} (OpenAI base URL http://{addr}/v1, Anthropic http://{addr})"),
+        |addr| {
+            eprintln!(
+                "serving on http://{addr} (OpenAI base URL http://{addr}/v1, Anthropic http://{addr})"
+            )
+        },
         hook,
     );
     gpu_probe::finish(probe);

@@ -21,7 +21,16 @@ fn fails_with(out: &Output, needle: &str) {
 }
 
 fn run_model(path: &Path, extra: &[&str]) -> Output {
-    let mut args = vec!["run", "-m", path.to_str().unwrap(), "--no-template", "-p", "hello", "-n", "2"];
+    let mut args = vec![
+        "run",
+        "-m",
+        path.to_str().unwrap(),
+        "--no-template",
+        "-p",
+        "hello",
+        "-n",
+        "2",
+    ];
     args.extend_from_slice(extra);
     run(&args)
 }
@@ -56,7 +65,10 @@ fn rewrite(
 
 #[test]
 fn missing_file() {
-    fails_with(&run_model(Path::new("/nonexistent/model.gguf"), &[]), "does not exist");
+    fails_with(
+        &run_model(Path::new("/nonexistent/model.gguf"), &[]),
+        "does not exist",
+    );
 }
 
 #[test]
@@ -83,11 +95,16 @@ fn unknown_architecture() {
     let f = GgufFile::open(&good).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in f.metadata().iter() {
-        let v = if k == "general.architecture" { ds4_gguf::Value::String("mamba9".into()) } else { v.clone() };
+        let v = if k == "general.architecture" {
+            ds4_gguf::Value::String("mamba9".into())
+        } else {
+            v.clone()
+        };
         w.add_metadata(k.replace("llama.", "mamba9."), v).unwrap();
     }
     for t in f.tensors() {
-        w.add_tensor(t.name.clone(), &t.dims, t.dtype, f.tensor_data(t)).unwrap();
+        w.add_tensor(t.name.clone(), &t.dims, t.dtype, f.tensor_data(t))
+            .unwrap();
     }
     let p = dir.path().join("arch.gguf");
     w.write_file(&p).unwrap();
@@ -113,7 +130,10 @@ fn unsupported_tensor_type_and_missing_tensor() {
     rewrite(&good, &p, |name, dims, ty, data| {
         (name != "blk.0.ffn_down.weight").then(|| (dims.to_vec(), ty, data.to_vec()))
     });
-    fails_with(&run_model(&p, &[]), "tensor 'blk.0.ffn_down.weight' is missing");
+    fails_with(
+        &run_model(&p, &[]),
+        "tensor 'blk.0.ffn_down.weight' is missing",
+    );
 }
 
 #[test]
@@ -121,6 +141,15 @@ fn prompt_longer_than_the_context() {
     let dir = tempfile::tempdir().unwrap();
     let good = tiny_model(dir.path());
     let long = "word ".repeat(200);
-    let out = run(&["run", "-m", good.to_str().unwrap(), "--no-template", "-p", &long, "--ctx", "64"]);
+    let out = run(&[
+        "run",
+        "-m",
+        good.to_str().unwrap(),
+        "--no-template",
+        "-p",
+        &long,
+        "--ctx",
+        "64",
+    ]);
     fails_with(&out, "but the context holds 64");
 }

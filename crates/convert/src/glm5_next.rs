@@ -77,9 +77,9 @@ impl Ctx<'_> {
 
     /// Reads the first present of `rests`, checking its shape.
     fn read(&mut self, rests: &[&str], shape: &[usize]) -> Result<Vec<f32>, ConvertError> {
-        let name = self
-            .find(rests)
-            .ok_or_else(|| ConvertError::Tensor(format!("checkpoint tensor '{}' is missing", rests[0])))?;
+        let name = self.find(rests).ok_or_else(|| {
+            ConvertError::Tensor(format!("checkpoint tensor '{}' is missing", rests[0]))
+        })?;
         let got = self.src.shape(&name).unwrap_or_default();
         let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
         if got != shape && squeeze(&got) != squeeze(shape) {
@@ -121,15 +121,29 @@ impl Ctx<'_> {
         ty
     }
 
-    fn add(&mut self, name: &str, dims: &[usize], ty: GgmlType, bytes: Vec<u8>) -> Result<(), ConvertError> {
+    fn add(
+        &mut self,
+        name: &str,
+        dims: &[usize],
+        ty: GgmlType,
+        bytes: Vec<u8>,
+    ) -> Result<(), ConvertError> {
         let dims64: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
         self.report.bytes += bytes.len() as u64;
         self.report.tensors += 1;
-        self.w.add_tensor(name, &dims64, ty, bytes).map_err(|e| ConvertError::Tensor(format!("{name}: {e}")))
+        self.w
+            .add_tensor(name, &dims64, ty, bytes)
+            .map_err(|e| ConvertError::Tensor(format!("{name}: {e}")))
     }
 
     /// Writes `data` (row-major, `dims` in ggml order: `dims[0]` = row length).
-    fn emit(&mut self, name: &str, dims: &[usize], mut data: Vec<f32>, kind: Kind) -> Result<(), ConvertError> {
+    fn emit(
+        &mut self,
+        name: &str,
+        dims: &[usize],
+        mut data: Vec<f32>,
+        kind: Kind,
+    ) -> Result<(), ConvertError> {
         let ty = self.choose(name, dims[0], kind, &mut data);
         let bytes = encode(ty, dims[0], &data, name)?;
         self.add(name, dims, ty, bytes)
@@ -177,7 +191,14 @@ impl Ctx<'_> {
         self.emit(&format!("blk.{i}.{gguf}"), &[cols, rows], v, kind)
     }
 
-    fn vector(&mut self, i: usize, rests: &[&str], gguf: &str, len: usize, keep: bool) -> Result<(), ConvertError> {
+    fn vector(
+        &mut self,
+        i: usize,
+        rests: &[&str],
+        gguf: &str,
+        len: usize,
+        keep: bool,
+    ) -> Result<(), ConvertError> {
         let names: Vec<String> = rests.iter().map(|r| format!("layers.{i}.{r}")).collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let v = self.read(&refs, &[len])?;
@@ -199,7 +220,13 @@ pub fn convert(
     check_layout(c)?;
     write_metadata(c, opts, w)?;
     let mut report = ConvertReport::default();
-    let mut cx = Ctx { src, w, opts, report: &mut report, used: HashSet::new() };
+    let mut cx = Ctx {
+        src,
+        w,
+        opts,
+        report: &mut report,
+        used: HashSet::new(),
+    };
     let d = c.hidden_size;
     let v = c.vocab_size;
     let emb = cx.read(&["embed_tokens.weight"], &[v, d])?;
@@ -208,7 +235,12 @@ pub fn convert(
         layer(&mut cx, c, i)?;
     }
     let norm = cx.read(&["norm.weight"], &[d])?;
-    cx.emit("output_norm.weight", &[d], norm, Kind::Small { keep: false })?;
+    cx.emit(
+        "output_norm.weight",
+        &[d],
+        norm,
+        Kind::Small { keep: false },
+    )?;
     let head = if cx.has(&["lm_head.weight"]) || !c.tie_word_embeddings {
         cx.read(&["lm_head.weight"], &[v, d])?
     } else {
@@ -257,7 +289,13 @@ fn layer(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
     let n = c.hc_mult;
     let m = (2 + n) * n;
     cx.vector(i, &["input_layernorm.weight"], "attn_norm.weight", d, false)?;
-    cx.vector(i, &["post_attention_layernorm.weight"], "ffn_norm.weight", d, false)?;
+    cx.vector(
+        i,
+        &["post_attention_layernorm.weight"],
+        "ffn_norm.weight",
+        d,
+        false,
+    )?;
     for (hub, mem) in [("attn", "attn_hc"), ("ffn", "ffn_hc")] {
         cx.matrix(
             i,
@@ -267,7 +305,13 @@ fn layer(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
             n * d,
             Kind::Island,
         )?;
-        cx.vector(i, &[&format!("hc_{hub}_base"), &format!("{mem}.base")], &format!("hc_{hub}_base.weight"), m, true)?;
+        cx.vector(
+            i,
+            &[&format!("hc_{hub}_base"), &format!("{mem}.base")],
+            &format!("hc_{hub}_base.weight"),
+            m,
+            true,
+        )?;
         cx.vector(
             i,
             &[&format!("hc_{hub}_scale"), &format!("{mem}.scale")],
@@ -281,30 +325,69 @@ fn layer(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
     } else {
         mla(cx, c, i)?;
     }
-    if c.is_moe(i) { moe(cx, c, i) } else { dense(cx, c, i) }
+    if c.is_moe(i) {
+        moe(cx, c, i)
+    } else {
+        dense(cx, c, i)
+    }
 }
 
 fn kda(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
-    let (d, h, dk, kc) = (c.hidden_size, c.linear_num_heads, c.linear_head_dim, c.linear_conv_kernel_dim);
+    let (d, h, dk, kc) = (
+        c.hidden_size,
+        c.linear_num_heads,
+        c.linear_head_dim,
+        c.linear_conv_kernel_dim,
+    );
     let qkv = h * dk;
     let sa = |s: &str| format!("self_attn.{s}");
     for p in ["q", "k", "v"] {
-        cx.matrix(i, &[&sa(&format!("{p}_proj.weight"))], &format!("attn_{p}.weight"), qkv, d, Kind::Matrix)?;
+        cx.matrix(
+            i,
+            &[&sa(&format!("{p}_proj.weight"))],
+            &format!("attn_{p}.weight"),
+            qkv,
+            d,
+            Kind::Matrix,
+        )?;
     }
     // Conv: hub format has q/k/v separately; the in-memory format one fused tensor.
     if cx.has(&[&format!("layers.{i}.self_attn.q_conv1d.weight")]) {
         for p in ["q", "k", "v"] {
-            let v = cx.read(&[&format!("layers.{i}.self_attn.{p}_conv1d.weight")], &[qkv, 1, kc])?;
-            cx.emit(&format!("blk.{i}.ssm_conv1d_{p}.weight"), &[kc, 1, qkv], v, Kind::Small { keep: true })?;
+            let v = cx.read(
+                &[&format!("layers.{i}.self_attn.{p}_conv1d.weight")],
+                &[qkv, 1, kc],
+            )?;
+            cx.emit(
+                &format!("blk.{i}.ssm_conv1d_{p}.weight"),
+                &[kc, 1, qkv],
+                v,
+                Kind::Small { keep: true },
+            )?;
         }
     } else {
-        let v = cx.read(&[&format!("layers.{i}.self_attn.conv1d.weight")], &[3 * qkv, 1, kc])?;
+        let v = cx.read(
+            &[&format!("layers.{i}.self_attn.conv1d.weight")],
+            &[3 * qkv, 1, kc],
+        )?;
         for (j, p) in ["q", "k", "v"].into_iter().enumerate() {
             let part = v[j * qkv * kc..(j + 1) * qkv * kc].to_vec();
-            cx.emit(&format!("blk.{i}.ssm_conv1d_{p}.weight"), &[kc, 1, qkv], part, Kind::Small { keep: true })?;
+            cx.emit(
+                &format!("blk.{i}.ssm_conv1d_{p}.weight"),
+                &[kc, 1, qkv],
+                part,
+                Kind::Small { keep: true },
+            )?;
         }
     }
-    cx.matrix(i, &[&sa("f_a_proj.weight"), &sa("forget_gate.f_a_proj.weight")], "ssm_f_a.weight", dk, d, Kind::Matrix)?;
+    cx.matrix(
+        i,
+        &[&sa("f_a_proj.weight"), &sa("forget_gate.f_a_proj.weight")],
+        "ssm_f_a.weight",
+        dk,
+        d,
+        Kind::Matrix,
+    )?;
     cx.matrix(
         i,
         &[&sa("f_b_proj.weight"), &sa("forget_gate.f_b_proj.weight")],
@@ -313,28 +396,114 @@ fn kda(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
         dk,
         Kind::Matrix,
     )?;
-    cx.vector(i, &[&sa("dt_bias"), &sa("forget_gate.dt_bias")], "ssm_dt.bias", qkv, true)?;
-    let a_log =
-        cx.read(&[&format!("layers.{i}.self_attn.A_log"), &format!("layers.{i}.self_attn.forget_gate.A_log")], &[h])?;
+    cx.vector(
+        i,
+        &[&sa("dt_bias"), &sa("forget_gate.dt_bias")],
+        "ssm_dt.bias",
+        qkv,
+        true,
+    )?;
+    let a_log = cx.read(
+        &[
+            &format!("layers.{i}.self_attn.A_log"),
+            &format!("layers.{i}.self_attn.forget_gate.A_log"),
+        ],
+        &[h],
+    )?;
     let ssm_a: Vec<f32> = a_log.iter().map(|&x| -x.exp()).collect();
-    cx.emit(&format!("blk.{i}.ssm_a"), &[h], ssm_a, Kind::Small { keep: true })?;
-    cx.matrix(i, &[&sa("b_proj.weight")], "ssm_beta.weight", h, d, Kind::Matrix)?;
-    cx.matrix(i, &[&sa("g_a_proj.weight")], "ssm_g_a.weight", dk, d, Kind::Matrix)?;
-    cx.matrix(i, &[&sa("g_b_proj.weight")], "ssm_g_b.weight", qkv, dk, Kind::Matrix)?;
+    cx.emit(
+        &format!("blk.{i}.ssm_a"),
+        &[h],
+        ssm_a,
+        Kind::Small { keep: true },
+    )?;
+    cx.matrix(
+        i,
+        &[&sa("b_proj.weight")],
+        "ssm_beta.weight",
+        h,
+        d,
+        Kind::Matrix,
+    )?;
+    cx.matrix(
+        i,
+        &[&sa("g_a_proj.weight")],
+        "ssm_g_a.weight",
+        dk,
+        d,
+        Kind::Matrix,
+    )?;
+    cx.matrix(
+        i,
+        &[&sa("g_b_proj.weight")],
+        "ssm_g_b.weight",
+        qkv,
+        dk,
+        Kind::Matrix,
+    )?;
     cx.vector(i, &[&sa("o_norm.weight")], "ssm_norm.weight", dk, false)?;
-    cx.matrix(i, &[&sa("o_proj.weight")], "attn_output.weight", d, qkv, Kind::Matrix)
+    cx.matrix(
+        i,
+        &[&sa("o_proj.weight")],
+        "attn_output.weight",
+        d,
+        qkv,
+        Kind::Matrix,
+    )
 }
 
 fn mla(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
-    let (d, ha, rq, rkv, dn, dv) =
-        (c.hidden_size, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.v_head_dim);
+    let (d, ha, rq, rkv, dn, dv) = (
+        c.hidden_size,
+        c.num_attention_heads,
+        c.q_lora_rank,
+        c.kv_lora_rank,
+        c.qk_nope_head_dim,
+        c.v_head_dim,
+    );
     let sa = |s: &str| format!("self_attn.{s}");
-    cx.matrix(i, &[&sa("q_a_proj.weight")], "attn_q_a.weight", rq, d, Kind::Matrix)?;
-    cx.vector(i, &[&sa("q_a_layernorm.weight")], "attn_q_a_norm.weight", rq, false)?;
-    cx.matrix(i, &[&sa("q_b_proj.weight")], "attn_q_b.weight", ha * dn, rq, Kind::Matrix)?;
-    cx.matrix(i, &[&sa("kv_a_proj_with_mqa.weight")], "attn_kv_a_mqa.weight", rkv, d, Kind::Matrix)?;
-    cx.vector(i, &[&sa("kv_a_layernorm.weight")], "attn_kv_a_norm.weight", rkv, false)?;
-    let kv_b = cx.read(&[&format!("layers.{i}.self_attn.kv_b_proj.weight")], &[ha * (dn + dv), rkv])?;
+    cx.matrix(
+        i,
+        &[&sa("q_a_proj.weight")],
+        "attn_q_a.weight",
+        rq,
+        d,
+        Kind::Matrix,
+    )?;
+    cx.vector(
+        i,
+        &[&sa("q_a_layernorm.weight")],
+        "attn_q_a_norm.weight",
+        rq,
+        false,
+    )?;
+    cx.matrix(
+        i,
+        &[&sa("q_b_proj.weight")],
+        "attn_q_b.weight",
+        ha * dn,
+        rq,
+        Kind::Matrix,
+    )?;
+    cx.matrix(
+        i,
+        &[&sa("kv_a_proj_with_mqa.weight")],
+        "attn_kv_a_mqa.weight",
+        rkv,
+        d,
+        Kind::Matrix,
+    )?;
+    cx.vector(
+        i,
+        &[&sa("kv_a_layernorm.weight")],
+        "attn_kv_a_norm.weight",
+        rkv,
+        false,
+    )?;
+    let kv_b = cx.read(
+        &[&format!("layers.{i}.self_attn.kv_b_proj.weight")],
+        &[ha * (dn + dv), rkv],
+    )?;
     let mut kb = Vec::with_capacity(ha * rkv * dn);
     let mut vb = Vec::with_capacity(ha * dv * rkv);
     for h in 0..ha {
@@ -345,61 +514,211 @@ fn mla(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
         }
         vb.extend_from_slice(&kv_b[(h * (dn + dv) + dn) * rkv..(h * (dn + dv) + dn + dv) * rkv]);
     }
-    cx.emit(&format!("blk.{i}.attn_k_b.weight"), &[dn, rkv, ha], kb, Kind::Matrix)?;
-    cx.emit(&format!("blk.{i}.attn_v_b.weight"), &[rkv, dv, ha], vb, Kind::Matrix)?;
-    cx.matrix(i, &[&sa("o_proj.weight")], "attn_output.weight", d, ha * dv, Kind::Matrix)?;
+    cx.emit(
+        &format!("blk.{i}.attn_k_b.weight"),
+        &[dn, rkv, ha],
+        kb,
+        Kind::Matrix,
+    )?;
+    cx.emit(
+        &format!("blk.{i}.attn_v_b.weight"),
+        &[rkv, dv, ha],
+        vb,
+        Kind::Matrix,
+    )?;
+    cx.matrix(
+        i,
+        &[&sa("o_proj.weight")],
+        "attn_output.weight",
+        d,
+        ha * dv,
+        Kind::Matrix,
+    )?;
     if c.full_indexer(i) {
         let (hi, di, p) = (c.index_n_heads, c.index_head_dim, c.index_kpool);
         let ix = |s: &str| format!("self_attn.indexer.{s}");
-        cx.matrix(i, &[&ix("wq_b.weight")], "indexer.attn_q_b.weight", hi * di, rq, Kind::Matrix)?;
-        cx.matrix(i, &[&ix("wk.weight")], "indexer.attn_k.weight", di, d, Kind::Matrix)?;
-        cx.vector(i, &[&ix("k_norm.weight")], "indexer.k_norm.weight", di, false)?;
+        cx.matrix(
+            i,
+            &[&ix("wq_b.weight")],
+            "indexer.attn_q_b.weight",
+            hi * di,
+            rq,
+            Kind::Matrix,
+        )?;
+        cx.matrix(
+            i,
+            &[&ix("wk.weight")],
+            "indexer.attn_k.weight",
+            di,
+            d,
+            Kind::Matrix,
+        )?;
+        cx.vector(
+            i,
+            &[&ix("k_norm.weight")],
+            "indexer.k_norm.weight",
+            di,
+            false,
+        )?;
         cx.vector(i, &[&ix("k_norm.bias")], "indexer.k_norm.bias", di, false)?;
-        cx.matrix(i, &[&ix("weights_proj.weight")], "indexer.proj.weight", hi, d, Kind::Matrix)?;
-        cx.matrix(i, &[&ix("index_kpool_compress_gate")], "indexer_compressor_gate.weight", di, d, Kind::Matrix)?;
-        let ape = cx.read(&[&format!("layers.{i}.self_attn.indexer.index_kpool_compress_ape")], &[p, di])?;
-        cx.emit(&format!("blk.{i}.indexer_compressor_ape.weight"), &[di, p], ape, Kind::Small { keep: false })?;
+        cx.matrix(
+            i,
+            &[&ix("weights_proj.weight")],
+            "indexer.proj.weight",
+            hi,
+            d,
+            Kind::Matrix,
+        )?;
+        cx.matrix(
+            i,
+            &[&ix("index_kpool_compress_gate")],
+            "indexer_compressor_gate.weight",
+            di,
+            d,
+            Kind::Matrix,
+        )?;
+        let ape = cx.read(
+            &[&format!(
+                "layers.{i}.self_attn.indexer.index_kpool_compress_ape"
+            )],
+            &[p, di],
+        )?;
+        cx.emit(
+            &format!("blk.{i}.indexer_compressor_ape.weight"),
+            &[di, p],
+            ape,
+            Kind::Small { keep: false },
+        )?;
     }
     Ok(())
 }
 
 fn dense(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
     let (d, ff) = (c.hidden_size, c.intermediate_size);
-    cx.matrix(i, &["mlp.gate_proj.weight"], "ffn_gate.weight", ff, d, Kind::Matrix)?;
-    cx.matrix(i, &["mlp.up_proj.weight"], "ffn_up.weight", ff, d, Kind::Matrix)?;
-    cx.matrix(i, &["mlp.down_proj.weight"], "ffn_down.weight", d, ff, Kind::Matrix)
+    cx.matrix(
+        i,
+        &["mlp.gate_proj.weight"],
+        "ffn_gate.weight",
+        ff,
+        d,
+        Kind::Matrix,
+    )?;
+    cx.matrix(
+        i,
+        &["mlp.up_proj.weight"],
+        "ffn_up.weight",
+        ff,
+        d,
+        Kind::Matrix,
+    )?;
+    cx.matrix(
+        i,
+        &["mlp.down_proj.weight"],
+        "ffn_down.weight",
+        d,
+        ff,
+        Kind::Matrix,
+    )
 }
 
 fn moe(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
     let (d, e, ff) = (c.hidden_size, c.n_routed_experts, c.moe_intermediate_size);
     let sh = ff * c.n_shared_experts;
-    cx.matrix(i, &["mlp.gate.weight"], "ffn_gate_inp.weight", e, d, Kind::Island)?;
-    cx.vector(i, &["mlp.gate.e_score_correction_bias"], "exp_probs_b.bias", e, true)?;
+    cx.matrix(
+        i,
+        &["mlp.gate.weight"],
+        "ffn_gate_inp.weight",
+        e,
+        d,
+        Kind::Island,
+    )?;
+    cx.vector(
+        i,
+        &["mlp.gate.e_score_correction_bias"],
+        "exp_probs_b.bias",
+        e,
+        true,
+    )?;
     // Routed experts: per-expert hub tensors (streamed), or the fused in-memory ones.
     if cx.has(&[&format!("layers.{i}.mlp.experts.0.gate_proj.weight")]) {
-        for (which, gguf, shape) in
-            [("gate_proj", "gate", [ff, d]), ("up_proj", "up", [ff, d]), ("down_proj", "down", [d, ff])]
-        {
+        for (which, gguf, shape) in [
+            ("gate_proj", "gate", [ff, d]),
+            ("up_proj", "up", [ff, d]),
+            ("down_proj", "down", [d, ff]),
+        ] {
             let dims = [shape[1], shape[0], e];
-            cx.emit_stacked(&format!("blk.{i}.ffn_{gguf}_exps.weight"), dims, Kind::Expert, |cx, x| {
-                cx.read(&[&format!("layers.{i}.mlp.experts.{x}.{which}.weight")], &shape)
-            })?;
+            cx.emit_stacked(
+                &format!("blk.{i}.ffn_{gguf}_exps.weight"),
+                dims,
+                Kind::Expert,
+                |cx, x| {
+                    cx.read(
+                        &[&format!("layers.{i}.mlp.experts.{x}.{which}.weight")],
+                        &shape,
+                    )
+                },
+            )?;
         }
     } else {
-        let gu = cx.read(&[&format!("layers.{i}.mlp.experts.gate_up_proj")], &[e, 2 * ff, d])?;
+        let gu = cx.read(
+            &[&format!("layers.{i}.mlp.experts.gate_up_proj")],
+            &[e, 2 * ff, d],
+        )?;
         let half = |off: usize| -> Vec<f32> {
-            (0..e).flat_map(|x| gu[x * 2 * ff * d + off..x * 2 * ff * d + off + ff * d].iter().copied()).collect()
+            (0..e)
+                .flat_map(|x| {
+                    gu[x * 2 * ff * d + off..x * 2 * ff * d + off + ff * d]
+                        .iter()
+                        .copied()
+                })
+                .collect()
         };
         let (gate, up) = (half(0), half(ff * d));
         drop(gu);
-        cx.emit(&format!("blk.{i}.ffn_gate_exps.weight"), &[d, ff, e], gate, Kind::Expert)?;
-        cx.emit(&format!("blk.{i}.ffn_up_exps.weight"), &[d, ff, e], up, Kind::Expert)?;
+        cx.emit(
+            &format!("blk.{i}.ffn_gate_exps.weight"),
+            &[d, ff, e],
+            gate,
+            Kind::Expert,
+        )?;
+        cx.emit(
+            &format!("blk.{i}.ffn_up_exps.weight"),
+            &[d, ff, e],
+            up,
+            Kind::Expert,
+        )?;
         let down = cx.read(&[&format!("layers.{i}.mlp.experts.down_proj")], &[e, d, ff])?;
-        cx.emit(&format!("blk.{i}.ffn_down_exps.weight"), &[ff, d, e], down, Kind::Expert)?;
+        cx.emit(
+            &format!("blk.{i}.ffn_down_exps.weight"),
+            &[ff, d, e],
+            down,
+            Kind::Expert,
+        )?;
     }
-    cx.matrix(i, &["mlp.shared_experts.gate_proj.weight"], "ffn_gate_shexp.weight", sh, d, Kind::Matrix)?;
-    cx.matrix(i, &["mlp.shared_experts.up_proj.weight"], "ffn_up_shexp.weight", sh, d, Kind::Matrix)?;
-    cx.matrix(i, &["mlp.shared_experts.down_proj.weight"], "ffn_down_shexp.weight", d, sh, Kind::Matrix)
+    cx.matrix(
+        i,
+        &["mlp.shared_experts.gate_proj.weight"],
+        "ffn_gate_shexp.weight",
+        sh,
+        d,
+        Kind::Matrix,
+    )?;
+    cx.matrix(
+        i,
+        &["mlp.shared_experts.up_proj.weight"],
+        "ffn_up_shexp.weight",
+        sh,
+        d,
+        Kind::Matrix,
+    )?;
+    cx.matrix(
+        i,
+        &["mlp.shared_experts.down_proj.weight"],
+        "ffn_down_shexp.weight",
+        d,
+        sh,
+        Kind::Matrix,
+    )
 }
 
 /// llama.cpp's `general.file_type` for the main output type.
@@ -422,7 +741,10 @@ fn write_metadata(c: &TextConfig, opts: &Options, w: &mut GgufWriter) -> Result<
     let mut kv: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(ARCH.into())),
         ("general.name".into(), Value::String(opts.name.clone())),
-        ("general.file_type".into(), Value::U32(file_type(opts.outtype))),
+        (
+            "general.file_type".into(),
+            Value::U32(file_type(opts.outtype)),
+        ),
         ("general.quantization_version".into(), Value::U32(2)),
         (k("vocab_size"), u(c.vocab_size)),
         (k("context_length"), u(c.max_position_embeddings)),
@@ -430,43 +752,82 @@ fn write_metadata(c: &TextConfig, opts: &Options, w: &mut GgufWriter) -> Result<
         (k("block_count"), u(n)),
         (k("feed_forward_length"), u(c.intermediate_size)),
         (k("expert_feed_forward_length"), u(c.moe_intermediate_size)),
-        (k("expert_shared_feed_forward_length"), u(c.moe_intermediate_size * c.n_shared_experts)),
+        (
+            k("expert_shared_feed_forward_length"),
+            u(c.moe_intermediate_size * c.n_shared_experts),
+        ),
         (k("expert_count"), u(c.n_routed_experts)),
         (k("expert_used_count"), u(c.num_experts_per_tok)),
         (k("expert_shared_count"), u(c.n_shared_experts)),
         (k("expert_group_count"), u(c.n_group)),
         (k("expert_group_used_count"), u(c.topk_group)),
-        (k("expert_weights_scale"), Value::F32(c.routed_scaling_factor)),
+        (
+            k("expert_weights_scale"),
+            Value::F32(c.routed_scaling_factor),
+        ),
         (k("expert_weights_norm"), Value::Bool(c.norm_topk_prob)),
         (k("expert_gating_func"), Value::U32(2)),
-        (k("leading_dense_block_count"), u(c.mlp_layer_types.iter().take(n).take_while(|t| *t == "dense").count())),
+        (
+            k("leading_dense_block_count"),
+            u(c.mlp_layer_types
+                .iter()
+                .take(n)
+                .take_while(|t| *t == "dense")
+                .count()),
+        ),
         (k("attention.head_count"), u(c.num_attention_heads)),
         (
             k("attention.head_count_kv"),
             Value::Array(
-                (0..n).map(|i| Value::U32(if c.is_kda(i) { 0 } else { c.num_key_value_heads as u32 })).collect(),
+                (0..n)
+                    .map(|i| {
+                        Value::U32(if c.is_kda(i) {
+                            0
+                        } else {
+                            c.num_key_value_heads as u32
+                        })
+                    })
+                    .collect(),
             ),
         ),
         (k("attention.q_lora_rank"), u(c.q_lora_rank)),
         (k("attention.kv_lora_rank"), u(c.kv_lora_rank)),
-        (k("attention.key_length"), u(c.kv_lora_rank + c.qk_rope_head_dim)),
+        (
+            k("attention.key_length"),
+            u(c.kv_lora_rank + c.qk_rope_head_dim),
+        ),
         (k("attention.value_length"), u(c.kv_lora_rank)),
-        (k("attention.key_length_mla"), u(c.qk_nope_head_dim + c.qk_rope_head_dim)),
+        (
+            k("attention.key_length_mla"),
+            u(c.qk_nope_head_dim + c.qk_rope_head_dim),
+        ),
         (k("attention.value_length_mla"), u(c.v_head_dim)),
-        (k("attention.layer_norm_rms_epsilon"), Value::F32(c.rms_norm_eps)),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(c.rms_norm_eps),
+        ),
         (k("attention.layer_norm_epsilon"), Value::F32(1e-6)),
         (k("attention.indexer.head_count"), u(c.index_n_heads)),
         (k("attention.indexer.key_length"), u(c.index_head_dim)),
         (k("attention.indexer.top_k"), u(c.index_topk)),
         (k("attention.indexer.kpool"), u(c.index_kpool)),
-        (k("attention.indexer.kpool_select_tail"), Value::Bool(c.index_kpool_always_select_tail)),
-        (k("attention.indexer.types"), Value::Array((0..n).map(|i| Value::Bool(c.full_indexer(i))).collect())),
+        (
+            k("attention.indexer.kpool_select_tail"),
+            Value::Bool(c.index_kpool_always_select_tail),
+        ),
+        (
+            k("attention.indexer.types"),
+            Value::Array((0..n).map(|i| Value::Bool(c.full_indexer(i))).collect()),
+        ),
         (k("rope.dimension_count"), u(0)),
         (k("ssm.conv_kernel"), u(c.linear_conv_kernel_dim)),
         (k("kda.head_dim"), u(c.linear_head_dim)),
         (k("kda.head_count"), u(c.linear_num_heads)),
         (k("hyper_connection.count"), u(c.hc_mult)),
-        (k("hyper_connection.sinkhorn_iterations"), u(c.hc_sinkhorn_iters)),
+        (
+            k("hyper_connection.sinkhorn_iterations"),
+            u(c.hc_sinkhorn_iters),
+        ),
         (k("hyper_connection.epsilon"), Value::F32(c.hc_eps)),
         (k("nextn_predict_layers"), u(0)),
     ];
@@ -478,7 +839,8 @@ fn write_metadata(c: &TextConfig, opts: &Options, w: &mut GgufWriter) -> Result<
         kv.push((k("swiglu_clamp_shexp"), Value::F32(l)));
     }
     for (key, v) in kv {
-        w.add_metadata(key.clone(), v).map_err(|e| ConvertError::Tensor(format!("metadata {key}: {e}")))?;
+        w.add_metadata(key.clone(), v)
+            .map_err(|e| ConvertError::Tensor(format!("metadata {key}: {e}")))?;
     }
     Ok(())
 }

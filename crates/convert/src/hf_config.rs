@@ -110,7 +110,8 @@ impl TextConfig {
     /// != num_key_value_heads`, RoPE dimensions, `index_topk` not a multiple of
     /// `index_kpool`).
     pub fn parse(text: &str) -> Result<TextConfig, ConvertError> {
-        let root: Value = serde_json::from_str(text).map_err(|e| ConvertError::Config(format!("config.json: {e}")))?;
+        let root: Value = serde_json::from_str(text)
+            .map_err(|e| ConvertError::Config(format!("config.json: {e}")))?;
         let c = root.get("text_config").unwrap_or(&root);
         let n_layer = uint(c, "num_hidden_layers", 45)?;
         let heads = uint(c, "num_attention_heads", 64)?;
@@ -161,20 +162,43 @@ impl TextConfig {
             hc_mult: uint(c, "hc_mult", 4)?,
             hc_eps: float(c, "hc_eps", 1e-6)?,
             hc_sinkhorn_iters: uint(c, "hc_sinkhorn_iters", 20)?,
-            hidden_act: get(c, "hidden_act").and_then(Value::as_str).unwrap_or("silu").to_string(),
-            tie_word_embeddings: boolean(c, "tie_word_embeddings", boolean(&root, "tie_word_embeddings", false)?)?,
+            hidden_act: get(c, "hidden_act")
+                .and_then(Value::as_str)
+                .unwrap_or("silu")
+                .to_string(),
+            tie_word_embeddings: boolean(
+                c,
+                "tie_word_embeddings",
+                boolean(&root, "tie_word_embeddings", false)?,
+            )?,
         };
         // Per-layer schedules (`__post_init__`).
-        cfg.mlp_layer_types = strings(c, "mlp_layer_types")?
-            .unwrap_or_else(|| (0..n_layer).map(|i| if i < 3 { "dense" } else { "sparse" }.to_string()).collect());
+        cfg.mlp_layer_types = strings(c, "mlp_layer_types")?.unwrap_or_else(|| {
+            (0..n_layer)
+                .map(|i| if i < 3 { "dense" } else { "sparse" }.to_string())
+                .collect()
+        });
         cfg.layer_types = strings(c, "layer_types")?
             .unwrap_or_else(|| {
                 (0..n_layer)
-                    .map(|i| if i % 4 != 3 { "linear_attention" } else { "indexed_attention" }.to_string())
+                    .map(|i| {
+                        if i % 4 != 3 {
+                            "linear_attention"
+                        } else {
+                            "indexed_attention"
+                        }
+                        .to_string()
+                    })
                     .collect()
             })
             .into_iter()
-            .map(|t| if t == "full_attention" { "indexed_attention".to_string() } else { t })
+            .map(|t| {
+                if t == "full_attention" {
+                    "indexed_attention".to_string()
+                } else {
+                    t
+                }
+            })
             .collect();
         cfg.indexer_types = match strings(c, "indexer_types")? {
             Some(v) => v,
@@ -184,7 +208,9 @@ impl TextConfig {
                     .map(|ch| match ch {
                         'F' => Ok("full".to_string()),
                         'S' => Ok("shared".to_string()),
-                        _ => Err(ConvertError::Config(format!("config.json: index_topk_pattern has '{ch}'"))),
+                        _ => Err(ConvertError::Config(format!(
+                            "config.json: index_topk_pattern has '{ch}'"
+                        ))),
                     })
                     .collect::<Result<_, _>>()?,
                 _ => {
@@ -192,8 +218,12 @@ impl TextConfig {
                     let offset = uint(c, "index_skip_topk_offset", 2)? as i64;
                     (0..n_layer as i64)
                         .map(|i| {
-                            if ((i - offset + 1).max(0) as usize).is_multiple_of(freq) { "full" } else { "shared" }
-                                .to_string()
+                            if ((i - offset + 1).max(0) as usize).is_multiple_of(freq) {
+                                "full"
+                            } else {
+                                "shared"
+                            }
+                            .to_string()
                         })
                         .collect()
                 }
@@ -202,7 +232,8 @@ impl TextConfig {
         if let Some(d) = get(c, "linear_attn_config") {
             cfg.linear_head_dim = uint(d, "head_dim", cfg.linear_head_dim)?;
             cfg.linear_num_heads = uint(d, "num_heads", cfg.linear_num_heads)?;
-            cfg.linear_conv_kernel_dim = uint(d, "short_conv_kernel_size", cfg.linear_conv_kernel_dim)?;
+            cfg.linear_conv_kernel_dim =
+                uint(d, "short_conv_kernel_size", cfg.linear_conv_kernel_dim)?;
             if let Some(v) = d.get("gate_lower_bound") {
                 cfg.linear_lower_bound = v.as_f64().map(|x| x as f32);
             }
@@ -228,12 +259,16 @@ impl TextConfig {
         }
         for (i, t) in self.layer_types.iter().take(n).enumerate() {
             if t != "linear_attention" && t != "indexed_attention" {
-                return err(format!("layer_types[{i}] = \"{t}\" (expected linear_attention or indexed_attention)"));
+                return err(format!(
+                    "layer_types[{i}] = \"{t}\" (expected linear_attention or indexed_attention)"
+                ));
             }
         }
         for (i, t) in self.mlp_layer_types.iter().take(n).enumerate() {
             if t != "dense" && t != "sparse" {
-                return err(format!("mlp_layer_types[{i}] = \"{t}\" (expected dense or sparse)"));
+                return err(format!(
+                    "mlp_layer_types[{i}] = \"{t}\" (expected dense or sparse)"
+                ));
             }
         }
         if self.num_attention_heads != self.num_key_value_heads {
@@ -243,7 +278,10 @@ impl TextConfig {
             ));
         }
         if self.qk_rope_head_dim != 0 {
-            return err(format!("qk_rope_head_dim is {}; glm5_next is NoPE (0)", self.qk_rope_head_dim));
+            return err(format!(
+                "qk_rope_head_dim is {}; glm5_next is NoPE (0)",
+                self.qk_rope_head_dim
+            ));
         }
         if self.index_kpool == 0 || !self.index_topk.is_multiple_of(self.index_kpool) {
             return err(format!(
@@ -252,7 +290,10 @@ impl TextConfig {
             ));
         }
         if self.attention_bias {
-            return err("attention_bias = true is not supported (GLM-5.3-Flash has no attention biases)".into());
+            return err(
+                "attention_bias = true is not supported (GLM-5.3-Flash has no attention biases)"
+                    .into(),
+            );
         }
         if self.hidden_act != "silu" {
             return err(format!("hidden_act \"{}\" (only silu)", self.hidden_act));
@@ -284,19 +325,29 @@ mod tests {
     fn defaults_are_glm_5_3_flash() {
         let c = TextConfig::parse("{\"text_config\": {}}").unwrap();
         assert_eq!(c.num_hidden_layers, 45);
-        assert_eq!(c.layer_types.iter().filter(|t| *t == "linear_attention").count(), 34);
+        assert_eq!(
+            c.layer_types
+                .iter()
+                .filter(|t| *t == "linear_attention")
+                .count(),
+            34
+        );
         assert_eq!(c.layer_types[3], "indexed_attention");
         assert!(c.indexer_types.iter().all(|t| t == "full"));
-        assert_eq!(&c.mlp_layer_types[..4], ["dense", "dense", "dense", "sparse"]);
+        assert_eq!(
+            &c.mlp_layer_types[..4],
+            ["dense", "dense", "dense", "sparse"]
+        );
         assert_eq!(c.linear_lower_bound, Some(-5.0));
         assert_eq!(c.swiglu_limit, Some(10.0));
     }
 
     #[test]
     fn null_lower_bound_is_softplus_and_pattern_sets_indexers() {
-        let c =
-            TextConfig::parse(r#"{"num_hidden_layers": 4, "linear_lower_bound": null, "index_topk_pattern": "FFSF"}"#)
-                .unwrap();
+        let c = TextConfig::parse(
+            r#"{"num_hidden_layers": 4, "linear_lower_bound": null, "index_topk_pattern": "FFSF"}"#,
+        )
+        .unwrap();
         assert_eq!(c.linear_lower_bound, None);
         assert_eq!(c.indexer_types, ["full", "full", "shared", "full"]);
     }

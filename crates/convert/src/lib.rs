@@ -32,7 +32,10 @@ pub use quantize::OutType;
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Config(String),
     #[error("{0}")]
@@ -102,23 +105,33 @@ pub fn run(args: &ConvertArgs) -> Result<ConvertReport, ConvertError> {
         let opts = Options {
             outtype: args.outtype,
             expert_type: args.expert_type,
-            name: args.name.clone().unwrap_or_else(|| format!("glm5next-synthetic-{}", preset.name())),
+            name: args
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("glm5next-synthetic-{}", preset.name())),
         };
         glm5_next::convert(&src, &cfg, &opts, &mut w)?
     } else {
-        let dir = args
-            .input
-            .as_deref()
-            .ok_or_else(|| ConvertError::Config("give a checkpoint directory or --synthetic".into()))?;
+        let dir = args.input.as_deref().ok_or_else(|| {
+            ConvertError::Config("give a checkpoint directory or --synthetic".into())
+        })?;
         let name = args.name.clone().unwrap_or_else(|| {
-            dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "glm5next".into())
+            dir.file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "glm5next".into())
         });
-        let opts = Options { outtype: args.outtype, expert_type: args.expert_type, name };
+        let opts = Options {
+            outtype: args.outtype,
+            expert_type: args.expert_type,
+            name,
+        };
         let report = convert_dir(dir, &opts, &mut w)?;
         if vocab.is_none() {
-            let n_vocab =
-                w.metadata().get(&format!("{}.vocab_size", glm5_next::ARCH)).and_then(|v| v.as_u64()).unwrap_or(0)
-                    as usize;
+            let n_vocab = w
+                .metadata()
+                .get(&format!("{}.vocab_size", glm5_next::ARCH))
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0) as usize;
             for (k, v) in vocab::from_hf(dir, n_vocab)?.unwrap_or_default() {
                 w.add_metadata(k, v)?;
             }
@@ -136,10 +149,16 @@ pub fn run(args: &ConvertArgs) -> Result<ConvertReport, ConvertError> {
 ///
 /// # Errors
 /// As [`run`].
-pub fn convert_dir(dir: &Path, opts: &Options, w: &mut GgufWriter) -> Result<ConvertReport, ConvertError> {
+pub fn convert_dir(
+    dir: &Path,
+    opts: &Options,
+    w: &mut GgufWriter,
+) -> Result<ConvertReport, ConvertError> {
     let cfg_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&cfg_path)
-        .map_err(|e| ConvertError::Io { path: cfg_path.display().to_string(), source: e })?;
+    let text = std::fs::read_to_string(&cfg_path).map_err(|e| ConvertError::Io {
+        path: cfg_path.display().to_string(),
+        source: e,
+    })?;
     let cfg = TextConfig::parse(&text)?;
     let src = source::SafetensorsDir::open(dir)?;
     let _span = tracing::info_span!("convert", dir = %dir.display()).entered();

@@ -63,15 +63,25 @@ pub fn fit(want: GgmlType, cols: usize) -> GgmlType {
 /// # Errors
 /// [`ConvertError::Tensor`] when `ty` cannot be quantized or `cols` is not a whole
 /// number of its blocks (use [`fit`] first).
-pub fn encode(ty: GgmlType, cols: usize, data: &[f32], name: &str) -> Result<Vec<u8>, ConvertError> {
-    let rb = ty
-        .row_bytes(cols)
-        .ok_or_else(|| ConvertError::Tensor(format!("tensor '{name}': {cols} columns are not whole {ty} blocks")))?;
+pub fn encode(
+    ty: GgmlType,
+    cols: usize,
+    data: &[f32],
+    name: &str,
+) -> Result<Vec<u8>, ConvertError> {
+    let rb = ty.row_bytes(cols).ok_or_else(|| {
+        ConvertError::Tensor(format!(
+            "tensor '{name}': {cols} columns are not whole {ty} blocks"
+        ))
+    })?;
     let rows = data.len() / cols.max(1);
     let mut out = vec![0u8; rows * rb];
-    out.par_chunks_mut(rb.max(1)).zip(data.par_chunks(cols.max(1))).try_for_each(|(o, x)| {
-        ds4_quant::quantize_row(ty, x, o).map_err(|e| ConvertError::Tensor(format!("tensor '{name}': {e}")))
-    })?;
+    out.par_chunks_mut(rb.max(1))
+        .zip(data.par_chunks(cols.max(1)))
+        .try_for_each(|(o, x)| {
+            ds4_quant::quantize_row(ty, x, o)
+                .map_err(|e| ConvertError::Tensor(format!("tensor '{name}': {e}")))
+        })?;
     Ok(out)
 }
 

@@ -38,7 +38,10 @@ impl SafetensorsDir {
     /// [`ConvertError::Io`] for unreadable files, [`ConvertError::Tensor`] for a file
     /// that is not valid safetensors, or a directory without any.
     pub fn open(dir: &Path) -> Result<Self, ConvertError> {
-        let io = |p: &Path, e| ConvertError::Io { path: p.display().to_string(), source: e };
+        let io = |p: &Path, e| ConvertError::Io {
+            path: p.display().to_string(),
+            source: e,
+        };
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|e| io(dir, e))?
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -46,7 +49,10 @@ impl SafetensorsDir {
             .collect();
         files.sort();
         if files.is_empty() {
-            return Err(ConvertError::Tensor(format!("no *.safetensors files in {}", dir.display())));
+            return Err(ConvertError::Tensor(format!(
+                "no *.safetensors files in {}",
+                dir.display()
+            )));
         }
         let mut maps = Vec::with_capacity(files.len());
         let mut index = HashMap::new();
@@ -55,8 +61,9 @@ impl SafetensorsDir {
             // SAFETY: the file is mapped read-only; a checkpoint modified while it is
             // converted is the caller's error, as for any memory-mapped reader.
             let map = unsafe { Mmap::map(&f) }.map_err(|e| io(&p, e))?;
-            let st = SafeTensors::deserialize(&map)
-                .map_err(|e| ConvertError::Tensor(format!("{}: not a safetensors file: {e}", p.display())))?;
+            let st = SafeTensors::deserialize(&map).map_err(|e| {
+                ConvertError::Tensor(format!("{}: not a safetensors file: {e}", p.display()))
+            })?;
             for (name, view) in st.tensors() {
                 index.insert(name, (fi, view.dtype(), view.shape().to_vec()));
             }
@@ -69,9 +76,18 @@ impl SafetensorsDir {
 /// Decodes little-endian `dtype` bytes to f32.
 pub fn to_f32(dtype: Dtype, bytes: &[u8], name: &str) -> Result<Vec<f32>, ConvertError> {
     Ok(match dtype {
-        Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-        Dtype::BF16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        Dtype::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
         other => {
             return Err(ConvertError::Tensor(format!(
                 "tensor '{name}' has dtype {other:?} (F32, BF16 or F16 expected)"
@@ -90,8 +106,11 @@ impl TensorSource for SafetensorsDir {
             return Ok(None);
         };
         let (path, map) = &self.maps[fi];
-        let st = SafeTensors::deserialize(map).map_err(|e| ConvertError::Tensor(format!("{}: {e}", path.display())))?;
-        let view = st.tensor(name).map_err(|e| ConvertError::Tensor(format!("{}: {name}: {e}", path.display())))?;
+        let st = SafeTensors::deserialize(map)
+            .map_err(|e| ConvertError::Tensor(format!("{}: {e}", path.display())))?;
+        let view = st
+            .tensor(name)
+            .map_err(|e| ConvertError::Tensor(format!("{}: {name}: {e}", path.display())))?;
         to_f32(dtype, view.data(), name).map(Some)
     }
 

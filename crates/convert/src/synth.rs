@@ -85,7 +85,11 @@ pub fn hub_tensors(c: &TextConfig) -> BTreeMap<String, Vec<usize>> {
             add(p(&format!("hc_{w}_scale")), vec![3]);
         }
         if c.is_kda(i) {
-            let (h, dk, kc) = (c.linear_num_heads, c.linear_head_dim, c.linear_conv_kernel_dim);
+            let (h, dk, kc) = (
+                c.linear_num_heads,
+                c.linear_head_dim,
+                c.linear_conv_kernel_dim,
+            );
             let qkv = h * dk;
             for x in ["q", "k", "v"] {
                 add(p(&format!("self_attn.{x}_proj.weight")), vec![qkv, d]);
@@ -101,8 +105,13 @@ pub fn hub_tensors(c: &TextConfig) -> BTreeMap<String, Vec<usize>> {
             add(p("self_attn.o_norm.weight"), vec![dk]);
             add(p("self_attn.o_proj.weight"), vec![d, qkv]);
         } else {
-            let (ha, rq, rkv, dn, dv) =
-                (c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.v_head_dim);
+            let (ha, rq, rkv, dn, dv) = (
+                c.num_attention_heads,
+                c.q_lora_rank,
+                c.kv_lora_rank,
+                c.qk_nope_head_dim,
+                c.v_head_dim,
+            );
             add(p("self_attn.q_a_proj.weight"), vec![rq, d]);
             add(p("self_attn.q_a_layernorm.weight"), vec![rq]);
             add(p("self_attn.q_b_proj.weight"), vec![ha * dn, rq]);
@@ -117,8 +126,14 @@ pub fn hub_tensors(c: &TextConfig) -> BTreeMap<String, Vec<usize>> {
                 add(p("self_attn.indexer.k_norm.weight"), vec![di]);
                 add(p("self_attn.indexer.k_norm.bias"), vec![di]);
                 add(p("self_attn.indexer.weights_proj.weight"), vec![hi, d]);
-                add(p("self_attn.indexer.index_kpool_compress_gate"), vec![di, d]);
-                add(p("self_attn.indexer.index_kpool_compress_ape"), vec![kp, di]);
+                add(
+                    p("self_attn.indexer.index_kpool_compress_gate"),
+                    vec![di, d],
+                );
+                add(
+                    p("self_attn.indexer.index_kpool_compress_ape"),
+                    vec![kp, di],
+                );
             }
         }
         if c.is_moe(i) {
@@ -150,7 +165,11 @@ pub fn hub_tensors(c: &TextConfig) -> BTreeMap<String, Vec<usize>> {
 ///
 /// # Errors
 /// [`ConvertError::Config`] if the preset's configuration is invalid (a bug).
-pub fn model(preset: Preset, n_vocab: Option<usize>, seed: u64) -> Result<(TextConfig, SynthSource), ConvertError> {
+pub fn model(
+    preset: Preset,
+    n_vocab: Option<usize>,
+    seed: u64,
+) -> Result<(TextConfig, SynthSource), ConvertError> {
     let vocab = n_vocab.unwrap_or(match preset {
         Preset::Bench => 154880,
         Preset::Small => 512,
@@ -162,7 +181,9 @@ pub fn model(preset: Preset, n_vocab: Option<usize>, seed: u64) -> Result<(TextC
 
 /// FNV-1a of a name, mixed with the seed.
 fn name_seed(name: &str, seed: u64) -> u64 {
-    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
     (h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1
 }
 
@@ -196,7 +217,10 @@ impl TensorSource for SynthSource {
             u.iter().map(|x| 1.0 + 0.1 * x).collect()
         } else if name.ends_with("A_log") {
             u.iter().map(|x| (1.0 + 7.5 * (x + 1.0)).ln()).collect()
-        } else if name.ends_with("_base") || name.ends_with("dt_bias") || name.ends_with("k_norm.bias") {
+        } else if name.ends_with("_base")
+            || name.ends_with("dt_bias")
+            || name.ends_with("k_norm.bias")
+        {
             u.iter().map(|x| 0.5 * x).collect()
         } else if name.ends_with("_scale") {
             u.iter().map(|x| 0.5 + 0.25 * x).collect()

@@ -26,7 +26,12 @@ pub fn token_count(file: &GgufFile) -> Result<usize, ConvertError> {
     file.get("tokenizer.ggml.tokens")
         .and_then(|v| v.as_array())
         .map(|a| a.len())
-        .ok_or_else(|| ConvertError::Config(format!("{}: no tokenizer.ggml.tokens to copy", file.label())))
+        .ok_or_else(|| {
+            ConvertError::Config(format!(
+                "{}: no tokenizer.ggml.tokens to copy",
+                file.label()
+            ))
+        })
 }
 
 /// Copies `from`'s `tokenizer.*` keys into `w`; returns how many.
@@ -46,11 +51,14 @@ pub fn copy(from: &GgufFile, w: &mut GgufWriter) -> Result<usize, ConvertError> 
 
 fn read_json(path: &Path) -> Result<Option<Json>, ConvertError> {
     match std::fs::read_to_string(path) {
-        Ok(t) => {
-            serde_json::from_str(&t).map(Some).map_err(|e| ConvertError::Config(format!("{}: {e}", path.display())))
-        }
+        Ok(t) => serde_json::from_str(&t)
+            .map(Some)
+            .map_err(|e| ConvertError::Config(format!("{}: {e}", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(ConvertError::Io { path: path.display().to_string(), source: e }),
+        Err(e) => Err(ConvertError::Io {
+            path: path.display().to_string(),
+            source: e,
+        }),
     }
 }
 
@@ -62,27 +70,47 @@ fn read_json(path: &Path) -> Result<Option<Json>, ConvertError> {
 /// [`ConvertError::Config`] for a tokenizer that is not byte-level BPE, duplicate or
 /// missing ids, or more tokens than `n_vocab`.
 pub fn from_hf(dir: &Path, n_vocab: usize) -> Result<Option<Vec<(String, Value)>>, ConvertError> {
-    let Some(tok) = read_json(&dir.join("tokenizer.json"))? else { return Ok(None) };
-    let bad = |s: String| ConvertError::Config(format!("{}: {s}", dir.join("tokenizer.json").display()));
+    let Some(tok) = read_json(&dir.join("tokenizer.json"))? else {
+        return Ok(None);
+    };
+    let bad =
+        |s: String| ConvertError::Config(format!("{}: {s}", dir.join("tokenizer.json").display()));
     let model = tok.get("model").ok_or_else(|| bad("no `model`".into()))?;
     if model.get("type").and_then(Json::as_str) != Some("BPE") {
         return Err(bad("only BPE tokenizers are supported".into()));
     }
     let mut tokens: Vec<Option<(String, i32)>> = vec![None; n_vocab];
     let mut put = |id: u64, text: &str, ty: i32| -> Result<(), ConvertError> {
-        let slot = tokens
-            .get_mut(id as usize)
-            .ok_or_else(|| bad(format!("token id {id} ('{text}') is past the model's {n_vocab} embeddings")))?;
+        let slot = tokens.get_mut(id as usize).ok_or_else(|| {
+            bad(format!(
+                "token id {id} ('{text}') is past the model's {n_vocab} embeddings"
+            ))
+        })?;
         *slot = Some((text.to_string(), ty));
         Ok(())
     };
-    let vocab = model.get("vocab").and_then(Json::as_object).ok_or_else(|| bad("no `model.vocab`".into()))?;
+    let vocab = model
+        .get("vocab")
+        .and_then(Json::as_object)
+        .ok_or_else(|| bad("no `model.vocab`".into()))?;
     for (text, id) in vocab {
-        put(id.as_u64().ok_or_else(|| bad(format!("bad id for '{text}'")))?, text, NORMAL)?;
+        put(
+            id.as_u64()
+                .ok_or_else(|| bad(format!("bad id for '{text}'")))?,
+            text,
+            NORMAL,
+        )?;
     }
-    for a in tok.get("added_tokens").and_then(Json::as_array).into_iter().flatten() {
-        let (Some(id), Some(text)) = (a.get("id").and_then(Json::as_u64), a.get("content").and_then(Json::as_str))
-        else {
+    for a in tok
+        .get("added_tokens")
+        .and_then(Json::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let (Some(id), Some(text)) = (
+            a.get("id").and_then(Json::as_u64),
+            a.get("content").and_then(Json::as_str),
+        ) else {
             return Err(bad(format!("bad added token {a}")));
         };
         let special = a.get("special").and_then(Json::as_bool).unwrap_or(false);
@@ -110,11 +138,21 @@ pub fn from_hf(dir: &Path, n_vocab: usize) -> Result<Option<Vec<(String, Value)>
             other => Err(bad(format!("bad merge {other}"))),
         })
         .collect::<Result<_, _>>()?;
-    let id_of =
-        |t: &str| texts.iter().position(|v| matches!(v, Value::String(s) if s == t)).map(|i| Value::U32(i as u32));
+    let id_of = |t: &str| {
+        texts
+            .iter()
+            .position(|v| matches!(v, Value::String(s) if s == t))
+            .map(|i| Value::U32(i as u32))
+    };
     let mut kv = vec![
-        ("tokenizer.ggml.model".to_string(), Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre".to_string(), Value::String("glm4".into())),
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::String("gpt2".into()),
+        ),
+        (
+            "tokenizer.ggml.pre".to_string(),
+            Value::String("glm4".into()),
+        ),
     ];
     for (key, text) in [
         ("eos_token_id", "<|endoftext|>"),
@@ -131,9 +169,11 @@ pub fn from_hf(dir: &Path, n_vocab: usize) -> Result<Option<Vec<(String, Value)>
     kv.push(("tokenizer.ggml.tokens".into(), Value::Array(texts)));
     kv.push(("tokenizer.ggml.token_type".into(), Value::Array(types)));
     kv.push(("tokenizer.ggml.merges".into(), Value::Array(merges)));
-    let template = match read_json(&dir.join("tokenizer_config.json"))?
-        .and_then(|c| c.get("chat_template").and_then(Json::as_str).map(str::to_string))
-    {
+    let template = match read_json(&dir.join("tokenizer_config.json"))?.and_then(|c| {
+        c.get("chat_template")
+            .and_then(Json::as_str)
+            .map(str::to_string)
+    }) {
         Some(t) => Some(t),
         None => std::fs::read_to_string(dir.join("chat_template.jinja")).ok(),
     };

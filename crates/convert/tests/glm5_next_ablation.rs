@@ -21,14 +21,23 @@ fn check(name: &str) {
             eprintln!("{name}: {key}: not in the reference table (not applicable)");
             continue;
         };
-        let (rp, rd) = (s["prefill_rel_err"].as_f64().unwrap(), s["decode_rel_err"].as_f64().unwrap());
+        let (rp, rd) = (
+            s["prefill_rel_err"].as_f64().unwrap(),
+            s["decode_rel_err"].as_f64().unwrap(),
+        );
         m.set_ablation(Some(a));
         let (pre, dec) = run_protocol(&m, &g);
-        let (ep, ed) = (max_err(&pre, &g.prefill, g.vocab), max_err(&dec, &g.decode, g.vocab));
+        let (ep, ed) = (
+            max_err(&pre, &g.prefill, g.vocab),
+            max_err(&dec, &g.decode, g.vocab),
+        );
         eprintln!("{name}: {key:32} ours {ep:9.2e} / {ed:9.2e}   reference {rp:9.2e} / {rd:9.2e}");
         let reference = rp.max(rd);
         if reference > 1e-3 {
-            assert!(ep.max(ed) > 1e-4, "{name}: {key} is not detected ({ep:.2e} / {ed:.2e})");
+            assert!(
+                ep.max(ed) > 1e-4,
+                "{name}: {key} is not detected ({ep:.2e} / {ed:.2e})"
+            );
             failed_as_expected += 1;
         }
         // Same margin: each side within a factor 3 of the reference's when it is clear.

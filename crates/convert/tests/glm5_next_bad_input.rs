@@ -33,7 +33,8 @@ fn rewritten(
         }
         let mut bytes = src.tensor_data(t).to_vec();
         edit(&t.name, &mut bytes);
-        w.add_tensor(t.name.clone(), &t.dims, t.dtype, bytes).unwrap();
+        w.add_tensor(t.name.clone(), &t.dims, t.dtype, bytes)
+            .unwrap();
     }
     let f = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
     Some(Glm5Next::load(&f, "bad".into()).map_err(|e| e.to_string()))
@@ -50,15 +51,27 @@ fn expect_err(r: Option<Result<Glm5Next, String>>, needles: &[&str]) {
 #[test]
 fn metadata_contradicting_shapes() {
     expect_err(
-        rewritten(|w| drop(w.set_metadata("glm5next.attention.kv_lora_rank", Value::U32(32))), &[], |_, _| {}),
+        rewritten(
+            |w| drop(w.set_metadata("glm5next.attention.kv_lora_rank", Value::U32(32))),
+            &[],
+            |_, _| {},
+        ),
         &["blk.1.attn_k_b.weight", "shape"],
     );
     expect_err(
-        rewritten(|w| drop(w.set_metadata("glm5next.kda.head_dim", Value::U32(8))), &[], |_, _| {}),
+        rewritten(
+            |w| drop(w.set_metadata("glm5next.kda.head_dim", Value::U32(8))),
+            &[],
+            |_, _| {},
+        ),
         &["blk.0.", "shape"],
     );
     expect_err(
-        rewritten(|w| drop(w.set_metadata("glm5next.hyper_connection.count", Value::U32(2))), &[], |_, _| {}),
+        rewritten(
+            |w| drop(w.set_metadata("glm5next.hyper_connection.count", Value::U32(2))),
+            &[],
+            |_, _| {},
+        ),
         &["hc_attn_fn", "shape"],
     );
 }
@@ -66,28 +79,58 @@ fn metadata_contradicting_shapes() {
 #[test]
 fn shared_indexer_after_kda_is_rejected() {
     // Layer 3 (KDA) followed by layer 4 (MLA) made `shared`.
-    let types = Value::Array([true, true, false, true, false].into_iter().map(Value::Bool).collect());
+    let types = Value::Array(
+        [true, true, false, true, false]
+            .into_iter()
+            .map(Value::Bool)
+            .collect(),
+    );
     expect_err(
-        rewritten(|w| drop(w.set_metadata("glm5next.attention.indexer.types", types.clone())), &[], |_, _| {}),
+        rewritten(
+            |w| drop(w.set_metadata("glm5next.attention.indexer.types", types.clone())),
+            &[],
+            |_, _| {},
+        ),
         &["layer 4", "shared", "layer 3 is a KDA layer", "cannot run"],
     );
     // The converter refuses the same layout in config.json.
-    let Some(dir) = fixture("lowerbound_sparse_f32") else { return };
+    let Some(dir) = fixture("lowerbound_sparse_f32") else {
+        return;
+    };
     let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    let bad = text.replacen("\"full\",\n      \"full\"\n    ]", "\"full\",\n      \"shared\"\n    ]", 1);
+    let bad = text.replacen(
+        "\"full\",\n      \"full\"\n    ]",
+        "\"full\",\n      \"shared\"\n    ]",
+        1,
+    );
     assert_ne!(bad, text, "fixture config layout changed");
     let cfg = TextConfig::parse(&bad).unwrap();
     let src = SafetensorsDir::open(&dir).unwrap();
-    let opts = Options { outtype: OutType::F32, expert_type: None, name: "x".into() };
-    let e = ds4_convert::glm5_next::convert(&src, &cfg, &opts, &mut GgufWriter::new()).unwrap_err().to_string();
+    let opts = Options {
+        outtype: OutType::F32,
+        expert_type: None,
+        name: "x".into(),
+    };
+    let e = ds4_convert::glm5_next::convert(&src, &cfg, &opts, &mut GgufWriter::new())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("layer 4") && e.contains("shared"), "{e}");
 }
 
 #[test]
 fn missing_tensors_are_named() {
-    expect_err(rewritten(|_| {}, &["blk.2.attn_q_b.weight"], |_, _| {}), &["blk.2.attn_q_b.weight", "missing"]);
-    expect_err(rewritten(|_| {}, &["output.weight"], |_, _| {}), &["output.weight"]);
-    expect_err(rewritten(|_| {}, &["blk.0.ssm_conv1d_k.weight"], |_, _| {}), &["blk.0.ssm_conv1d_k.weight"]);
+    expect_err(
+        rewritten(|_| {}, &["blk.2.attn_q_b.weight"], |_, _| {}),
+        &["blk.2.attn_q_b.weight", "missing"],
+    );
+    expect_err(
+        rewritten(|_| {}, &["output.weight"], |_, _| {}),
+        &["output.weight"],
+    );
+    expect_err(
+        rewritten(|_| {}, &["blk.0.ssm_conv1d_k.weight"], |_, _| {}),
+        &["blk.0.ssm_conv1d_k.weight"],
+    );
 }
 
 #[test]
@@ -105,19 +148,37 @@ fn ssm_a_sign_convention_is_checked() {
 
 #[test]
 fn converter_names_missing_and_misshaped_checkpoint_tensors() {
-    let Some(dir) = fixture("lowerbound_sparse_f32") else { return };
-    let cfg = TextConfig::parse(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let Some(dir) = fixture("lowerbound_sparse_f32") else {
+        return;
+    };
+    let cfg =
+        TextConfig::parse(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     let st = SafetensorsDir::open(&dir).unwrap();
     let mut mem = MemorySource::default();
     for n in st.names() {
-        mem.tensors.insert(n.clone(), (st.shape(&n).unwrap(), st.read(&n).unwrap().unwrap()));
+        mem.tensors.insert(
+            n.clone(),
+            (st.shape(&n).unwrap(), st.read(&n).unwrap().unwrap()),
+        );
     }
-    let opts = Options { outtype: OutType::F32, expert_type: None, name: "x".into() };
+    let opts = Options {
+        outtype: OutType::F32,
+        expert_type: None,
+        name: "x".into(),
+    };
     let missing = "model.language_model.layers.1.self_attn.kv_b_proj.weight";
     let saved = mem.tensors.remove(missing).unwrap();
-    let e = ds4_convert::glm5_next::convert(&mem, &cfg, &opts, &mut GgufWriter::new()).unwrap_err().to_string();
-    assert!(e.contains("layers.1.self_attn.kv_b_proj.weight") && e.contains("missing"), "{e}");
-    mem.tensors.insert(missing.into(), (vec![7, 40], saved.1[..280].to_vec()));
-    let e = ds4_convert::glm5_next::convert(&mem, &cfg, &opts, &mut GgufWriter::new()).unwrap_err().to_string();
+    let e = ds4_convert::glm5_next::convert(&mem, &cfg, &opts, &mut GgufWriter::new())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("layers.1.self_attn.kv_b_proj.weight") && e.contains("missing"),
+        "{e}"
+    );
+    mem.tensors
+        .insert(missing.into(), (vec![7, 40], saved.1[..280].to_vec()));
+    let e = ds4_convert::glm5_next::convert(&mem, &cfg, &opts, &mut GgufWriter::new())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains(missing) && e.contains("shape"), "{e}");
 }

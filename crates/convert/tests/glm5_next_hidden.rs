@@ -17,7 +17,11 @@ fn cmp(ours: &[f32], theirs: &[f32], pos: &[usize], width: usize) -> f64 {
         let a = &ours[p * width..(p + 1) * width];
         let b = &theirs[k * width..(k + 1) * width];
         let scale = b.iter().fold(1f32, |m, v| m.max(v.abs())) as f64;
-        let d = a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max);
+        let d = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs() as f64)
+            .fold(0.0, f64::max);
         worst = worst.max(d / scale);
     }
     worst
@@ -27,7 +31,10 @@ fn layers(name: &str, outtype: OutType, bound: Option<f64>) {
     let Some(dir) = fixture(name) else { return };
     let m = model(&dir, outtype);
     let g = golden(&dir);
-    let pos: Vec<usize> = npy_i32(&dir.join("hidden_positions.npy")).into_iter().map(|v| v as usize).collect();
+    let pos: Vec<usize> = npy_i32(&dir.join("hidden_positions.npy"))
+        .into_iter()
+        .map(|v| v as usize)
+        .collect();
     let (_, streams) = npy(&dir.join("hidden_streams.npy"));
     let (_, attn) = npy(&dir.join("hidden_attn_out.npy"));
     let (_, mlp) = npy(&dir.join("hidden_mlp_out.npy"));
@@ -41,19 +48,41 @@ fn layers(name: &str, outtype: OutType, bound: Option<f64>) {
     eprintln!("{name} embed {e:.2e}");
     let per = pos.len();
     for i in 0..l {
-        let es = cmp(&tr.streams[i], &streams[i * per * n * d..(i + 1) * per * n * d], &pos, n * d);
-        let ea = cmp(&tr.attn_out[i], &attn[i * per * d..(i + 1) * per * d], &pos, d);
-        let em = cmp(&tr.mlp_out[i], &mlp[i * per * d..(i + 1) * per * d], &pos, d);
+        let es = cmp(
+            &tr.streams[i],
+            &streams[i * per * n * d..(i + 1) * per * n * d],
+            &pos,
+            n * d,
+        );
+        let ea = cmp(
+            &tr.attn_out[i],
+            &attn[i * per * d..(i + 1) * per * d],
+            &pos,
+            d,
+        );
+        let em = cmp(
+            &tr.mlp_out[i],
+            &mlp[i * per * d..(i + 1) * per * d],
+            &pos,
+            d,
+        );
         eprintln!("{name} layer {i}: attn {ea:.2e}  mlp {em:.2e}  streams {es:.2e}");
         if std::env::var_os("GLM_DEBUG").is_some() {
             for (k, &p) in pos.iter().enumerate() {
-                let e1 =
-                    cmp(&tr.attn_out[i][p * d..(p + 1) * d], &attn[(i * per + k) * d..(i * per + k + 1) * d], &[0], d);
+                let e1 = cmp(
+                    &tr.attn_out[i][p * d..(p + 1) * d],
+                    &attn[(i * per + k) * d..(i * per + k + 1) * d],
+                    &[0],
+                    d,
+                );
                 eprintln!("   pos {p}: attn {e1:.2e}");
             }
         }
         if let Some(b) = bound {
-            assert!(es <= b && ea <= b && em <= b, "{name}: layer {i} differs from the reference");
+            assert!(
+                es <= b && ea <= b && em <= b,
+                "{name}: layer {i} differs from the reference"
+            );
         }
     }
 }
@@ -75,7 +104,11 @@ fn reference_sets(path: &std::path::Path) -> Vec<Vec<usize>> {
     let (shape, v) = npy(path);
     v.chunks(shape[1])
         .map(|r| {
-            let mut s: Vec<usize> = r.iter().filter(|&&x| x >= 0.0).map(|&x| x as usize).collect();
+            let mut s: Vec<usize> = r
+                .iter()
+                .filter(|&&x| x >= 0.0)
+                .map(|&x| x as usize)
+                .collect();
             s.sort_unstable();
             s.dedup();
             s
@@ -95,7 +128,8 @@ fn selections(name: &str) {
     let mut dec: Vec<Trace> = Vec::new();
     for i in 0..32 {
         let mut t = Trace::default();
-        m.forward_traced(&mut *cache, &[g.decode_tokens[i]], &mut t).unwrap();
+        m.forward_traced(&mut *cache, &[g.decode_tokens[i]], &mut t)
+            .unwrap();
         dec.push(t);
     }
     let mut checked = 0;
@@ -109,7 +143,10 @@ fn selections(name: &str) {
         for (step, t) in dec.iter().enumerate() {
             let s = &t.selections.iter().find(|(l, _)| l == li).unwrap().1[0];
             let ours: Vec<usize> = s.iter().flat_map(|r| r.clone()).collect();
-            assert_eq!(ours, want_dec[step], "{name}: layer {li}, decode step {step}");
+            assert_eq!(
+                ours, want_dec[step],
+                "{name}: layer {li}, decode step {step}"
+            );
         }
         checked += 1;
     }

@@ -19,7 +19,11 @@ fn check_f32(name: &str) {
     assert!(e_pre <= 1e-4, "{name}: prefill error {e_pre:.3e} > 1e-4");
     assert!(e_dec <= 1e-4, "{name}: decode error {e_dec:.3e} > 1e-4");
     for (i, row) in dec.chunks(g.vocab).enumerate() {
-        assert_eq!(argmax(row) as u32, g.decode_tokens[i + 1], "{name}: greedy token of decode step {i}");
+        assert_eq!(
+            argmax(row) as u32,
+            g.decode_tokens[i + 1],
+            "{name}: greedy token of decode step {i}"
+        );
     }
 }
 
@@ -46,12 +50,22 @@ fn check_bf16(name: &str) {
     let (pre, dec) = run_protocol(&m, &g);
     let e_pre = max_err(&pre, &g.prefill, g.vocab);
     let e_dec = max_err(&dec, &g.decode, g.vocab);
-    let rows_pre: Vec<f64> = pre.chunks(g.vocab).zip(g.prefill.chunks(g.vocab)).map(|(a, b)| row_err(a, b)).collect();
+    let rows_pre: Vec<f64> = pre
+        .chunks(g.vocab)
+        .zip(g.prefill.chunks(g.vocab))
+        .map(|(a, b)| row_err(a, b))
+        .collect();
     let mut sorted = rows_pre.clone();
     sorted.sort_by(f64::total_cmp);
     let median = sorted[sorted.len() / 2];
-    let agree = dec.chunks(g.vocab).enumerate().filter(|(i, r)| argmax(r) as u32 == g.decode_tokens[i + 1]).count();
-    let bound = manifest(&dir)["checks"]["prefill_split_invariance_rel_err"]["token_by_token"].as_f64().unwrap();
+    let agree = dec
+        .chunks(g.vocab)
+        .enumerate()
+        .filter(|(i, r)| argmax(r) as u32 == g.decode_tokens[i + 1])
+        .count();
+    let bound = manifest(&dir)["checks"]["prefill_split_invariance_rel_err"]["token_by_token"]
+        .as_f64()
+        .unwrap();
     eprintln!(
         "{name}: prefill max {e_pre:.3}, median {median:.3}; decode max {e_dec:.3}; greedy agreement {agree}/32; reference self-spread {bound:.3}"
     );
@@ -60,7 +74,10 @@ fn check_bf16(name: &str) {
         "{name}: bf16 error {e_pre:.3}/{e_dec:.3} above the reference's own spread {bound:.3}"
     );
     // Typical rows: a few bf16 roundings (2⁻⁹ relative) of logits of std ≈ 2.
-    assert!(median <= 0.05, "{name}: median bf16 row error {median:.3} > 0.05");
+    assert!(
+        median <= 0.05,
+        "{name}: median bf16 row error {median:.3} > 0.05"
+    );
 }
 
 #[test]

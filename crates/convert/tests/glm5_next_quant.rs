@@ -24,21 +24,35 @@ struct Stats {
 }
 
 fn stats(ours: &[f32], base: &[f32], v: usize) -> Stats {
-    let mut rows: Vec<f64> = ours.chunks(v).zip(base.chunks(v)).map(|(a, b)| row_err(a, b)).collect();
-    let agree =
-        ours.chunks(v).zip(base.chunks(v)).filter(|(a, b)| argmax(a) == argmax(b)).count() as f64 / rows.len() as f64;
+    let mut rows: Vec<f64> = ours
+        .chunks(v)
+        .zip(base.chunks(v))
+        .map(|(a, b)| row_err(a, b))
+        .collect();
+    let agree = ours
+        .chunks(v)
+        .zip(base.chunks(v))
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count() as f64
+        / rows.len() as f64;
     rows.sort_by(f64::total_cmp);
-    Stats { worst: *rows.last().unwrap(), median: rows[rows.len() / 2], agree }
+    Stats {
+        worst: *rows.last().unwrap(),
+        median: rows[rows.len() / 2],
+        agree,
+    }
 }
 
 /// Prefill logits of every prompt row, then 32 teacher-forced decode steps.
 fn logits(m: &Glm5Next, prompt: &[u32], feed: &[u32]) -> Vec<f32> {
     let mut cache = m.new_cache(4096).unwrap();
     let mut all = Vec::new();
-    m.forward(&mut *cache, prompt, Logits::All, &mut all).unwrap();
+    m.forward(&mut *cache, prompt, Logits::All, &mut all)
+        .unwrap();
     let mut out = Vec::new();
     for &t in feed {
-        m.forward(&mut *cache, &[t], Logits::Last, &mut out).unwrap();
+        m.forward(&mut *cache, &[t], Logits::Last, &mut out)
+            .unwrap();
         all.extend_from_slice(&out);
     }
     all
@@ -47,9 +61,17 @@ fn logits(m: &Glm5Next, prompt: &[u32], feed: &[u32]) -> Vec<f32> {
 fn synth_model(outtype: OutType, expert: Option<OutType>) -> Glm5Next {
     let (cfg, src) = synth::model(Preset::Small, None, 7).unwrap();
     let mut w = GgufWriter::new();
-    let opts = Options { outtype, expert_type: expert, name: "small".into() };
+    let opts = Options {
+        outtype,
+        expert_type: expert,
+        name: "small".into(),
+    };
     ds4_convert::glm5_next::convert(&src, &cfg, &opts, &mut w).unwrap();
-    Glm5Next::load(&Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap()), "small".into()).unwrap()
+    Glm5Next::load(
+        &Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap()),
+        "small".into(),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -61,8 +83,15 @@ fn fixture_types_against_reference() {
         let mut medians = Vec::new();
         for t in [OutType::F16, OutType::Bf16, OutType::Q8_0] {
             let m = load(gguf_bytes(&dir, t, None));
-            let s = stats(&logits(&m, &g.prompt, &g.decode_tokens[..32]), &base, g.vocab);
-            eprintln!("{name} {t:?}: worst {:.3e} median {:.3e} argmax agreement {:.3}", s.worst, s.median, s.agree);
+            let s = stats(
+                &logits(&m, &g.prompt, &g.decode_tokens[..32]),
+                &base,
+                g.vocab,
+            );
+            eprintln!(
+                "{name} {t:?}: worst {:.3e} median {:.3e} argmax agreement {:.3}",
+                s.worst, s.median, s.agree
+            );
             medians.push(s.median);
         }
         // F16 keeps 3 more mantissa bits than BF16.
@@ -75,14 +104,19 @@ fn synthetic(cases: &[(&str, OutType, Option<OutType>)]) -> Vec<f64> {
     let base_m = synth_model(OutType::F32, None);
     let v = base_m.config().n_vocab;
     // A fixed pseudo-random prompt of 300 tokens (sparse DSA after position 71).
-    let prompt: Vec<u32> = (0..300u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % v as u32).collect();
+    let prompt: Vec<u32> = (0..300u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % v as u32)
+        .collect();
     let feed: Vec<u32> = (0..32u32).map(|i| (i * 97 + 13) % v as u32).collect();
     let base = logits(&base_m, &prompt, &feed);
     let mut medians = Vec::new();
     for &(label, t, e) in cases {
         let m = synth_model(t, e);
         let s = stats(&logits(&m, &prompt, &feed), &base, v);
-        eprintln!("small {label}: worst {:.3e} median {:.3e} argmax agreement {:.3}", s.worst, s.median, s.agree);
+        eprintln!(
+            "small {label}: worst {:.3e} median {:.3e} argmax agreement {:.3}",
+            s.worst, s.median, s.agree
+        );
         medians.push(s.median);
     }
     medians
@@ -106,7 +140,11 @@ fn synthetic_types_against_f32() {
 fn synthetic_iq2_xxs_experts() {
     let m = synthetic(&[
         ("Q8_0 + Q2_K experts", OutType::Q8_0, Some(OutType::Q2K)),
-        ("Q8_0 + IQ2_XXS experts", OutType::Q8_0, Some(OutType::Iq2Xxs)),
+        (
+            "Q8_0 + IQ2_XXS experts",
+            OutType::Q8_0,
+            Some(OutType::Iq2Xxs),
+        ),
     ]);
     assert!(m[0] < m[1], "{m:?}");
 }

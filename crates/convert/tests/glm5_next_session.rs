@@ -32,7 +32,8 @@ fn split_run(m: &Glm5Next, g: &Golden, piece: usize) -> (Vec<f32>, Vec<f32>) {
     }
     let mut dec = Vec::new();
     for i in 0..32 {
-        m.forward(&mut *cache, &[g.decode_tokens[i]], Logits::Last, &mut out).unwrap();
+        m.forward(&mut *cache, &[g.decode_tokens[i]], Logits::Last, &mut out)
+            .unwrap();
         dec.extend_from_slice(&out);
     }
     (pre, dec)
@@ -44,9 +45,15 @@ fn prompt_split_does_not_matter() {
         let Some((m, g)) = setup(name) else { return };
         for piece in [64, 37, 1] {
             let (pre, dec) = split_run(&m, &g, piece);
-            let (e_pre, e_dec) = (max_err(&pre, &g.prefill, g.vocab), max_err(&dec, &g.decode, g.vocab));
+            let (e_pre, e_dec) = (
+                max_err(&pre, &g.prefill, g.vocab),
+                max_err(&dec, &g.decode, g.vocab),
+            );
             eprintln!("{name}: pieces of {piece}: prefill {e_pre:.2e}, decode {e_dec:.2e}");
-            assert!(e_pre <= TOL && e_dec <= TOL, "{name}: pieces of {piece}: {e_pre:.2e} / {e_dec:.2e}");
+            assert!(
+                e_pre <= TOL && e_dec <= TOL,
+                "{name}: pieces of {piece}: {e_pre:.2e} / {e_dec:.2e}"
+            );
         }
     }
 }
@@ -59,26 +66,42 @@ fn downcast(c: &mut dyn Cache) -> &mut Glm5NextCache {
 /// logits; rewinding past the journal and the anchors fails with a clear error.
 #[test]
 fn rewind_then_replay() {
-    let Some((m, g)) = setup("lowerbound_sparse_f32") else { return };
+    let Some((m, g)) = setup("lowerbound_sparse_f32") else {
+        return;
+    };
     let v = g.vocab;
     let mut cache = m.new_cache(4096).unwrap();
     let mut out = Vec::new();
-    m.forward(&mut *cache, &g.prompt, Logits::Last, &mut out).unwrap();
+    m.forward(&mut *cache, &g.prompt, Logits::Last, &mut out)
+        .unwrap();
     let s = g.prompt.len();
     for i in 0..20 {
-        m.forward(&mut *cache, &[g.decode_tokens[i]], Logits::Last, &mut out).unwrap();
+        m.forward(&mut *cache, &[g.decode_tokens[i]], Logits::Last, &mut out)
+            .unwrap();
     }
     let earliest = downcast(&mut *cache).earliest_rewind();
     assert!(s + 20 - earliest >= ds4_engine::families::glm5_next::DEFAULT_REWIND_WINDOW);
     // The sequence so far: the prompt, then decode_tokens[..20]; the logits after token
     // at position p are the reference's prefill row p or decode row p − s.
-    let seq: Vec<u32> = g.prompt.iter().chain(&g.decode_tokens[..20]).copied().collect();
-    let want = |p: usize| if p < s { &g.prefill[p * v..(p + 1) * v] } else { &g.decode[(p - s) * v..(p - s + 1) * v] };
+    let seq: Vec<u32> = g
+        .prompt
+        .iter()
+        .chain(&g.decode_tokens[..20])
+        .copied()
+        .collect();
+    let want = |p: usize| {
+        if p < s {
+            &g.prefill[p * v..(p + 1) * v]
+        } else {
+            &g.decode[(p - s) * v..(p - s + 1) * v]
+        }
+    };
     for back in [1usize, 3, 7, s + 20 - earliest] {
         let to = s + 20 - back;
         cache.truncate(to).unwrap();
         for (p, &tok) in seq.iter().enumerate().skip(to) {
-            m.forward(&mut *cache, &[tok], Logits::Last, &mut out).unwrap();
+            m.forward(&mut *cache, &[tok], Logits::Last, &mut out)
+                .unwrap();
             let e = row_err(&out, want(p));
             assert!(e <= TOL, "rewind by {back}: position {p}: {e:.2e}");
         }
@@ -89,7 +112,8 @@ fn rewind_then_replay() {
     assert!(err.to_string().contains("snapshot"), "{err}");
     // Rewinding to 0 always works and replays from scratch.
     cache.truncate(0).unwrap();
-    m.forward(&mut *cache, &g.prompt, Logits::All, &mut out).unwrap();
+    m.forward(&mut *cache, &g.prompt, Logits::All, &mut out)
+        .unwrap();
     assert!(max_err(&out, &g.prefill, v) <= TOL);
 }
 
@@ -97,18 +121,27 @@ fn rewind_then_replay() {
 /// 64-token chunk boundary of the prompt call).
 #[test]
 fn rewind_into_prefill_with_a_wide_window() {
-    let Some((m, g)) = setup("softplus_dense_f32") else { return };
+    let Some((m, g)) = setup("softplus_dense_f32") else {
+        return;
+    };
     let v = g.vocab;
     let mut cache = m.new_glm_cache(4096);
     cache.set_rewind_window(100);
     let mut out = Vec::new();
-    m.forward(&mut cache, &g.prompt, Logits::Last, &mut out).unwrap();
+    m.forward(&mut cache, &g.prompt, Logits::Last, &mut out)
+        .unwrap();
     let s = g.prompt.len();
-    assert!(cache.earliest_rewind() <= s - 100, "earliest {}", cache.earliest_rewind());
+    assert!(
+        cache.earliest_rewind() <= s - 100,
+        "earliest {}",
+        cache.earliest_rewind()
+    );
     cache.truncate(s - 90).unwrap();
-    m.forward(&mut cache, &g.prompt[s - 90..], Logits::All, &mut out).unwrap();
+    m.forward(&mut cache, &g.prompt[s - 90..], Logits::All, &mut out)
+        .unwrap();
     assert!(max_err(&out, &g.prefill[(s - 90) * v..], v) <= TOL);
-    m.forward(&mut cache, &[g.decode_tokens[0]], Logits::Last, &mut out).unwrap();
+    m.forward(&mut cache, &[g.decode_tokens[0]], Logits::Last, &mut out)
+        .unwrap();
     assert!(row_err(&out, &g.decode[..v]) <= TOL);
 }
 
@@ -116,32 +149,46 @@ fn rewind_into_prefill_with_a_wide_window() {
 /// accepted, the rest rolled back, decoding continues.
 #[test]
 fn speculative_block_partly_accepted() {
-    let Some((m, g)) = setup("lowerbound_sparse_f32") else { return };
+    let Some((m, g)) = setup("lowerbound_sparse_f32") else {
+        return;
+    };
     let v = g.vocab;
     let mut cache = m.new_cache(4096).unwrap();
     let mut out = Vec::new();
-    m.forward(&mut *cache, &g.prompt, Logits::Last, &mut out).unwrap();
+    m.forward(&mut *cache, &g.prompt, Logits::Last, &mut out)
+        .unwrap();
     let s = g.prompt.len();
-    m.forward(&mut *cache, &g.decode_tokens[..5], Logits::All, &mut out).unwrap();
+    m.forward(&mut *cache, &g.decode_tokens[..5], Logits::All, &mut out)
+        .unwrap();
     assert!(max_err(&out, &g.decode[..5 * v], v) <= TOL, "block logits");
     cache.truncate(s + 2).unwrap();
     for i in 2..8 {
-        m.forward(&mut *cache, &[g.decode_tokens[i]], Logits::Last, &mut out).unwrap();
-        assert!(row_err(&out, &g.decode[i * v..(i + 1) * v]) <= TOL, "step {i}");
+        m.forward(&mut *cache, &[g.decode_tokens[i]], Logits::Last, &mut out)
+            .unwrap();
+        assert!(
+            row_err(&out, &g.decode[i * v..(i + 1) * v]) <= TOL,
+            "step {i}"
+        );
     }
 }
 
 /// Session snapshots restore bit for bit; Session::rewind uses the cache's journal.
 #[test]
 fn session_snapshot_and_rewind() {
-    let Some((m, g)) = setup("softplus_dense_f32") else { return };
+    let Some((m, g)) = setup("softplus_dense_f32") else {
+        return;
+    };
     let m: Arc<dyn Model> = Arc::new(m);
     let mut sess = Session::new(m, 4096).unwrap();
     sess.prefill(&g.prompt, &mut |_, _| {}).unwrap();
     let snap = sess.snapshot();
-    let a: Vec<Vec<f32>> = (0..6).map(|i| sess.decode(g.decode_tokens[i]).unwrap().to_vec()).collect();
+    let a: Vec<Vec<f32>> = (0..6)
+        .map(|i| sess.decode(g.decode_tokens[i]).unwrap().to_vec())
+        .collect();
     sess.restore(&snap).unwrap();
-    let b: Vec<Vec<f32>> = (0..6).map(|i| sess.decode(g.decode_tokens[i]).unwrap().to_vec()).collect();
+    let b: Vec<Vec<f32>> = (0..6)
+        .map(|i| sess.decode(g.decode_tokens[i]).unwrap().to_vec())
+        .collect();
     assert_eq!(a, b, "restore then replay must be bit-identical");
     let len = sess.tokens().len();
     sess.rewind(len - 4).unwrap();
@@ -153,12 +200,16 @@ fn session_snapshot_and_rewind() {
 /// the saved one; bad files give clear errors.
 #[test]
 fn state_file_round_trip() {
-    let Some((m, g)) = setup("lowerbound_sparse_f32") else { return };
+    let Some((m, g)) = setup("lowerbound_sparse_f32") else {
+        return;
+    };
     let mut cache = m.new_glm_cache(4096);
     let mut out = Vec::new();
-    m.forward(&mut cache, &g.prompt, Logits::Last, &mut out).unwrap();
+    m.forward(&mut cache, &g.prompt, Logits::Last, &mut out)
+        .unwrap();
     for i in 0..3 {
-        m.forward(&mut cache, &[g.decode_tokens[i]], Logits::Last, &mut out).unwrap();
+        m.forward(&mut cache, &[g.decode_tokens[i]], Logits::Last, &mut out)
+            .unwrap();
     }
     let dir = std::env::temp_dir().join(format!("glm5_state_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -168,12 +219,15 @@ fn state_file_round_trip() {
     assert_eq!(loaded, cache);
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for i in 3..6 {
-        m.forward(&mut cache, &[g.decode_tokens[i]], Logits::Last, &mut a).unwrap();
-        m.forward(&mut loaded, &[g.decode_tokens[i]], Logits::Last, &mut b).unwrap();
+        m.forward(&mut cache, &[g.decode_tokens[i]], Logits::Last, &mut a)
+            .unwrap();
+        m.forward(&mut loaded, &[g.decode_tokens[i]], Logits::Last, &mut b)
+            .unwrap();
         assert_eq!(a, b);
     }
     loaded.truncate(g.prompt.len() + 1).unwrap();
-    m.forward(&mut loaded, &[g.decode_tokens[1]], Logits::Last, &mut b).unwrap();
+    m.forward(&mut loaded, &[g.decode_tokens[1]], Logits::Last, &mut b)
+        .unwrap();
     assert!(row_err(&b, &g.decode[g.vocab..2 * g.vocab]) <= TOL);
     // Bad magic, another version, another model.
     let bytes = std::fs::read(&path).unwrap();
@@ -198,7 +252,9 @@ fn state_file_round_trip() {
 /// moved on, but the prefill-end anchor still reaches that position.
 #[test]
 fn next_turn_rewinds_through_the_prefill_anchor() {
-    let Some((m, g)) = setup("softplus_dense_f32") else { return };
+    let Some((m, g)) = setup("softplus_dense_f32") else {
+        return;
+    };
     let v = g.vocab;
     let m: Arc<dyn Model> = Arc::new(m);
     let mut sess = Session::new(m.clone(), 4096).unwrap();
@@ -222,9 +278,16 @@ fn next_turn_rewinds_through_the_prefill_anchor() {
     assert!(row_err(sess.logits().unwrap(), &g.prefill[9 * v..10 * v]) <= TOL);
     let mut cache = m.new_cache(4096).unwrap();
     let mut o = Vec::new();
-    m.forward(&mut *cache, &g.prompt, Logits::Last, &mut o).unwrap();
+    m.forward(&mut *cache, &g.prompt, Logits::Last, &mut o)
+        .unwrap();
     for i in 0..40 {
-        m.forward(&mut *cache, &[g.decode_tokens[i % 32]], Logits::Last, &mut o).unwrap();
+        m.forward(
+            &mut *cache,
+            &[g.decode_tokens[i % 32]],
+            Logits::Last,
+            &mut o,
+        )
+        .unwrap();
     }
     let c = downcast(&mut *cache);
     assert!(c.earliest_rewind() > s);

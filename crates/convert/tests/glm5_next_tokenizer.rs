@@ -31,7 +31,9 @@ fn byte_chars() -> Vec<char> {
 
 #[test]
 fn hf_tokenizer_and_template_convert_and_load() {
-    let Some(fx) = fixture("lowerbound_sparse_f32") else { return };
+    let Some(fx) = fixture("lowerbound_sparse_f32") else {
+        return;
+    };
     let dir = std::env::temp_dir().join(format!("glm5_tok_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for f in ["config.json", "model.safetensors"] {
@@ -47,20 +49,34 @@ fn hf_tokenizer_and_template_convert_and_load() {
     for (k, m) in merges.iter().enumerate() {
         vocab.insert(m.replace(' ', ""), (256 + k).into());
     }
-    let specials = ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"];
+    let specials = [
+        "<|endoftext|>",
+        "[gMASK]",
+        "<sop>",
+        "<|system|>",
+        "<|user|>",
+        "<|assistant|>",
+        "<|observation|>",
+    ];
     let mut added: Vec<serde_json::Value> = specials
         .iter()
         .enumerate()
         .map(|(k, t)| serde_json::json!({"id": 260 + k, "content": t, "special": true}))
         .collect();
-    for (k, t) in ["<think>", "</think>", "<tool_call>", "</tool_call>"].iter().enumerate() {
+    for (k, t) in ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+        .iter()
+        .enumerate()
+    {
         added.push(serde_json::json!({"id": 267 + k, "content": t, "special": false}));
     }
     let tok = serde_json::json!({"added_tokens": added, "model": {"type": "BPE", "vocab": vocab, "merges": merges}});
     std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
     let template = include_str!("../../tokenizer/templates/glm5.jinja");
-    std::fs::write(dir.join("tokenizer_config.json"), serde_json::json!({"chat_template": template}).to_string())
-        .unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({"chat_template": template}).to_string(),
+    )
+    .unwrap();
 
     let out = dir.join("model.gguf");
     let args = ConvertArgs {
@@ -90,7 +106,10 @@ fn hf_tokenizer_and_template_convert_and_load() {
     let (text, prompt) = lm
         .chat_prompt(
             &[ChatMessage::new("user", "hello")],
-            &RenderOptions { add_generation_prompt: true, ..Default::default() },
+            &RenderOptions {
+                add_generation_prompt: true,
+                ..Default::default()
+            },
         )
         .unwrap();
     assert_eq!(text, "[gMASK]<sop><|user|>hello<|assistant|><think>");

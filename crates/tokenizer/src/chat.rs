@@ -157,7 +157,10 @@ impl ChatTemplate {
         if let Some(t) = ChatTemplate::from_gguf(file)? {
             return Ok(t);
         }
-        let arch = file.get("general.architecture").and_then(GgufValue::as_str).unwrap_or_default();
+        let arch = file
+            .get("general.architecture")
+            .and_then(GgufValue::as_str)
+            .unwrap_or_default();
         let source = match arch {
             "glm5next" | "glm5-next" => GLM5_TEMPLATE,
             _ => CHATML_TEMPLATE,

@@ -16,7 +16,9 @@ use ds4_gguf::{GgufFile, GgufWriter};
 pub fn fixture(name: &str) -> Option<PathBuf> {
     let base = std::env::var_os("DS4_GLM_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/glm5_next"));
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/glm5_next")
+        });
     let p = base.join(name);
     if p.join("manifest.json").exists() {
         Some(p)
@@ -37,14 +39,27 @@ pub fn npy(path: &std::path::Path) -> (Vec<usize>, Vec<f32>) {
     };
     let header = std::str::from_utf8(&b[off..off + hlen]).unwrap();
     assert!(header.contains("'fortran_order': False"), "{header}");
-    let shape_txt = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
-    let shape: Vec<usize> =
-        shape_txt.split(',').filter(|s| !s.trim().is_empty()).map(|s| s.trim().parse().unwrap()).collect();
+    let shape_txt = header
+        .split("'shape': (")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap();
+    let shape: Vec<usize> = shape_txt
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
     let data = &b[off + hlen..];
     let vals: Vec<f32> = if header.contains("'<f4'") {
-        data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        data.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
     } else if header.contains("'<i4'") {
-        data.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32).collect()
+        data.chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
+            .collect()
     } else {
         panic!("{}: unsupported dtype in {header}", path.display())
     };
@@ -72,7 +87,11 @@ pub fn checkpoint_dir(dir: &std::path::Path) -> PathBuf {
 pub fn gguf_bytes(dir: &std::path::Path, outtype: OutType, expert: Option<OutType>) -> Vec<u8> {
     let ck = checkpoint_dir(dir);
     let mut w = GgufWriter::new();
-    let opts = Options { outtype, expert_type: expert, name: "fixture".into() };
+    let opts = Options {
+        outtype,
+        expert_type: expert,
+        name: "fixture".into(),
+    };
     // The bf16 fixtures' config.json is the f32 checkpoint's config.
     ds4_convert::convert_dir(&ck, &opts, &mut w).unwrap();
     w.to_bytes()
@@ -93,16 +112,27 @@ pub fn model(dir: &std::path::Path, outtype: OutType) -> Glm5Next {
 pub fn row_err(ours: &[f32], reference: &[f32]) -> f64 {
     let n = reference.len() as f64;
     let mean = reference.iter().map(|&v| v as f64).sum::<f64>() / n;
-    let var = reference.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    let var = reference
+        .iter()
+        .map(|&v| (v as f64 - mean).powi(2))
+        .sum::<f64>()
+        / n;
     let scale = var.sqrt().max(1.0);
-    let m = ours.iter().zip(reference).map(|(a, b)| (*a as f64 - *b as f64).abs()).fold(0.0, f64::max);
+    let m = ours
+        .iter()
+        .zip(reference)
+        .map(|(a, b)| (*a as f64 - *b as f64).abs())
+        .fold(0.0, f64::max);
     m / scale
 }
 
 /// The worst [`row_err`] over rows of `v` columns.
 pub fn max_err(ours: &[f32], reference: &[f32], v: usize) -> f64 {
     assert_eq!(ours.len(), reference.len());
-    ours.chunks(v).zip(reference.chunks(v)).map(|(a, b)| row_err(a, b)).fold(0.0, f64::max)
+    ours.chunks(v)
+        .zip(reference.chunks(v))
+        .map(|(a, b)| row_err(a, b))
+        .fold(0.0, f64::max)
 }
 
 /// Index of the largest value (first on ties).
@@ -126,11 +156,23 @@ pub struct Golden {
 }
 
 pub fn golden(dir: &std::path::Path) -> Golden {
-    let prompt = npy_i32(&dir.join("prompt.npy")).into_iter().map(|v| v as u32).collect();
+    let prompt = npy_i32(&dir.join("prompt.npy"))
+        .into_iter()
+        .map(|v| v as u32)
+        .collect();
     let (shape, prefill) = npy(&dir.join("prefill_logits.npy"));
-    let decode_tokens = npy_i32(&dir.join("decode_tokens.npy")).into_iter().map(|v| v as u32).collect();
+    let decode_tokens = npy_i32(&dir.join("decode_tokens.npy"))
+        .into_iter()
+        .map(|v| v as u32)
+        .collect();
     let (_, decode) = npy(&dir.join("decode_logits.npy"));
-    Golden { prompt, prefill, decode_tokens, decode, vocab: shape[1] }
+    Golden {
+        prompt,
+        prefill,
+        decode_tokens,
+        decode,
+        vocab: shape[1],
+    }
 }
 
 /// Our logits for the fixture protocol: one-call prefill (every row) and the 32 decode
@@ -139,12 +181,14 @@ pub fn run_protocol(m: &Glm5Next, g: &Golden) -> (Vec<f32>, Vec<f32>) {
     use ds4_engine::model::{Logits, Model};
     let mut cache = m.new_cache(4096).unwrap();
     let mut pre = Vec::new();
-    m.forward(&mut *cache, &g.prompt, Logits::All, &mut pre).unwrap();
+    m.forward(&mut *cache, &g.prompt, Logits::All, &mut pre)
+        .unwrap();
     let steps = g.decode.len() / g.vocab;
     let mut dec = Vec::new();
     let mut row = Vec::new();
     for i in 0..steps {
-        m.forward(&mut *cache, &[g.decode_tokens[i]], Logits::Last, &mut row).unwrap();
+        m.forward(&mut *cache, &[g.decode_tokens[i]], Logits::Last, &mut row)
+            .unwrap();
         dec.extend_from_slice(&row);
     }
     (pre, dec)

@@ -102,7 +102,10 @@ impl Ablation {
         (Ablation::KdaConvIdentity, "kda_conv_identity"),
         (Ablation::KdaConvNoSilu, "kda_conv_no_silu"),
         (Ablation::KdaChunkStateReset, "kda_chunk_state_reset"),
-        (Ablation::KdaDecodeConvStateZeroed, "kda_decode_conv_state_zeroed"),
+        (
+            Ablation::KdaDecodeConvStateZeroed,
+            "kda_decode_conv_state_zeroed",
+        ),
         (Ablation::KdaDecodeStateZeroed, "kda_decode_state_zeroed"),
         (Ablation::KdaGateOtherForm, "kda_gate_other_form"),
         (Ablation::KdaALogZero, "kda_A_log_zero"),
@@ -129,13 +132,19 @@ impl Ablation {
         (Ablation::MoeRoutedScaling1, "moe_routed_scaling_1"),
         (Ablation::MoeSharedExpertOff, "moe_shared_expert_off"),
         (Ablation::SwigluClampOff, "swiglu_clamp_off"),
-        (Ablation::SwigluGateClampedBelow, "swiglu_gate_clamped_below"),
+        (
+            Ablation::SwigluGateClampedBelow,
+            "swiglu_gate_clamped_below",
+        ),
         (Ablation::FinalNormOff, "final_norm_off"),
     ];
 
     /// The reference's name of this switch.
     pub fn name(self) -> &'static str {
-        Self::ALL.iter().find(|(a, _)| *a == self).map_or("?", |(_, n)| n)
+        Self::ALL
+            .iter()
+            .find(|(a, _)| *a == self)
+            .map_or("?", |(_, n)| n)
     }
 }
 

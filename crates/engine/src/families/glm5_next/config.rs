@@ -114,7 +114,10 @@ impl Meta<'_> {
     }
 
     fn err(&self, k: &str, detail: impl Into<String>) -> EngineError {
-        EngineError::Metadata { key: self.key(k), detail: detail.into() }
+        EngineError::Metadata {
+            key: self.key(k),
+            detail: detail.into(),
+        }
     }
 
     fn get(&self, k: &str) -> Option<&Value> {
@@ -128,7 +131,12 @@ impl Meta<'_> {
                 .as_u64()
                 .and_then(|x| usize::try_from(x).ok())
                 .map(Some)
-                .ok_or_else(|| self.err(k, format!(" (expected an unsigned integer, found {})", v.describe()))),
+                .ok_or_else(|| {
+                    self.err(
+                        k,
+                        format!(" (expected an unsigned integer, found {})", v.describe()),
+                    )
+                }),
         }
     }
 
@@ -149,14 +157,20 @@ impl Meta<'_> {
     fn bool_opt(&self, k: &str) -> Result<Option<bool>> {
         match self.get(k) {
             None => Ok(None),
-            Some(v) => {
-                v.as_bool().map(Some).ok_or_else(|| self.err(k, format!(" (expected a bool, found {})", v.describe())))
-            }
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.err(k, format!(" (expected a bool, found {})", v.describe()))),
         }
     }
 
     /// A per-layer array of `n` entries, or a scalar repeated; `None` when absent.
-    fn per_layer<T>(&self, k: &str, n: usize, conv: impl Fn(&Value) -> Option<T>) -> Result<Option<Vec<T>>>
+    fn per_layer<T>(
+        &self,
+        k: &str,
+        n: usize,
+        conv: impl Fn(&Value) -> Option<T>,
+    ) -> Result<Option<Vec<T>>>
     where
         T: Clone,
     {
@@ -165,11 +179,20 @@ impl Meta<'_> {
         };
         if let Some(items) = v.as_array() {
             if items.len() != n {
-                return Err(self.err(k, format!(" (array of {} entries, expected one per layer: {n})", items.len())));
+                return Err(self.err(
+                    k,
+                    format!(
+                        " (array of {} entries, expected one per layer: {n})",
+                        items.len()
+                    ),
+                ));
             }
             let mut out = Vec::with_capacity(n);
             for it in items {
-                out.push(conv(it).ok_or_else(|| self.err(k, format!(" (bad element {})", it.describe())))?);
+                out.push(
+                    conv(it)
+                        .ok_or_else(|| self.err(k, format!(" (bad element {})", it.describe())))?,
+                );
             }
             return Ok(Some(out));
         }
@@ -196,14 +219,28 @@ impl Config {
         }
         let head_count_kv = m
             .per_layer("attention.head_count_kv", n_layer, |v| v.as_u64())?
-            .ok_or_else(|| m.err("attention.head_count_kv", " (a per-layer array: 0 marks a KDA layer)"))?;
-        let indexer_full =
-            m.per_layer("attention.indexer.types", n_layer, |v| v.as_bool())?.unwrap_or_else(|| vec![true; n_layer]);
+            .ok_or_else(|| {
+                m.err(
+                    "attention.head_count_kv",
+                    " (a per-layer array: 0 marks a KDA layer)",
+                )
+            })?;
+        let indexer_full = m
+            .per_layer("attention.indexer.types", n_layer, |v| v.as_bool())?
+            .unwrap_or_else(|| vec![true; n_layer]);
         let mut layers = Vec::with_capacity(n_layer);
         for i in 0..n_layer {
-            let attn =
-                if head_count_kv[i] == 0 { AttnKind::Kda } else { AttnKind::Mla { full_indexer: indexer_full[i] } };
-            let mlp = if file.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_some() {
+            let attn = if head_count_kv[i] == 0 {
+                AttnKind::Kda
+            } else {
+                AttnKind::Mla {
+                    full_indexer: indexer_full[i],
+                }
+            };
+            let mlp = if file
+                .tensor(&format!("blk.{i}.ffn_gate_inp.weight"))
+                .is_some()
+            {
                 MlpKind::Moe
             } else {
                 MlpKind::Dense
@@ -212,7 +249,10 @@ impl Config {
         }
         let mla_heads = m.usize("attention.head_count")?;
         if let Some(lead) = m.usize_opt("leading_dense_block_count")?
-            && let Some(i) = layers.iter().take(lead.min(n_layer)).position(|l| l.1 == MlpKind::Moe)
+            && let Some(i) = layers
+                .iter()
+                .take(lead.min(n_layer))
+                .position(|l| l.1 == MlpKind::Moe)
         {
             return Err(m.err(
                 "leading_dense_block_count",
@@ -223,21 +263,28 @@ impl Config {
         let n_ff_exp = m.usize_opt("expert_feed_forward_length")?.unwrap_or(0);
         let n_shared = m.usize_opt("expert_shared_count")?.unwrap_or(1);
         let inf = |x: Option<Vec<f32>>| x.unwrap_or_else(|| vec![f32::INFINITY; n_layer]);
-        let as_limit = |v: &Value| v.as_f64().map(|x| if x <= 0.0 { f32::INFINITY } else { x as f32 });
+        let as_limit = |v: &Value| {
+            v.as_f64()
+                .map(|x| if x <= 0.0 { f32::INFINITY } else { x as f32 })
+        };
         let swiglu_exp = inf(m.per_layer("swiglu_clamp_exp", n_layer, as_limit)?);
         let swiglu_shexp = inf(m.per_layer("swiglu_clamp_shexp", n_layer, as_limit)?);
         if let Some(f) = m.usize_opt("expert_gating_func")?
             && f != 2
             && n_expert > 0
         {
-            return Err(m.err("expert_gating_func", format!(" ({f}; glm5_next routes with sigmoid = 2)")));
+            return Err(m.err(
+                "expert_gating_func",
+                format!(" ({f}; glm5_next routes with sigmoid = 2)"),
+            ));
         }
         if let Some(r) = m.usize_opt("rope.dimension_count")?
             && r != 0
         {
-            return Err(
-                m.err("rope.dimension_count", format!(" ({r}; glm5_next has no RoPE, qk_rope_head_dim must be 0)"))
-            );
+            return Err(m.err(
+                "rope.dimension_count",
+                format!(" ({r}; glm5_next has no RoPE, qk_rope_head_dim must be 0)"),
+            ));
         }
         let gate = match m.f32_opt("kda.gate_lower_bound")? {
             Some(lb) if lb < 0.0 => Gate::LowerBound(lb),
@@ -251,7 +298,9 @@ impl Config {
             n_vocab,
             n_ctx_train: m.usize_opt("context_length")?.unwrap_or(4096),
             layers,
-            rms_eps: m.f32_opt("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
+            rms_eps: m
+                .f32_opt("attention.layer_norm_rms_epsilon")?
+                .unwrap_or(1e-5),
             ln_eps: m.f32_opt("attention.layer_norm_epsilon")?.unwrap_or(1e-6),
             hc_mult: m.usize("hyper_connection.count")?,
             hc_sinkhorn_iters: m.usize("hyper_connection.sinkhorn_iterations")?,
@@ -269,14 +318,18 @@ impl Config {
             index_head_dim: m.usize("attention.indexer.key_length")?,
             index_kpool: m.usize("attention.indexer.kpool")?,
             index_topk: m.usize("attention.indexer.top_k")?,
-            index_select_tail: m.bool_opt("attention.indexer.kpool_select_tail")?.unwrap_or(true),
+            index_select_tail: m
+                .bool_opt("attention.indexer.kpool_select_tail")?
+                .unwrap_or(true),
             n_ff: m.usize_opt("feed_forward_length")?.unwrap_or(0),
             n_expert,
             n_expert_used: m.usize_opt("expert_used_count")?.unwrap_or(0),
             n_group: m.usize_opt("expert_group_count")?.unwrap_or(1).max(1),
             topk_group: m.usize_opt("expert_group_used_count")?.unwrap_or(1).max(1),
             n_ff_exp,
-            n_ff_shexp: m.usize_opt("expert_shared_feed_forward_length")?.unwrap_or(n_ff_exp * n_shared.max(1)),
+            n_ff_shexp: m
+                .usize_opt("expert_shared_feed_forward_length")?
+                .unwrap_or(n_ff_exp * n_shared.max(1)),
             norm_topk_prob: m.bool_opt("expert_weights_norm")?.unwrap_or(true),
             routed_scale: m.f32_opt("expert_weights_scale")?.unwrap_or(1.0),
             swiglu_exp,
@@ -293,7 +346,10 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         let bad = |s: String| Err(EngineError::Config(s));
         for (i, (attn, _)) in self.layers.iter().enumerate() {
-            if let AttnKind::Mla { full_indexer: false } = attn {
+            if let AttnKind::Mla {
+                full_indexer: false,
+            } = attn
+            {
                 let prev = i.checked_sub(1).map(|p| self.layers[p].0);
                 if prev != Some(AttnKind::Mla { full_indexer: true }) {
                     let what = match prev {
@@ -310,11 +366,18 @@ impl Config {
             }
         }
         let nz = |v: usize, what: &str| {
-            if v == 0 { bad(format!("{what} must be positive")) } else { Ok(()) }
+            if v == 0 {
+                bad(format!("{what} must be positive"))
+            } else {
+                Ok(())
+            }
         };
         nz(self.n_embd, "embedding_length")?;
         nz(self.hc_mult, "hyper_connection.count")?;
-        nz(self.hc_sinkhorn_iters, "hyper_connection.sinkhorn_iterations")?;
+        nz(
+            self.hc_sinkhorn_iters,
+            "hyper_connection.sinkhorn_iterations",
+        )?;
         let has_kda = self.layers.iter().any(|l| l.0 == AttnKind::Kda);
         let has_mla = self.layers.iter().any(|l| l.0 != AttnKind::Kda);
         if has_kda {
@@ -325,7 +388,10 @@ impl Config {
         if has_mla {
             nz(self.mla_heads, "attention.head_count")?;
             nz(self.index_kpool, "attention.indexer.kpool")?;
-            nz(self.q_lora_rank, "attention.q_lora_rank (glm5_next requires a q LoRA)")?;
+            nz(
+                self.q_lora_rank,
+                "attention.q_lora_rank (glm5_next requires a q LoRA)",
+            )?;
             if !self.index_topk.is_multiple_of(self.index_kpool) || self.index_topk == 0 {
                 return bad(format!(
                     "attention.indexer.top_k ({}) must be a positive multiple of attention.indexer.kpool ({})",
@@ -347,7 +413,10 @@ impl Config {
                 ));
             }
             if self.n_group > 1 && self.n_expert / self.n_group < 2 {
-                return bad("grouped routing scores each group by its top-2 experts: groups need 2 experts".into());
+                return bad(
+                    "grouped routing scores each group by its top-2 experts: groups need 2 experts"
+                        .into(),
+                );
             }
             if self.topk_group * (self.n_expert / self.n_group) < self.n_expert_used {
                 return bad(format!(
@@ -371,6 +440,10 @@ impl Config {
 
     /// Whether layer `i`'s indexer selection must be handed to layer `i + 1`.
     pub fn passes_selection(&self, i: usize) -> bool {
-        self.layers.get(i + 1).is_some_and(|l| l.0 == AttnKind::Mla { full_indexer: false })
+        self.layers.get(i + 1).is_some_and(|l| {
+            l.0 == AttnKind::Mla {
+                full_indexer: false,
+            }
+        })
     }
 }

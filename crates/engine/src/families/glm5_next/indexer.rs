@@ -100,7 +100,11 @@ impl Indexer {
             p.prec.cast(&mut w);
             let scale = (hi as f32).powf(-0.5);
             for v in w.iter_mut() {
-                *v = if p.sw.on(Ablation::DsaHeadWeightsOnes) { scale } else { *v * scale };
+                *v = if p.sw.on(Ablation::DsaHeadWeightsOnes) {
+                    scale
+                } else {
+                    *v * scale
+                };
             }
             (q, w)
         } else {
@@ -116,8 +120,9 @@ impl Indexer {
                 } else {
                     let qi = &q[i * hi * di..(i + 1) * hi * di];
                     let wi = &w[i * hi..(i + 1) * hi];
-                    let scores: Vec<f32> =
-                        (0..visible).map(|pp| self.score(qi, wi, &st.pooled[pp * di..(pp + 1) * di], p)).collect();
+                    let scores: Vec<f32> = (0..visible)
+                        .map(|pp| self.score(qi, wi, &st.pooled[pp * di..(pp + 1) * di], p))
+                        .collect();
                     let mut order: Vec<usize> = (0..visible).collect();
                     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
                     order.truncate(per_q);
@@ -154,7 +159,11 @@ impl Indexer {
         let mut acc = 0f32;
         for (h, wh) in w.iter().enumerate() {
             let sc = dot_f32(&q[h * di..(h + 1) * di], key) * scale;
-            let sc = if p.sw.on(Ablation::DsaReluOff) { sc } else { sc.max(0.0) };
+            let sc = if p.sw.on(Ablation::DsaReluOff) {
+                sc
+            } else {
+                sc.max(0.0)
+            };
             acc += wh * sc;
         }
         acc
@@ -173,7 +182,11 @@ impl Indexer {
             for (dd, kv) in key.iter_mut().enumerate() {
                 for (sidx, l) in logits.iter_mut().enumerate() {
                     let tok = pool * pl + sidx;
-                    let ape = if p.sw.on(Ablation::DsaApeOff) { 0.0 } else { self.ape[sidx * di + dd] };
+                    let ape = if p.sw.on(Ablation::DsaApeOff) {
+                        0.0
+                    } else {
+                        self.ape[sidx * di + dd]
+                    };
                     *l = st.gs[tok * di + dd] + ape;
                 }
                 if p.sw.on(Ablation::DsaPoolPlainMean) {

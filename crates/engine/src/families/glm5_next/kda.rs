@@ -100,7 +100,10 @@ impl LinearAttention {
         let mut pre = vec![0f32; s * 3 * qkv];
         {
             let mut tmp = vec![0f32; s * qkv];
-            for (i, w) in [&self.q_proj, &self.k_proj, &self.v_proj].into_iter().enumerate() {
+            for (i, w) in [&self.q_proj, &self.k_proj, &self.v_proj]
+                .into_iter()
+                .enumerate()
+            {
                 w.forward_acts(&acts, &mut tmp);
                 for t in 0..s {
                     pre[t * 3 * qkv + i * qkv..t * 3 * qkv + (i + 1) * qkv]
@@ -119,11 +122,15 @@ impl LinearAttention {
         let mixed = self.conv(&pre, s, &mut st.conv, p);
         let ki = self.kernel_inputs(&acts, &mixed, s, p);
         for t in cap.from..s {
-            cap.journal.push(&pre[t * 3 * qkv..(t + 1) * 3 * qkv], &ki, t, qkv, h);
+            cap.journal
+                .push(&pre[t * 3 * qkv..(t + 1) * 3 * qkv], &ki, t, qkv, h);
         }
         // The kernel, f32; output cast to the model dtype (`:612`).
-        let mut o =
-            if decode { recurrent(&ki, st, p) } else { chunked(&ki, s, st, &pre, &base_conv, cap.at, cap.base, p) };
+        let mut o = if decode {
+            recurrent(&ki, st, p)
+        } else {
+            chunked(&ki, s, st, &pre, &base_conv, cap.at, cap.base, p)
+        };
         if decode && cap.at == Some(1) {
             cap.base.copy_from(st);
         }
@@ -136,11 +143,19 @@ impl LinearAttention {
         self.g_b_proj.forward(&ga, s, &mut gate);
         p.prec.cast(&mut gate);
         let ones = vec![1f32; dk];
-        let w = if p.sw.on(Ablation::KdaONormWeightOnes) { &ones } else { &self.o_norm };
+        let w = if p.sw.on(Ablation::KdaONormWeightOnes) {
+            &ones
+        } else {
+            &self.o_norm
+        };
         for (row, grow) in o.chunks_exact_mut(dk).zip(gate.chunks_exact(dk)) {
             let r = super::ops::rms_scale(row, p.rms_eps);
             for ((v, w), g) in row.iter_mut().zip(w).zip(grow) {
-                let gated = if p.sw.on(Ablation::KdaOutputGateOff) { 1.0 } else { sigmoid(*g) };
+                let gated = if p.sw.on(Ablation::KdaOutputGateOff) {
+                    1.0
+                } else {
+                    sigmoid(*g)
+                };
                 *v = p.prec.one(w * (*v * r) * gated);
             }
         }
@@ -224,7 +239,11 @@ impl LinearAttention {
         };
         for t in 0..s {
             for hh in 0..h {
-                let a = if p.sw.on(Ablation::KdaALogZero) { 1.0 } else { self.decay_rate[hh] };
+                let a = if p.sw.on(Ablation::KdaALogZero) {
+                    1.0
+                } else {
+                    self.decay_rate[hh]
+                };
                 for j in 0..dk {
                     let c = hh * dk + j;
                     let g0 = g[t * qkv + c] + if zero_dt { 0.0 } else { self.dt_bias[c] };
@@ -240,7 +259,11 @@ impl LinearAttention {
         self.b_proj.forward_acts(acts, &mut beta);
         p.prec.cast(&mut beta);
         for b in beta.iter_mut() {
-            *b = if p.sw.on(Ablation::KdaBetaOne) { 1.0 } else { p.prec.one(sigmoid(*b)) };
+            *b = if p.sw.on(Ablation::KdaBetaOne) {
+                1.0
+            } else {
+                p.prec.one(sigmoid(*b))
+            };
         }
         KernelInputs { q, k, v, g, beta }
     }
@@ -275,16 +298,25 @@ pub fn delta_step(s: &mut [f32], k: &[f32], v: &[f32], g: &[f32], beta: f32) {
 fn recurrent(ki: &KernelInputs, st: &mut KdaState, p: &KdaParams) -> Vec<f32> {
     let (h, dk) = (p.heads, p.head_dim);
     let mut o = vec![0f32; h * dk];
-    st.s.par_chunks_mut(dk * dk).zip(o.par_chunks_mut(dk)).enumerate().for_each(|(hh, (sh, oh))| {
-        let r = hh * dk..(hh + 1) * dk;
-        delta_step(sh, &ki.k[r.clone()], &ki.v[r.clone()], &ki.g[r.clone()], ki.beta[hh]);
-        let q = &ki.q[r];
-        for (i, row) in sh.chunks_exact(dk).enumerate() {
-            for (oj, sj) in oh.iter_mut().zip(row) {
-                *oj += q[i] * sj;
+    st.s.par_chunks_mut(dk * dk)
+        .zip(o.par_chunks_mut(dk))
+        .enumerate()
+        .for_each(|(hh, (sh, oh))| {
+            let r = hh * dk..(hh + 1) * dk;
+            delta_step(
+                sh,
+                &ki.k[r.clone()],
+                &ki.v[r.clone()],
+                &ki.g[r.clone()],
+                ki.beta[hh],
+            );
+            let q = &ki.q[r];
+            for (i, row) in sh.chunks_exact(dk).enumerate() {
+                for (oj, sj) in oh.iter_mut().zip(row) {
+                    *oj += q[i] * sj;
+                }
             }
-        }
-    });
+        });
     o
 }
 
@@ -331,7 +363,8 @@ fn chunked(
             .collect();
     for (hh, out, cap) in heads {
         for t in 0..s {
-            o[t * qkv + hh * dk..t * qkv + (hh + 1) * dk].copy_from_slice(&out[t * dk..(t + 1) * dk]);
+            o[t * qkv + hh * dk..t * qkv + (hh + 1) * dk]
+                .copy_from_slice(&out[t * dk..(t + 1) * dk]);
         }
         if !cap.is_empty() {
             captured[hh * dk * dk..(hh + 1) * dk * dk].copy_from_slice(&cap);
@@ -352,11 +385,20 @@ fn chunked(
 
 /// One chunk of `n ≤ 64` rows (starting at token `c0`) of head `hh`, padded rows
 /// implicit (the reference pads with zeros, which changes nothing for real rows).
-fn chunk_head(ki: &KernelInputs, hh: usize, c0: usize, n: usize, sh: &mut [f32], out: &mut [f32], p: &KdaParams) {
+fn chunk_head(
+    ki: &KernelInputs,
+    hh: usize,
+    c0: usize,
+    n: usize,
+    sh: &mut [f32],
+    out: &mut [f32],
+    p: &KdaParams,
+) {
     let dk = p.head_dim;
     let qkv = p.heads * dk;
-    let row =
-        |v: &[f32], t: usize| -> Vec<f32> { v[(c0 + t) * qkv + hh * dk..(c0 + t) * qkv + (hh + 1) * dk].to_vec() };
+    let row = |v: &[f32], t: usize| -> Vec<f32> {
+        v[(c0 + t) * qkv + hh * dk..(c0 + t) * qkv + (hh + 1) * dk].to_vec()
+    };
     let q: Vec<Vec<f32>> = (0..n).map(|t| row(&ki.q, t)).collect();
     let k: Vec<Vec<f32>> = (0..n).map(|t| row(&ki.k, t)).collect();
     let v: Vec<Vec<f32>> = (0..n).map(|t| row(&ki.v, t)).collect();

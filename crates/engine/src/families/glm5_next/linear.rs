@@ -31,7 +31,11 @@ use rayon::prelude::*;
 #[derive(Clone)]
 enum Bytes {
     /// `len` bytes at absolute offset `start` of a mapped GGUF file.
-    Mapped { file: Arc<GgufFile>, start: usize, len: usize },
+    Mapped {
+        file: Arc<GgufFile>,
+        start: usize,
+        len: usize,
+    },
     /// Bytes built at load time (re-laid-out tensors), in the weight type's layout.
     Owned(Arc<Vec<u8>>),
 }
@@ -52,11 +56,26 @@ impl Linear {
     /// A view of `rows` rows starting at row `row0` of tensor `info` of `file` (a whole
     /// 2-D tensor, or one expert's slice of a 3-D tensor). The caller has checked shape
     /// and type.
-    pub(crate) fn mapped(file: &Arc<GgufFile>, info: &TensorInfo, row0: usize, rows: usize, cols: usize) -> Self {
+    pub(crate) fn mapped(
+        file: &Arc<GgufFile>,
+        info: &TensorInfo,
+        row0: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Self {
         let rb = info.dtype.row_bytes(cols).unwrap_or(0);
         // The tensor's absolute position in the file (validated in bounds at open).
         let start = (file.data_offset() + info.offset) as usize + row0 * rb;
-        Linear { ty: info.dtype, rows, cols, bytes: Bytes::Mapped { file: file.clone(), start, len: rows * rb } }
+        Linear {
+            ty: info.dtype,
+            rows,
+            cols,
+            bytes: Bytes::Mapped {
+                file: file.clone(),
+                start,
+                len: rows * rb,
+            },
+        }
     }
 
     /// An F32 matrix built from values (row-major `rows × cols`).
@@ -66,7 +85,12 @@ impl Linear {
         for v in values {
             b.extend_from_slice(&v.to_le_bytes());
         }
-        Linear { ty: GgmlType::F32, rows, cols, bytes: Bytes::Owned(Arc::new(b)) }
+        Linear {
+            ty: GgmlType::F32,
+            rows,
+            cols,
+            bytes: Bytes::Owned(Arc::new(b)),
+        }
     }
 
     /// The raw bytes of the matrix.
@@ -78,7 +102,12 @@ impl Linear {
     }
 
     fn qmatrix(&self) -> QMatrix<'_> {
-        QMatrix { ty: self.ty, rows: self.rows, cols: self.cols, data: self.data() }
+        QMatrix {
+            ty: self.ty,
+            rows: self.rows,
+            cols: self.cols,
+            data: self.data(),
+        }
     }
 
     /// Whether this is a quantized matrix `ds4_quant` multiplies (its activations need
@@ -166,9 +195,10 @@ impl Linear {
         };
         let mut tmp = vec![0f32; rows * n];
         if rows * cols * n >= PARALLEL_MIN_MACS && rayon::current_num_threads() > 1 {
-            tmp.par_chunks_mut(n)
-                .enumerate()
-                .for_each_init(|| Vec::with_capacity(cols), |w, (r, res)| row_job(r, w, res));
+            tmp.par_chunks_mut(n).enumerate().for_each_init(
+                || Vec::with_capacity(cols),
+                |w, (r, res)| row_job(r, w, res),
+            );
         } else {
             let mut w = Vec::with_capacity(cols);
             for (r, res) in tmp.chunks_mut(n).enumerate() {
@@ -192,15 +222,24 @@ fn decode_row(ty: GgmlType, src: &[u8], w: &mut Vec<f32>) {
     match ty {
         GgmlType::F32 => {
             w.clear();
-            w.extend(src.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+            w.extend(
+                src.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            );
         }
         GgmlType::BF16 => {
             w.clear();
-            w.extend(src.chunks_exact(2).map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()));
+            w.extend(
+                src.chunks_exact(2)
+                    .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()),
+            );
         }
         GgmlType::F16 => {
             w.clear();
-            w.extend(src.chunks_exact(2).map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()));
+            w.extend(
+                src.chunks_exact(2)
+                    .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()),
+            );
         }
         _ => {
             let n = src.len() / ty.type_size() * ty.block_size();
@@ -225,7 +264,12 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
         tail += x * y;
     }
-    let s4 = [lanes[0] + lanes[4], lanes[1] + lanes[5], lanes[2] + lanes[6], lanes[3] + lanes[7]];
+    let s4 = [
+        lanes[0] + lanes[4],
+        lanes[1] + lanes[5],
+        lanes[2] + lanes[6],
+        lanes[3] + lanes[7],
+    ];
     (s4[0] + s4[2]) + (s4[1] + s4[3]) + tail
 }
 
@@ -241,7 +285,12 @@ impl<'a> Acts<'a> {
     /// `n` tokens of `cols` values.
     pub fn new(x: &'a [f32], n: usize, cols: usize) -> Self {
         debug_assert_eq!(x.len(), n * cols);
-        Acts { x, n, cols, cache: std::sync::Mutex::new(Vec::new()) }
+        Acts {
+            x,
+            n,
+            cols,
+            cache: std::sync::Mutex::new(Vec::new()),
+        }
     }
 
     fn quantized(&self, ty: GgmlType) -> Arc<QuantizedActs> {
@@ -269,7 +318,13 @@ mod tests {
 
     #[test]
     fn owned_forward_is_row_dot() {
-        let w = Linear::from_f32(3, 5, &[1., 2., 3., 4., 5., 0., 1., 0., 1., 0., -1., -1., -1., -1., -1.]);
+        let w = Linear::from_f32(
+            3,
+            5,
+            &[
+                1., 2., 3., 4., 5., 0., 1., 0., 1., 0., -1., -1., -1., -1., -1.,
+            ],
+        );
         let x = [1., 1., 1., 1., 1., 2., 0., 0., 0., 1.];
         let mut out = [0f32; 6];
         w.forward(&x, 2, &mut out);

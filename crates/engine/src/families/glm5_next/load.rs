@@ -28,7 +28,11 @@ fn shape_err(info: &TensorInfo, expected: &[usize]) -> EngineError {
 
 impl<'a> Loader<'a> {
     pub fn new(file: &'a Arc<GgufFile>) -> Self {
-        Loader { file, n_params: 0, decode_bytes: 0 }
+        Loader {
+            file,
+            n_params: 0,
+            decode_bytes: 0,
+        }
     }
 
     /// The first of `names` present in the file.
@@ -37,12 +41,16 @@ impl<'a> Loader<'a> {
     }
 
     fn require(&self, names: &[&str]) -> Result<&'a TensorInfo> {
-        self.find(names).ok_or_else(|| EngineError::MissingTensor(names.join("' or '")))
+        self.find(names)
+            .ok_or_else(|| EngineError::MissingTensor(names.join("' or '")))
     }
 
     fn check_type(&self, info: &TensorInfo) -> Result<()> {
         if !ds4_quant::is_supported(info.dtype) {
-            return Err(EngineError::UnsupportedTensorType { name: info.name.clone(), ty: info.dtype });
+            return Err(EngineError::UnsupportedTensorType {
+                name: info.name.clone(),
+                ty: info.dtype,
+            });
         }
         Ok(())
     }
@@ -84,7 +92,14 @@ impl<'a> Loader<'a> {
 
     /// `n` stacked matrices `[n, rows, cols]` (ggml `{cols, rows, n}`), of which
     /// `used` are read per decode step.
-    pub fn stacked(&mut self, names: &[&str], n: usize, rows: usize, cols: usize, used: usize) -> Result<Vec<Linear>> {
+    pub fn stacked(
+        &mut self,
+        names: &[&str],
+        n: usize,
+        rows: usize,
+        cols: usize,
+        used: usize,
+    ) -> Result<Vec<Linear>> {
         let info = self.require(names)?;
         self.check_type(info)?;
         let d = Self::dims(info);
@@ -94,7 +109,9 @@ impl<'a> Loader<'a> {
         }
         self.n_params += info.n_elements();
         self.decode_bytes += info.n_bytes() / n.max(1) as u64 * used as u64;
-        Ok((0..n).map(|e| Linear::mapped(self.file, info, e * rows, rows, cols)).collect())
+        Ok((0..n)
+            .map(|e| Linear::mapped(self.file, info, e * rows, rows, cols))
+            .collect())
     }
 
     /// A vector of `len` values, decoded to f32 (any dims whose product is `len` and
@@ -126,8 +143,9 @@ impl<'a> Loader<'a> {
         let row = info.dims[0] as usize;
         let data = self.file.tensor_data(info);
         for (r, o) in out.chunks_exact_mut(row.max(1)).enumerate() {
-            ds4_quant::dequantize_row(info.dtype, &data[r * rb..(r + 1) * rb], o)
-                .map_err(|e| EngineError::Config(format!("tensor '{}' cannot be decoded: {e}", info.name)))?;
+            ds4_quant::dequantize_row(info.dtype, &data[r * rb..(r + 1) * rb], o).map_err(|e| {
+                EngineError::Config(format!("tensor '{}' cannot be decoded: {e}", info.name))
+            })?;
         }
         Ok(out)
     }
@@ -136,7 +154,11 @@ impl<'a> Loader<'a> {
     pub fn values_any(&mut self, names: &[&str], dims: &[&[usize]]) -> Result<Vec<f32>> {
         let info = self.require(names)?;
         let d = Self::dims(info);
-        let pick = dims.iter().find(|x| **x == d.as_slice()).copied().unwrap_or(dims[0]);
+        let pick = dims
+            .iter()
+            .find(|x| **x == d.as_slice())
+            .copied()
+            .unwrap_or(dims[0]);
         self.values(info, pick)
     }
 

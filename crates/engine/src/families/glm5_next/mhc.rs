@@ -57,7 +57,11 @@ impl HyperConnection {
         // m = fn₃₂ · xn, with the upcast weight and f32 activations.
         let mut m = vec![0f32; s * m_dim];
         self.fn_.forward_exact(&xn, s, &mut m);
-        let eps = if p.sw.on(Ablation::HcEps0) { 0.0 } else { p.eps };
+        let eps = if p.sw.on(Ablation::HcEps0) {
+            0.0
+        } else {
+            p.eps
+        };
         let iters = if p.sw.on(Ablation::HcSinkhorn1) {
             1
         } else if p.sw.on(Ablation::HcSinkhorn19) {
@@ -69,16 +73,21 @@ impl HyperConnection {
         let mut mixes = Vec::with_capacity(s);
         for t in 0..s {
             let mt = &m[t * m_dim..(t + 1) * m_dim];
-            let mut pre: Vec<f32> = (0..n).map(|i| sigmoid(mt[i] * self.scale[0] + self.base[i]) + eps).collect();
+            let mut pre: Vec<f32> = (0..n)
+                .map(|i| sigmoid(mt[i] * self.scale[0] + self.base[i]) + eps)
+                .collect();
             if p.sw.on(Ablation::HcPreMean) {
                 pre.iter_mut().for_each(|v| *v = 1.0 / n as f32);
             }
-            let mut post: Vec<f32> =
-                (0..n).map(|i| 2.0 * sigmoid(mt[n + i] * self.scale[1] + self.base[n + i])).collect();
+            let mut post: Vec<f32> = (0..n)
+                .map(|i| 2.0 * sigmoid(mt[n + i] * self.scale[1] + self.base[n + i]))
+                .collect();
             if p.sw.on(Ablation::HcPostOnes) {
                 post.iter_mut().for_each(|v| *v = 1.0);
             }
-            let mut c: Vec<f32> = (0..n * n).map(|k| mt[2 * n + k] * self.scale[2] + self.base[2 * n + k]).collect();
+            let mut c: Vec<f32> = (0..n * n)
+                .map(|k| mt[2 * n + k] * self.scale[2] + self.base[2 * n + k])
+                .collect();
             sinkhorn(&mut c, n, iters, eps);
             // x = Σₙ pre[n] · X[n] in f32, cast to the model dtype.
             let xt = &x[t * nd..(t + 1) * nd];
@@ -111,7 +120,11 @@ impl HyperConnection {
                 for k in 0..d {
                     let mut acc = 0f32;
                     for i in 0..n {
-                        let c = if transposed { mix.comb[j * n + i] } else { mix.comb[i * n + j] };
+                        let c = if transposed {
+                            mix.comb[j * n + i]
+                        } else {
+                            mix.comb[i * n + j]
+                        };
                         acc += c * old[i * d + k];
                     }
                     let a = p.prec.one(mix.post[j] * yt[k]);
@@ -159,7 +172,8 @@ pub fn head(x: &[f32], s: usize, p: &HcParams) -> Vec<f32> {
             out[t * d + k] = if p.sw.on(Ablation::HcHeadFirstStream) {
                 xt[k]
             } else {
-                p.prec.one((0..n).map(|i| xt[i * d + k]).sum::<f32>() / n as f32)
+                p.prec
+                    .one((0..n).map(|i| xt[i * d + k]).sum::<f32>() / n as f32)
             };
         }
     }

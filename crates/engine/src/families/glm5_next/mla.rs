@@ -113,7 +113,14 @@ impl Attention {
     }
 
     /// Attention with `kv_b_proj` absorbed (see the module header): `[s, Ha·dv]`.
-    fn attend_absorbed(&self, q: &[f32], latent: &[f32], sel: &[Selection], s: usize, p: &MlaParams) -> Vec<f32> {
+    fn attend_absorbed(
+        &self,
+        q: &[f32],
+        latent: &[f32],
+        sel: &[Selection],
+        s: usize,
+        p: &MlaParams,
+    ) -> Vec<f32> {
         let (ha, dn, dv, rkv) = (p.heads, p.qk_nope_dim, p.v_head_dim, p.kv_lora_rank);
         // Absorbed queries q̃ [s, Ha, rkv].
         let mut qt = vec![0f32; s * ha * rkv];
@@ -122,15 +129,21 @@ impl Attention {
             let mut out = vec![0f32; s * rkv];
             for h in 0..ha {
                 for t in 0..s {
-                    qh[t * dn..(t + 1) * dn].copy_from_slice(&q[(t * ha + h) * dn..(t * ha + h + 1) * dn]);
+                    qh[t * dn..(t + 1) * dn]
+                        .copy_from_slice(&q[(t * ha + h) * dn..(t * ha + h + 1) * dn]);
                 }
                 self.k_b[h].forward(&qh, s, &mut out);
                 for t in 0..s {
-                    qt[(t * ha + h) * rkv..(t * ha + h + 1) * rkv].copy_from_slice(&out[t * rkv..(t + 1) * rkv]);
+                    qt[(t * ha + h) * rkv..(t * ha + h + 1) * rkv]
+                        .copy_from_slice(&out[t * rkv..(t + 1) * rkv]);
                 }
             }
         }
-        let scale_dim = if p.sw.on(Ablation::MlaScaleVHeadDim) { dv } else { dn };
+        let scale_dim = if p.sw.on(Ablation::MlaScaleVHeadDim) {
+            dv
+        } else {
+            dn
+        };
         let scale = (scale_dim as f32).powf(-0.5);
         // Context per (token, head): Σ_j softmax(q̃·c_j·scale)_j c_j.
         let mut ctx = vec![0f32; s * ha * rkv];
@@ -141,7 +154,10 @@ impl Attention {
             if toks.is_empty() {
                 return;
             }
-            let mut sc: Vec<f32> = toks.iter().map(|&j| dot_f32(qv, &latent[j * rkv..(j + 1) * rkv]) * scale).collect();
+            let mut sc: Vec<f32> = toks
+                .iter()
+                .map(|&j| dot_f32(qv, &latent[j * rkv..(j + 1) * rkv]) * scale)
+                .collect();
             super::ops::softmax(&mut sc);
             for (&j, w) in toks.iter().zip(&sc) {
                 for (o, cv) in out.iter_mut().zip(&latent[j * rkv..(j + 1) * rkv]) {
@@ -156,11 +172,13 @@ impl Attention {
             let mut out = vec![0f32; s * dv];
             for h in 0..ha {
                 for t in 0..s {
-                    ch[t * rkv..(t + 1) * rkv].copy_from_slice(&ctx[(t * ha + h) * rkv..(t * ha + h + 1) * rkv]);
+                    ch[t * rkv..(t + 1) * rkv]
+                        .copy_from_slice(&ctx[(t * ha + h) * rkv..(t * ha + h + 1) * rkv]);
                 }
                 self.v_b[h].forward(&ch, s, &mut out);
                 for t in 0..s {
-                    o[(t * ha + h) * dv..(t * ha + h + 1) * dv].copy_from_slice(&out[t * dv..(t + 1) * dv]);
+                    o[(t * ha + h) * dv..(t * ha + h + 1) * dv]
+                        .copy_from_slice(&out[t * dv..(t + 1) * dv]);
                 }
             }
         }
@@ -173,7 +191,14 @@ impl Attention {
     /// output once; this reproduces the fixtures' bf16 attention outputs bit for bit.
     /// Used only by bf16 models, whose CPU use is parity testing: it expands every
     /// cached latent per call.
-    fn attend_expanded(&self, q: &[f32], latent: &[f32], sel: &[Selection], s: usize, p: &MlaParams) -> Vec<f32> {
+    fn attend_expanded(
+        &self,
+        q: &[f32],
+        latent: &[f32],
+        sel: &[Selection],
+        s: usize,
+        p: &MlaParams,
+    ) -> Vec<f32> {
         let (ha, dn, dv, rkv) = (p.heads, p.qk_nope_dim, p.v_head_dim, p.kv_lora_rank);
         let t_len = latent.len() / rkv;
         // k[j][h] = bf16(W_k,h c_j) with W_k,h = k_b[h]ᵀ, v[j][h] = bf16(W_v,h c_j).
@@ -194,7 +219,11 @@ impl Attention {
                 }
             }
         }
-        let scale_dim = if p.sw.on(Ablation::MlaScaleVHeadDim) { dv } else { dn };
+        let scale_dim = if p.sw.on(Ablation::MlaScaleVHeadDim) {
+            dv
+        } else {
+            dn
+        };
         let scale = (scale_dim as f32).powf(-0.5);
         let mut o = vec![0f32; s * ha * dv];
         o.par_chunks_mut(dv).enumerate().for_each(|(th, out)| {
@@ -204,15 +233,20 @@ impl Attention {
             if toks.is_empty() {
                 return;
             }
-            let sc: Vec<f32> =
-                toks.iter().map(|&j| dot_f32(qv, &k[(j * ha + h) * dn..(j * ha + h + 1) * dn]) * scale).collect();
+            let sc: Vec<f32> = toks
+                .iter()
+                .map(|&j| dot_f32(qv, &k[(j * ha + h) * dn..(j * ha + h + 1) * dn]) * scale)
+                .collect();
             let m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0f32;
             for (&j, &x) in toks.iter().zip(&sc) {
                 let e = (x - m).exp();
                 sum += e;
                 let pe = e;
-                for (o, vv) in out.iter_mut().zip(&v[(j * ha + h) * dv..(j * ha + h + 1) * dv]) {
+                for (o, vv) in out
+                    .iter_mut()
+                    .zip(&v[(j * ha + h) * dv..(j * ha + h + 1) * dv])
+                {
                     *o += pe * vv;
                 }
             }

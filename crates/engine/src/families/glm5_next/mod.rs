@@ -109,10 +109,33 @@ pub struct Trace {
 
 fn hc(l: &mut Loader, i: usize, which: &str, n: usize, d: usize) -> Result<HyperConnection> {
     let m = (2 + n) * n;
-    let fn_ = l.matrix(&[&format!("blk.{i}.hc_{which}_fn.weight"), &format!("blk.{i}.hc_{which}_fn")], m, n * d)?;
-    let base = l.vector(&[&format!("blk.{i}.hc_{which}_base.weight"), &format!("blk.{i}.hc_{which}_base")], m)?;
-    let sc = l.vector(&[&format!("blk.{i}.hc_{which}_scale.weight"), &format!("blk.{i}.hc_{which}_scale")], 3)?;
-    Ok(HyperConnection { fn_, base, scale: [sc[0], sc[1], sc[2]] })
+    let fn_ = l.matrix(
+        &[
+            &format!("blk.{i}.hc_{which}_fn.weight"),
+            &format!("blk.{i}.hc_{which}_fn"),
+        ],
+        m,
+        n * d,
+    )?;
+    let base = l.vector(
+        &[
+            &format!("blk.{i}.hc_{which}_base.weight"),
+            &format!("blk.{i}.hc_{which}_base"),
+        ],
+        m,
+    )?;
+    let sc = l.vector(
+        &[
+            &format!("blk.{i}.hc_{which}_scale.weight"),
+            &format!("blk.{i}.hc_{which}_scale"),
+        ],
+        3,
+    )?;
+    Ok(HyperConnection {
+        fn_,
+        base,
+        scale: [sc[0], sc[1], sc[2]],
+    })
 }
 
 fn load_kda(l: &mut Loader, i: usize, c: &Config) -> Result<LinearAttention> {
@@ -123,11 +146,17 @@ fn load_kda(l: &mut Loader, i: usize, c: &Config) -> Result<LinearAttention> {
     let conv = if l.find(&[&n("ssm_conv1d_q.weight")]).is_some() {
         let mut w = Vec::with_capacity(3 * qkv * kc);
         for p in ["q", "k", "v"] {
-            w.extend(l.values_any(&[&n(&format!("ssm_conv1d_{p}.weight"))], &[&[kc, 1, qkv], &[kc, qkv]])?);
+            w.extend(l.values_any(
+                &[&n(&format!("ssm_conv1d_{p}.weight"))],
+                &[&[kc, 1, qkv], &[kc, qkv]],
+            )?);
         }
         w
     } else {
-        l.values_any(&[&n("ssm_conv1d.weight")], &[&[kc, 1, 3 * qkv], &[kc, 3 * qkv]])?
+        l.values_any(
+            &[&n("ssm_conv1d.weight")],
+            &[&[kc, 1, 3 * qkv], &[kc, 3 * qkv]],
+        )?
     };
     // ssm_a holds −exp(A_log) (llama.cpp's kimi convention).
     let ssm_a = l.vector(&[&n("ssm_a"), &n("ssm_a.weight")], h)?;
@@ -155,10 +184,20 @@ fn load_kda(l: &mut Loader, i: usize, c: &Config) -> Result<LinearAttention> {
 }
 
 fn load_mla(l: &mut Loader, i: usize, c: &Config, full: bool) -> Result<Attention> {
-    let (d, ha, rq, rkv, dn, dv) = (c.n_embd, c.mla_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_dim, c.v_head_dim);
+    let (d, ha, rq, rkv, dn, dv) = (
+        c.n_embd,
+        c.mla_heads,
+        c.q_lora_rank,
+        c.kv_lora_rank,
+        c.qk_nope_dim,
+        c.v_head_dim,
+    );
     let n = |s: &str| format!("blk.{i}.{s}");
     let (k_b, v_b) = if l.find(&[&n("attn_k_b.weight")]).is_some() {
-        (l.stacked(&[&n("attn_k_b.weight")], ha, rkv, dn, ha)?, l.stacked(&[&n("attn_v_b.weight")], ha, dv, rkv, ha)?)
+        (
+            l.stacked(&[&n("attn_k_b.weight")], ha, rkv, dn, ha)?,
+            l.stacked(&[&n("attn_v_b.weight")], ha, dv, rkv, ha)?,
+        )
     } else {
         // Alias: the unsplit kv_b_proj {rkv, Ha·(dn+dv)}, re-laid-out per head.
         let kv_b = l.matrix(&[&n("attn_kv_b.weight")], ha * (dn + dv), rkv)?;
@@ -247,7 +286,9 @@ fn fingerprint(c: &Config) -> u64 {
         c.index_kpool,
         c.n_vocab
     );
-    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 impl Glm5Next {
@@ -270,12 +311,20 @@ impl Glm5Next {
             }
         };
         let mut l = Loader::new(file);
-        let embd_ty =
-            l.type_of("token_embd.weight").ok_or_else(|| EngineError::MissingTensor("token_embd.weight".into()))?;
-        let n_embd = file.get(&format!("{arch}.embedding_length")).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
+        let embd_ty = l
+            .type_of("token_embd.weight")
+            .ok_or_else(|| EngineError::MissingTensor("token_embd.weight".into()))?;
+        let n_embd = file
+            .get(&format!("{arch}.embedding_length"))
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0) as usize;
         let tok_embd = l.embedding("token_embd.weight", n_embd)?;
         let n_vocab = tok_embd.rows;
-        let dtype = if embd_ty == GgmlType::BF16 { Dtype::Bf16 } else { Dtype::F32 };
+        let dtype = if embd_ty == GgmlType::BF16 {
+            Dtype::Bf16
+        } else {
+            Dtype::F32
+        };
         let cfg = Config::from_gguf(file, &arch, n_vocab, dtype)?;
         let d = cfg.n_embd;
         let output_norm = l.vector(&["output_norm.weight"], d)?;
@@ -284,7 +333,9 @@ impl Glm5Next {
         for (i, &(attn, mlp)) in cfg.layers.iter().enumerate() {
             let attn = match attn {
                 AttnKind::Kda => Attn::Kda(load_kda(&mut l, i, &cfg)?),
-                AttnKind::Mla { full_indexer } => Attn::Mla(load_mla(&mut l, i, &cfg, full_indexer)?),
+                AttnKind::Mla { full_indexer } => {
+                    Attn::Mla(load_mla(&mut l, i, &cfg, full_indexer)?)
+                }
             };
             layers.push(Layer {
                 attn_hc: hc(&mut l, i, "attn", cfg.hc_mult, d)?,
@@ -306,7 +357,16 @@ impl Glm5Next {
             backend: "cpu".into(),
         };
         let fingerprint = fingerprint(&cfg);
-        Ok(Glm5Next { cfg, info, tok_embd, output_norm, output, layers, sw: Switches::default(), fingerprint })
+        Ok(Glm5Next {
+            cfg,
+            info,
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+            sw: Switches::default(),
+            fingerprint,
+        })
     }
 
     /// The hyperparameters.
@@ -331,9 +391,11 @@ impl Glm5Next {
                 .layers
                 .iter()
                 .map(|l| match l.0 {
-                    AttnKind::Kda => {
-                        LayerShape::Kda { heads: c.kda_heads, head_dim: c.kda_head_dim, kernel: c.conv_kernel }
-                    }
+                    AttnKind::Kda => LayerShape::Kda {
+                        heads: c.kda_heads,
+                        head_dim: c.kda_head_dim,
+                        kernel: c.conv_kernel,
+                    },
                     AttnKind::Mla { full_indexer } => LayerShape::Mla { full_indexer },
                 })
                 .collect(),
@@ -390,7 +452,9 @@ impl Glm5Next {
         out: &mut Vec<f32>,
         mut trace: Option<&mut Trace>,
     ) {
-        let _span = tracing::debug_span!("glm5_next_forward", tokens = tokens.len(), pos = cache.len).entered();
+        let _span =
+            tracing::debug_span!("glm5_next_forward", tokens = tokens.len(), pos = cache.len)
+                .entered();
         let c = &self.cfg;
         let s = tokens.len();
         let (n, d) = (c.hc_mult, c.n_embd);
@@ -435,8 +499,12 @@ impl Glm5Next {
                         prec: p,
                         sw: self.sw,
                     };
-                    let cap =
-                        Capture { at: capture_at, base: &mut st.base, from: journal_from, journal: &mut st.journal };
+                    let cap = Capture {
+                        at: capture_at,
+                        base: &mut st.base,
+                        from: journal_from,
+                        journal: &mut st.journal,
+                    };
                     sel = None;
                     a.forward(&h, s, &mut st.live, decode, cap, &kp)
                 }
@@ -530,10 +598,16 @@ impl Glm5Next {
 
     fn check(&self, cache: &dyn Cache, tokens: &[u32]) -> Result<()> {
         if cache.len() + tokens.len() > cache.capacity() {
-            return Err(EngineError::ContextFull { needed: cache.len() + tokens.len(), n_ctx: cache.capacity() });
+            return Err(EngineError::ContextFull {
+                needed: cache.len() + tokens.len(),
+                n_ctx: cache.capacity(),
+            });
         }
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
-            return Err(EngineError::BadToken { id, n_vocab: self.cfg.n_vocab });
+            return Err(EngineError::BadToken {
+                id,
+                n_vocab: self.cfg.n_vocab,
+            });
         }
         Ok(())
     }
@@ -544,7 +618,9 @@ impl Glm5Next {
             .downcast_mut::<Glm5NextCache>()
             .ok_or_else(|| EngineError::Config("cache belongs to another model family".into()))?;
         if c.shape.fingerprint != self.fingerprint {
-            return Err(EngineError::Config("cache belongs to another glm5_next model".into()));
+            return Err(EngineError::Config(
+                "cache belongs to another glm5_next model".into(),
+            ));
         }
         Ok(c)
     }
@@ -553,7 +629,12 @@ impl Glm5Next {
     ///
     /// # Errors
     /// As [`Model::forward`].
-    pub fn forward_traced(&self, cache: &mut dyn Cache, tokens: &[u32], trace: &mut Trace) -> Result<Vec<f32>> {
+    pub fn forward_traced(
+        &self,
+        cache: &mut dyn Cache,
+        tokens: &[u32],
+        trace: &mut Trace,
+    ) -> Result<Vec<f32>> {
         self.check(cache, tokens)?;
         let c = self.downcast(cache)?;
         let mut out = Vec::new();
@@ -576,7 +657,13 @@ impl Model for Glm5Next {
         Ok(Box::new(self.new_glm_cache(n_ctx)))
     }
 
-    fn forward(&self, cache: &mut dyn Cache, tokens: &[u32], logits: Logits, out: &mut Vec<f32>) -> Result<()> {
+    fn forward(
+        &self,
+        cache: &mut dyn Cache,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         self.check(cache, tokens)?;
         let c = self.downcast(cache)?;
         if tokens.is_empty() {

@@ -52,7 +52,11 @@ pub struct MoeParams {
 /// The SwiGLU activation with the reference's clamp, in place over `gate` (result) and
 /// `up`, cast as the reference's model-dtype ops round.
 fn swiglu(gate: &mut [f32], up: &[f32], limit: f32, p: Prec, sw: Switches) {
-    let lim = if sw.on(Ablation::SwigluClampOff) { f32::INFINITY } else { limit };
+    let lim = if sw.on(Ablation::SwigluClampOff) {
+        f32::INFINITY
+    } else {
+        limit
+    };
     for (g, u) in gate.iter_mut().zip(up) {
         let mut gv = g.min(lim);
         if sw.on(Ablation::SwigluGateClampedBelow) {
@@ -94,8 +98,11 @@ impl Moe {
         let e = logits.len();
         let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
         let bias_off = p.sw.on(Ablation::MoeBiasOff);
-        let mut choice: Vec<f32> =
-            scores.iter().zip(&self.bias).map(|(s, b)| if bias_off { *s } else { s + b }).collect();
+        let mut choice: Vec<f32> = scores
+            .iter()
+            .zip(&self.bias)
+            .map(|(s, b)| if bias_off { *s } else { s + b })
+            .collect();
         if p.n_group > 1 && !p.sw.on(Ablation::MoeGroupsOff) {
             let per = e / p.n_group;
             let mut gscore: Vec<(usize, f32)> = (0..p.n_group)
@@ -118,14 +125,27 @@ impl Moe {
         idx.truncate(p.n_used);
         let mut w: Vec<f32> = idx
             .iter()
-            .map(|&i| if p.sw.on(Ablation::MoeWeightsWithBias) { scores[i] + self.bias[i] } else { scores[i] })
+            .map(|&i| {
+                if p.sw.on(Ablation::MoeWeightsWithBias) {
+                    scores[i] + self.bias[i]
+                } else {
+                    scores[i]
+                }
+            })
             .collect();
         if p.norm_topk_prob != p.sw.on(Ablation::MoeRenormFlipped) {
             let sum: f32 = w.iter().sum::<f32>() + 1e-20;
             w.iter_mut().for_each(|v| *v /= sum);
         }
-        let scale = if p.sw.on(Ablation::MoeRoutedScaling1) { 1.0 } else { p.routed_scale };
-        idx.into_iter().zip(w).map(|(i, w)| (i, w * scale)).collect()
+        let scale = if p.sw.on(Ablation::MoeRoutedScaling1) {
+            1.0
+        } else {
+            p.routed_scale
+        };
+        idx.into_iter()
+            .zip(w)
+            .map(|(i, w)| (i, w * scale))
+            .collect()
     }
 
     /// `y [s, D]` for `x [s, D]`.
@@ -156,7 +176,10 @@ impl Moe {
             let w = [&self.gate_exps[ex], &self.up_exps[ex], &self.down_exps[ex]];
             let y = swiglu_mlp(w, &ex_acts, p.limit_exp, p.prec, p.sw);
             for (r, &(t, w)) in toks.iter().enumerate() {
-                for (a, v) in acc[t * d..(t + 1) * d].iter_mut().zip(&y[r * d..(r + 1) * d]) {
+                for (a, v) in acc[t * d..(t + 1) * d]
+                    .iter_mut()
+                    .zip(&y[r * d..(r + 1) * d])
+                {
                     *a += v * w;
                 }
             }

@@ -26,7 +26,11 @@ impl Prec {
     /// One value rounded to the model dtype.
     #[inline]
     pub fn one(self, x: f32) -> f32 {
-        if self.0 == Dtype::Bf16 { bf16::from_f32(x).to_f32() } else { x }
+        if self.0 == Dtype::Bf16 {
+            bf16::from_f32(x).to_f32()
+        } else {
+            x
+        }
     }
 
     /// Whether activations are bf16.

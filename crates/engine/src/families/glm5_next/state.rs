@@ -51,7 +51,10 @@ pub struct KdaState {
 
 impl KdaState {
     fn new(conv_len: usize, s_len: usize) -> Self {
-        KdaState { conv: vec![0.0; conv_len], s: vec![0.0; s_len] }
+        KdaState {
+            conv: vec![0.0; conv_len],
+            s: vec![0.0; s_len],
+        }
     }
 
     /// Copies `other` into `self` (same shapes).
@@ -86,11 +89,18 @@ impl Journal {
         self.k.extend_from_slice(&ki.k[t * qkv..(t + 1) * qkv]);
         self.v.extend_from_slice(&ki.v[t * qkv..(t + 1) * qkv]);
         self.g.extend_from_slice(&ki.g[t * qkv..(t + 1) * qkv]);
-        self.beta.extend_from_slice(&ki.beta[t * heads..(t + 1) * heads]);
+        self.beta
+            .extend_from_slice(&ki.beta[t * heads..(t + 1) * heads]);
     }
 
     /// Applies entries `range` to `st` (conv rows shift in, one delta step per head).
-    fn replay(&self, st: &mut KdaState, range: std::ops::Range<usize>, heads: usize, head_dim: usize) {
+    fn replay(
+        &self,
+        st: &mut KdaState,
+        range: std::ops::Range<usize>,
+        heads: usize,
+        head_dim: usize,
+    ) {
         let qkv = heads * head_dim;
         let c = 3 * qkv;
         for t in range {
@@ -102,7 +112,13 @@ impl Journal {
             for h in 0..heads {
                 let r = t * qkv + h * head_dim..t * qkv + (h + 1) * head_dim;
                 let sh = &mut st.s[h * head_dim * head_dim..(h + 1) * head_dim * head_dim];
-                delta_step(sh, &self.k[r.clone()], &self.v[r.clone()], &self.g[r], self.beta[t * heads + h]);
+                delta_step(
+                    sh,
+                    &self.k[r.clone()],
+                    &self.v[r.clone()],
+                    &self.g[r],
+                    self.beta[t * heads + h],
+                );
             }
         }
     }
@@ -178,8 +194,14 @@ pub struct CacheShape {
 /// The shape of one layer's state.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LayerShape {
-    Kda { heads: usize, head_dim: usize, kernel: usize },
-    Mla { full_indexer: bool },
+    Kda {
+        heads: usize,
+        head_dim: usize,
+        kernel: usize,
+    },
+    Mla {
+        full_indexer: bool,
+    },
 }
 
 /// The cache of a `glm5_next` sequence (see the module header).
@@ -219,7 +241,11 @@ impl Glm5NextCache {
             .layers
             .iter()
             .map(|l| match *l {
-                LayerShape::Kda { heads, head_dim, kernel } => {
+                LayerShape::Kda {
+                    heads,
+                    head_dim,
+                    kernel,
+                } => {
                     let conv = (kernel - 1) * 3 * heads * head_dim;
                     let s = heads * head_dim * head_dim;
                     LayerState::Kda(KdaLayer {
@@ -230,12 +256,21 @@ impl Glm5NextCache {
                         head_dim,
                     })
                 }
-                LayerShape::Mla { full_indexer } => {
-                    LayerState::Mla(MlaLayer { latent: Vec::new(), indexer: full_indexer.then(IndexerState::default) })
-                }
+                LayerShape::Mla { full_indexer } => LayerState::Mla(MlaLayer {
+                    latent: Vec::new(),
+                    indexer: full_indexer.then(IndexerState::default),
+                }),
             })
             .collect();
-        Glm5NextCache { shape, layers, len: 0, n_ctx, base: 0, window: DEFAULT_REWIND_WINDOW, anchors: Vec::new() }
+        Glm5NextCache {
+            shape,
+            layers,
+            len: 0,
+            n_ctx,
+            base: 0,
+            window: DEFAULT_REWIND_WINDOW,
+            anchors: Vec::new(),
+        }
     }
 
     /// Sets how many tokens of KDA rewind are guaranteed (the journal holds up to twice
@@ -261,7 +296,9 @@ impl Glm5NextCache {
             .layers
             .iter()
             .find_map(|l| match *l {
-                LayerShape::Kda { heads, head_dim, .. } => Some((heads, head_dim)),
+                LayerShape::Kda {
+                    heads, head_dim, ..
+                } => Some((heads, head_dim)),
                 LayerShape::Mla { .. } => None,
             })
             .unwrap_or((0, 0))
@@ -285,7 +322,12 @@ impl Glm5NextCache {
         }
         let end = self.len;
         self.anchors.retain(|a| a.end != end);
-        self.anchors.push(Anchor { base: self.base, end, states, journals });
+        self.anchors.push(Anchor {
+            base: self.base,
+            end,
+            states,
+            journals,
+        });
         let excess = self.anchors.len().saturating_sub(DEFAULT_ANCHORS);
         self.anchors.drain(..excess);
     }
@@ -424,12 +466,20 @@ impl Cache for Glm5NextCache {
         if !self.has_kda() || n >= self.base {
             return n;
         }
-        self.anchors.iter().filter(|a| a.base <= n).map(|a| a.end.min(n)).max().unwrap_or(0)
+        self.anchors
+            .iter()
+            .filter(|a| a.base <= n)
+            .map(|a| a.end.min(n))
+            .max()
+            .unwrap_or(0)
     }
 
     fn truncate(&mut self, n: usize) -> Result<()> {
         if n > self.len {
-            return Err(EngineError::Rewind { target: n, reason: format!("the cache holds only {} tokens", self.len) });
+            return Err(EngineError::Rewind {
+                target: n,
+                reason: format!("the cache holds only {} tokens", self.len),
+            });
         }
         if n == self.len {
             return Ok(());
@@ -495,9 +545,13 @@ impl Cache for Glm5NextCache {
         let from = from
             .as_any()
             .downcast_ref::<Glm5NextCache>()
-            .ok_or_else(|| EngineError::Config("snapshot belongs to another model family".into()))?;
+            .ok_or_else(|| {
+                EngineError::Config("snapshot belongs to another model family".into())
+            })?;
         if from.shape != self.shape {
-            return Err(EngineError::Config("snapshot belongs to a glm5_next model of another shape".into()));
+            return Err(EngineError::Config(
+                "snapshot belongs to a glm5_next model of another shape".into(),
+            ));
         }
         let n_ctx = self.n_ctx;
         *self = from.clone();

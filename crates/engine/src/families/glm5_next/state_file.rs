@@ -30,10 +30,15 @@ pub const VERSION: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum StateFileError {
     #[error("state file {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path} is not a glm5_next state file (bad magic)")]
     BadMagic { path: String },
-    #[error("{path}: state file version {found} is not supported (this build reads version {VERSION})")]
+    #[error(
+        "{path}: state file version {found} is not supported (this build reads version {VERSION})"
+    )]
     Version { path: String, found: u32 },
     #[error("{path}: the state belongs to another model ({detail})")]
     Mismatch { path: String, detail: String },
@@ -89,7 +94,9 @@ impl<T: Read> R<'_, T> {
         }
         let mut b = vec![0u8; n * 4];
         self.0.read_exact(&mut b)?;
-        Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 }
 
@@ -152,22 +159,40 @@ pub fn write_state<T: Write>(cache: &Glm5NextCache, out: &mut T) -> std::io::Res
 /// # Errors
 /// [`StateFileError`]: bad magic, another version, a state of another model (different
 /// fingerprint or shapes), truncated or malformed data.
-pub fn read_state<T: Read>(model: &Glm5Next, input: &mut T, label: &str) -> Result<Glm5NextCache, StateFileError> {
-    let io = |source| StateFileError::Io { path: label.to_string(), source };
-    let mismatch = |detail: String| StateFileError::Mismatch { path: label.to_string(), detail };
+pub fn read_state<T: Read>(
+    model: &Glm5Next,
+    input: &mut T,
+    label: &str,
+) -> Result<Glm5NextCache, StateFileError> {
+    let io = |source| StateFileError::Io {
+        path: label.to_string(),
+        source,
+    };
+    let mismatch = |detail: String| StateFileError::Mismatch {
+        path: label.to_string(),
+        detail,
+    };
     let mut r = R(input);
     let magic: [u8; 8] = r.bytes().map_err(io)?;
     if &magic != MAGIC {
-        return Err(StateFileError::BadMagic { path: label.to_string() });
+        return Err(StateFileError::BadMagic {
+            path: label.to_string(),
+        });
     }
     let version = r.u32().map_err(io)?;
     if version != VERSION {
-        return Err(StateFileError::Version { path: label.to_string(), found: version });
+        return Err(StateFileError::Version {
+            path: label.to_string(),
+            found: version,
+        });
     }
     let mut cache = model.new_glm_cache(0);
     let fp = r.u64().map_err(io)?;
     if fp != cache.shape.fingerprint {
-        return Err(mismatch(format!("fingerprint {fp:#x}, model {:#x}", cache.shape.fingerprint)));
+        return Err(mismatch(format!(
+            "fingerprint {fp:#x}, model {:#x}",
+            cache.shape.fingerprint
+        )));
     }
     let len = r.u64().map_err(io)? as usize;
     let n_ctx = r.u64().map_err(io)? as usize;
@@ -175,12 +200,18 @@ pub fn read_state<T: Read>(model: &Glm5Next, input: &mut T, label: &str) -> Resu
     let window = r.u64().map_err(io)? as usize;
     let n_layers = r.u32().map_err(io)? as usize;
     if n_layers != cache.layers.len() || base > len || len > n_ctx {
-        return Err(mismatch(format!("{n_layers} layers, len {len}, base {base}, n_ctx {n_ctx}")));
+        return Err(mismatch(format!(
+            "{n_layers} layers, len {len}, base {base}, n_ctx {n_ctx}"
+        )));
     }
     // Upper bound of any array: the largest per-token row times the context, plus states.
     let cfg = model.config();
-    let row = (6 * cfg.qkv()).max(cfg.kv_lora_rank).max(cfg.index_head_dim).max(1);
-    let max = (n_ctx + 1) * row + cfg.qkv() * cfg.kda_head_dim.max(1) + 3 * cfg.qkv() * cfg.conv_kernel;
+    let row = (6 * cfg.qkv())
+        .max(cfg.kv_lora_rank)
+        .max(cfg.index_head_dim)
+        .max(1);
+    let max =
+        (n_ctx + 1) * row + cfg.qkv() * cfg.kda_head_dim.max(1) + 3 * cfg.qkv() * cfg.conv_kernel;
     for (i, l) in cache.layers.iter_mut().enumerate() {
         let tag = r.u8().map_err(io)?;
         match (l, tag) {
@@ -191,8 +222,14 @@ pub fn read_state<T: Read>(model: &Glm5Next, input: &mut T, label: &str) -> Resu
                 }
                 let mut it = arrs.into_iter();
                 let mut next = || it.next().unwrap_or_default();
-                let live = KdaState { conv: next(), s: next() };
-                let basest = KdaState { conv: next(), s: next() };
+                let live = KdaState {
+                    conv: next(),
+                    s: next(),
+                };
+                let basest = KdaState {
+                    conv: next(),
+                    s: next(),
+                };
                 if live.conv.len() != k.live.conv.len()
                     || live.s.len() != k.live.s.len()
                     || basest.conv.len() != k.base.conv.len()
@@ -202,9 +239,18 @@ pub fn read_state<T: Read>(model: &Glm5Next, input: &mut T, label: &str) -> Resu
                 }
                 k.live = live;
                 k.base = basest;
-                k.journal = Journal { pre: next(), k: next(), v: next(), g: next(), beta: next() };
+                k.journal = Journal {
+                    pre: next(),
+                    k: next(),
+                    v: next(),
+                    g: next(),
+                    beta: next(),
+                };
                 if k.journal.beta.len() != (len - base) * k.heads {
-                    return Err(mismatch(format!("layer {i}: journal of {} entries", k.journal.beta.len())));
+                    return Err(mismatch(format!(
+                        "layer {i}: journal of {} entries",
+                        k.journal.beta.len()
+                    )));
                 }
             }
             (LayerState::Mla(m), 1) => {
@@ -214,7 +260,11 @@ pub fn read_state<T: Read>(model: &Glm5Next, input: &mut T, label: &str) -> Resu
                     return Err(mismatch(format!("layer {i}: MLA state")));
                 }
                 let indexer = if has {
-                    let (k, gs, pooled) = (r.arr(max).map_err(io)?, r.arr(max).map_err(io)?, r.arr(max).map_err(io)?);
+                    let (k, gs, pooled) = (
+                        r.arr(max).map_err(io)?,
+                        r.arr(max).map_err(io)?,
+                        r.arr(max).map_err(io)?,
+                    );
                     Some(IndexerState { k, gs, pooled })
                 } else {
                     None
@@ -224,7 +274,11 @@ pub fn read_state<T: Read>(model: &Glm5Next, input: &mut T, label: &str) -> Resu
             _ => return Err(mismatch(format!("layer {i}: kind tag {tag}"))),
         }
     }
-    let n_kda = cache.layers.iter().filter(|l| matches!(l, LayerState::Kda(_))).count();
+    let n_kda = cache
+        .layers
+        .iter()
+        .filter(|l| matches!(l, LayerState::Kda(_)))
+        .count();
     let n_anchors = r.u32().map_err(io)? as usize;
     if n_anchors > 64 {
         return Err(mismatch(format!("{n_anchors} anchors")));
@@ -242,18 +296,46 @@ pub fn read_state<T: Read>(model: &Glm5Next, input: &mut T, label: &str) -> Resu
             }
             let mut it = v.into_iter();
             let mut next = || it.next().unwrap_or_default();
-            states.push(KdaState { conv: next(), s: next() });
-            journals.push(Journal { pre: next(), k: next(), v: next(), g: next(), beta: next() });
+            states.push(KdaState {
+                conv: next(),
+                s: next(),
+            });
+            journals.push(Journal {
+                pre: next(),
+                k: next(),
+                v: next(),
+                g: next(),
+                beta: next(),
+            });
         }
-        let live: Vec<&KdaState> =
-            cache.layers.iter().filter_map(|l| if let LayerState::Kda(k) = l { Some(&k.live) } else { None }).collect();
+        let live: Vec<&KdaState> = cache
+            .layers
+            .iter()
+            .filter_map(|l| {
+                if let LayerState::Kda(k) = l {
+                    Some(&k.live)
+                } else {
+                    None
+                }
+            })
+            .collect();
         let heads = cfg.kda_heads.max(1);
-        let ok = states.iter().zip(&live).all(|(s, l)| s.conv.len() == l.conv.len() && s.s.len() == l.s.len())
-            && journals.iter().all(|j| j.beta.len() == (a_end - a_base) * heads);
+        let ok = states
+            .iter()
+            .zip(&live)
+            .all(|(s, l)| s.conv.len() == l.conv.len() && s.s.len() == l.s.len())
+            && journals
+                .iter()
+                .all(|j| j.beta.len() == (a_end - a_base) * heads);
         if !ok {
             return Err(mismatch(format!("anchor {a_base}..={a_end}: state sizes")));
         }
-        cache.anchors.push(Anchor { base: a_base, end: a_end, states, journals });
+        cache.anchors.push(Anchor {
+            base: a_base,
+            end: a_end,
+            states,
+            journals,
+        });
     }
     cache.len = len;
     cache.n_ctx = n_ctx;
@@ -268,7 +350,10 @@ pub fn read_state<T: Read>(model: &Glm5Next, input: &mut T, label: &str) -> Resu
 /// [`StateFileError::Io`].
 pub fn save(cache: &Glm5NextCache, path: &Path) -> Result<(), StateFileError> {
     let label = path.display().to_string();
-    let io = |source| StateFileError::Io { path: label.clone(), source };
+    let io = |source| StateFileError::Io {
+        path: label.clone(),
+        source,
+    };
     let f = std::fs::File::create(path).map_err(io)?;
     let mut bw = std::io::BufWriter::new(f);
     write_state(cache, &mut bw).map_err(io)?;
@@ -281,6 +366,9 @@ pub fn save(cache: &Glm5NextCache, path: &Path) -> Result<(), StateFileError> {
 /// As [`read_state`].
 pub fn load(model: &Glm5Next, path: &Path) -> Result<Glm5NextCache, StateFileError> {
     let label = path.display().to_string();
-    let f = std::fs::File::open(path).map_err(|source| StateFileError::Io { path: label.clone(), source })?;
+    let f = std::fs::File::open(path).map_err(|source| StateFileError::Io {
+        path: label.clone(),
+        source,
+    })?;
     read_state(model, &mut std::io::BufReader::new(f), &label)
 }
