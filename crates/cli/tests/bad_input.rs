@@ -53,7 +53,7 @@ fn rewrite(
     let f = GgufFile::open(src).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in f.metadata().iter() {
-        w.add_metadata(k.clone(), v.clone()).unwrap();
+        w.add_metadata(k, v.clone()).unwrap();
     }
     for t in f.tensors() {
         if let Some((dims, ty, data)) = edit(&t.name, &t.dims, t.dtype, f.tensor_data(t)) {
