@@ -447,6 +447,8 @@ struct KernelConfig {
     /// only its first; chunk: beyond the first chunk, before waiting for the previous
     /// kernel).
     prefetch: u32,
+    /// GEMV blocks per multiprocessor (0: as many as fit).
+    gemv_blocks: u32,
 }
 
 impl KernelConfig {
@@ -456,18 +458,21 @@ impl KernelConfig {
         gemv: ds4_cuda::lower::GemvKind::Chunk,
         fused_attention: true,
         prefetch: 0,
+        gemv_blocks: 0,
     };
     /// The backend's default: plain GEMV, attention in three launches (`old`).
     const DEFAULT: KernelConfig = KernelConfig {
         gemv: ds4_cuda::lower::GemvKind::Plain,
         fused_attention: false,
         prefetch: 0,
+        gemv_blocks: 0,
     };
 
     fn apply(&self, b: &CudaBackend) {
         b.set_gemv(self.gemv);
         b.set_fused_attention(self.fused_attention);
         b.set_prefetch(self.prefetch);
+        b.set_gemv_blocks_per_sm(self.gemv_blocks);
     }
 }
 
@@ -492,36 +497,28 @@ fn ab_compare(
     n: usize,
     decode_run: &dyn Fn(usize) -> Res<f64>,
 ) -> Res<()> {
-    use ds4_cuda::lower::GemvKind::Plain;
+    use ds4_cuda::lower::GemvKind::{Plain4x4, Plain8x3};
     let configs = [
         ("default", KernelConfig::DEFAULT),
-        ("chunk-gemv-fused-attention", KernelConfig::CHUNK_FUSED),
         (
-            "plain-gemv-fused-attention",
+            "gemv-8-warps-3-blocks-per-sm",
             KernelConfig {
-                gemv: Plain,
-                ..KernelConfig::CHUNK_FUSED
+                gemv: Plain8x3,
+                ..KernelConfig::DEFAULT
             },
         ),
         (
-            "chunk-gemv-3-launch-attention",
+            "gemv-4-warps-4-blocks-per-sm",
             KernelConfig {
-                fused_attention: false,
-                ..KernelConfig::CHUNK_FUSED
+                gemv: Plain4x4,
+                ..KernelConfig::DEFAULT
             },
         ),
         (
-            "chunk-fused-prefetch-1-row",
+            "gemv-1-block-per-sm",
             KernelConfig {
-                prefetch: 1,
-                ..KernelConfig::CHUNK_FUSED
-            },
-        ),
-        (
-            "chunk-fused-prefetch-2-rows",
-            KernelConfig {
-                prefetch: 2,
-                ..KernelConfig::CHUNK_FUSED
+                gemv_blocks: 1,
+                ..KernelConfig::DEFAULT
             },
         ),
     ];

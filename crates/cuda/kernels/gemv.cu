@@ -80,20 +80,23 @@ __device__ __forceinline__ void prefetch_l2(const void* p, u32 bytes) {
     if (b > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((u32)(b - a)) : "memory");
 }
 
-__device__ __forceinline__ int byte_of(u32 s0, u32 s1, u32 s2, int k) {
-    const u32 w = k < 4 ? s0 : (k < 8 ? s1 : s2);
-    return (w >> (8 * (k & 3))) & 0xFF;
-}
-
-// ggml get_scale_min_k4 over the 12 scale bytes held as three words.
-__device__ __forceinline__ void scale_min_w(int j, u32 s0, u32 s1, u32 s2, int* sc, int* m) {
-    if (j < 4) {
-        *sc = byte_of(s0, s1, s2, j) & 63;
-        *m = byte_of(s0, s1, s2, j + 4) & 63;
-    } else {
-        *sc = (byte_of(s0, s1, s2, j + 4) & 0xF) | ((byte_of(s0, s1, s2, j - 4) >> 6) << 4);
-        *m = (byte_of(s0, s1, s2, j + 4) >> 4) | ((byte_of(s0, s1, s2, j) >> 6) << 4);
-    }
+// ggml get_scale_min_k4 for the sub-block pair (2j, 2j+1) over the 12 scale bytes held
+// as three words, without branches: the pair's bytes sit at the same 16-bit position
+// (16·(j&1)) of each word. For j < 2: scales = bytes 2j, 2j+1 & 63, mins = bytes
+// 2j+4, 2j+5 & 63. For j ≥ 2 the low four bits come from bytes 2j+4, 2j+5 (the scale's
+// low nibble, the min's high nibble) and the top two bits from the top bits of bytes
+// 2j-4, 2j-3 (scales) and 2j, 2j+1 (mins).
+__device__ __forceinline__ void scale_min_pair(int j, u32 s0, u32 s1, u32 s2, int* sc0, int* m0, int* sc1, int* m1) {
+    const u32 sh = 16 * (j & 1);
+    const u32 a = s0 >> sh, b = s1 >> sh, c = s2 >> sh;
+    const bool hi = j >= 2;
+    const u32 lo_mask = hi ? 0x0F0Fu : 0x3F3Fu, top_mask = hi ? 0x3030u : 0u;
+    const u32 sc = ((hi ? c : a) & lo_mask) | ((a >> 2) & top_mask);
+    const u32 m = ((hi ? c >> 4 : b) & lo_mask) | ((b >> 2) & top_mask);
+    *sc0 = sc & 0xFF;
+    *sc1 = (sc >> 8) & 0xFF;
+    *m0 = m & 0xFF;
+    *m1 = (m >> 8) & 0xFF;
 }
 
 __device__ __forceinline__ int dot4(uint4 w, int4 a, int s) {
@@ -194,8 +197,7 @@ struct UQ4_K {
     __device__ float dot(const Act& a, int b, int u) const {
         const int j = u >> 1, h = u & 1;
         int sc0, m0, sc1, m1;
-        scale_min_w(2 * j, s0, s1, s2, &sc0, &m0);
-        scale_min_w(2 * j + 1, s0, s1, s2, &sc1, &m1);
+        scale_min_pair(j, s0, s1, s2, &sc0, &m0, &sc1, &m1);
         const i8* x = a.qk + b * 256 + 64 * j + 16 * h;
         const int i0 = dot4(map4(q, 0x0F0F0F0Fu, 0), lds16(x), 0);
         const int i1 = dot4(map4(q, 0x0F0F0F0Fu, 4), lds16(x + 32), 0);
@@ -217,8 +219,7 @@ struct UQ5_K {
     __device__ float dot(const Act& a, int b, int u) const {
         const int j = u >> 1, h = u & 1;
         int sc0, m0, sc1, m1;
-        scale_min_w(2 * j, s0, s1, s2, &sc0, &m0);
-        scale_min_w(2 * j + 1, s0, s1, s2, &sc1, &m1);
+        scale_min_pair(j, s0, s1, s2, &sc0, &m0, &sc1, &m1);
         const uint4 lo = or4(map4(q, 0x0F0F0F0Fu, 0), make_uint4(((qh.x >> (2 * j)) & 0x01010101u) << 4,
             ((qh.y >> (2 * j)) & 0x01010101u) << 4, ((qh.z >> (2 * j)) & 0x01010101u) << 4, ((qh.w >> (2 * j)) & 0x01010101u) << 4));
         const uint4 hi = or4(map4(q, 0x0F0F0F0Fu, 4), make_uint4(((qh.x >> (2 * j + 1)) & 0x01010101u) << 4,
@@ -309,26 +310,29 @@ __device__ float row_dot32(const Planes& w, i64 row, int nb, const Act& a, int l
     return acc;
 }
 
-// Row dot for 256-blocks (K types, IQ2_XXS): 8 units per block.
+// Row dot for 256-blocks (K types, IQ2_XXS): 8 units per block. A lane's unit within
+// its blocks is the same at every step (lane & 7) and its block advances by 4 per unit
+// of a step, so addresses are a base plus constants.
 template <class U>
 __device__ float row_dotk(const Planes& w, i64 row, int nb, const Act& a, int lane) {
     const i64 g0 = row * nb;
-    const int n = nb * 8;
+    const int n = nb * 8, u = lane & 7;
     float acc = 0.f;
     int i = lane;
     for (; i + 96 < n; i += 128) {
+        const int b = i >> 3;
+        const i64 gb = g0 + b;
         U u0, u1, u2, u3;
-        u0.load(w, g0 + (i >> 3), i & 7);
-        u1.load(w, g0 + ((i + 32) >> 3), i & 7);
-        u2.load(w, g0 + ((i + 64) >> 3), i & 7);
-        u3.load(w, g0 + ((i + 96) >> 3), i & 7);
-        acc += u0.dot(a, i >> 3, i & 7) + u1.dot(a, (i + 32) >> 3, i & 7) + u2.dot(a, (i + 64) >> 3, i & 7) +
-               u3.dot(a, (i + 96) >> 3, i & 7);
+        u0.load(w, gb, u);
+        u1.load(w, gb + 4, u);
+        u2.load(w, gb + 8, u);
+        u3.load(w, gb + 12, u);
+        acc += u0.dot(a, b, u) + u1.dot(a, b + 4, u) + u2.dot(a, b + 8, u) + u3.dot(a, b + 12, u);
     }
     for (; i < n; i += 32) {
         U u0;
-        u0.load(w, g0 + (i >> 3), i & 7);
-        acc += u0.dot(a, i >> 3, i & 7);
+        u0.load(w, g0 + (i >> 3), u);
+        acc += u0.dot(a, i >> 3, u);
     }
     return acc;
 }

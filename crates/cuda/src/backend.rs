@@ -138,6 +138,7 @@ pub struct CudaBackend {
     fused_attention: AtomicBool,
     profile: AtomicBool,
     prefetch: AtomicU32,
+    gemv_blocks: AtomicU32,
     gemv: Mutex<GemvKind>,
 }
 
@@ -173,7 +174,8 @@ impl CudaBackend {
     /// ([`GemvKind::from_name`], default `plain`), for comparisons (docs/benchmarks.md
     /// has the measurements: the defaults are the fastest measured);
     /// `DS4_CUDA_PREFETCH=N` sets the GEMV's L2 prefetch distance in rows (default 0:
-    /// only each warp's first row; see [`GemvKind`]).
+    /// only each warp's first row; see [`GemvKind`]); `DS4_CUDA_GEMV_BLOCKS=N` caps the
+    /// GEMV blocks per multiprocessor (default 0: as many as fit).
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         let gpu = Gpu::new(ordinal)?;
         let k = Kernels::load(&gpu)?;
@@ -228,6 +230,12 @@ impl CudaBackend {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(DEFAULT_PREFETCH),
             ),
+            gemv_blocks: AtomicU32::new(
+                std::env::var("DS4_CUDA_GEMV_BLOCKS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+            ),
         })
     }
 
@@ -266,6 +274,14 @@ impl CudaBackend {
     /// Sets how many rows ahead each GEMV warp prefetches into L2 (0: only its first).
     pub fn set_prefetch(&self, rows: u32) {
         self.prefetch.store(rows, Ordering::Relaxed);
+        self.lock().graphs.clear();
+    }
+
+    /// Caps the GEMV blocks per multiprocessor (0: as many as fit). With fewer than fit,
+    /// the next kernel's blocks can start (programmatic dependent launch) while this
+    /// one's still run.
+    pub fn set_gemv_blocks_per_sm(&self, blocks: u32) {
+        self.gemv_blocks.store(blocks, Ordering::Relaxed);
         self.lock().graphs.clear();
     }
 
@@ -411,7 +427,11 @@ impl CudaBackend {
     }
 
     fn lower(&self, st: &State, rec: &Recording) -> Result<Vec<Cmd>> {
-        let occ = |f, threads: u32, smem: u32| self.gpu.occupancy(f, threads, smem);
+        let cap = match self.gemv_blocks.load(Ordering::Relaxed) {
+            0 => u32::MAX,
+            n => n,
+        };
+        let occ = |f, threads: u32, smem: u32| self.gpu.occupancy(f, threads, smem).min(cap);
         let cx = Ctx {
             k: &self.k,
             n_sm: self.gpu.n_sm,
