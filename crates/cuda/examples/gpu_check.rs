@@ -377,20 +377,13 @@ fn bench(args: &[String]) -> Res<()> {
     }
     KernelConfig::DEFAULT.apply(&backend);
     if o.variants {
-        use ds4_cuda::lower::GemvKind;
-        let default = GemvKind::Plain;
-        for (label, graphs, pdl, gemv) in [
-            ("gemv-8x3", true, true, GemvKind::Plain8x3),
-            ("gemv-4x4", true, true, GemvKind::Plain4x4),
-            ("gemv-tma", true, true, GemvKind::Tma),
-            ("gemv-chunk", true, true, GemvKind::Chunk),
-            ("no-pdl", true, false, default),
-            ("no-graph", false, true, default),
-            ("no-graph-no-pdl", false, false, default),
+        for (label, graphs, pdl) in [
+            ("no-pdl", true, false),
+            ("no-graph", false, true),
+            ("no-graph-no-pdl", false, false),
         ] {
             backend.set_graphs(graphs);
             backend.set_pdl(pdl);
-            backend.set_gemv(gemv);
             decode_run(16)?;
             let v: Vec<f64> = (0..3).map(|_| decode_run(o.decode)).collect::<Res<_>>()?;
             println!(
@@ -407,7 +400,6 @@ fn bench(args: &[String]) -> Res<()> {
         }
         backend.set_graphs(true);
         backend.set_pdl(true);
-        backend.set_gemv(default);
     }
     for &n in &o.prefill {
         if n > info.n_ctx_train.max(4096) {
@@ -441,47 +433,47 @@ fn bench(args: &[String]) -> Res<()> {
 /// A decode kernel configuration of the backend.
 #[derive(Clone, Copy)]
 struct KernelConfig {
-    gemv: ds4_cuda::lower::GemvKind,
     fused_attention: bool,
-    /// GEMV rows per warp prefetched into L2 (plain: ahead of the row it computes, 0:
-    /// only its first; chunk: beyond the first chunk, before waiting for the previous
-    /// kernel).
+    /// GEMV rows per warp prefetched into L2 ahead of the row it computes (0: only its
+    /// first).
     prefetch: u32,
-    /// GEMV blocks per multiprocessor (0: as many as fit).
-    gemv_blocks: u32,
 }
 
 impl KernelConfig {
-    /// The chunked GEMV and the one-launch attention (labelled `new` in the benchmark
-    /// notes of 2026-11-29).
-    const CHUNK_FUSED: KernelConfig = KernelConfig {
-        gemv: ds4_cuda::lower::GemvKind::Chunk,
-        fused_attention: true,
-        prefetch: 0,
-        gemv_blocks: 0,
-    };
-    /// The backend's default: plain GEMV, attention in three launches (`old`).
+    /// The backend's default: attention in three launches, no prefetch ahead.
     const DEFAULT: KernelConfig = KernelConfig {
-        gemv: ds4_cuda::lower::GemvKind::Plain,
         fused_attention: false,
         prefetch: 0,
-        gemv_blocks: 0,
     };
 
     fn apply(&self, b: &CudaBackend) {
-        b.set_gemv(self.gemv);
         b.set_fused_attention(self.fused_attention);
         b.set_prefetch(self.prefetch);
-        b.set_gemv_blocks_per_sm(self.gemv_blocks);
     }
 }
 
+/// The configurations `--profile` profiles and `--ab` compares.
+const CONFIGS: [(&str, KernelConfig); 3] = [
+    ("default", KernelConfig::DEFAULT),
+    (
+        "fused-attention",
+        KernelConfig {
+            fused_attention: true,
+            prefetch: 0,
+        },
+    ),
+    (
+        "prefetch-1-row",
+        KernelConfig {
+            fused_attention: false,
+            prefetch: 1,
+        },
+    ),
+];
+
 fn profile_configs(on: bool) -> Vec<(&'static str, KernelConfig)> {
     if on {
-        vec![
-            ("chunk-gemv-fused-attention", KernelConfig::CHUNK_FUSED),
-            ("default", KernelConfig::DEFAULT),
-        ]
+        CONFIGS[..2].to_vec()
     } else {
         Vec::new()
     }
@@ -497,31 +489,7 @@ fn ab_compare(
     n: usize,
     decode_run: &dyn Fn(usize) -> Res<f64>,
 ) -> Res<()> {
-    use ds4_cuda::lower::GemvKind::{Plain4x4, Plain8x3};
-    let configs = [
-        ("default", KernelConfig::DEFAULT),
-        (
-            "gemv-8-warps-3-blocks-per-sm",
-            KernelConfig {
-                gemv: Plain8x3,
-                ..KernelConfig::DEFAULT
-            },
-        ),
-        (
-            "gemv-4-warps-4-blocks-per-sm",
-            KernelConfig {
-                gemv: Plain4x4,
-                ..KernelConfig::DEFAULT
-            },
-        ),
-        (
-            "gemv-1-block-per-sm",
-            KernelConfig {
-                gemv_blocks: 1,
-                ..KernelConfig::DEFAULT
-            },
-        ),
-    ];
+    let configs = CONFIGS;
     let mut tps = vec![Vec::new(); configs.len()];
     let mut dev = vec![Vec::new(); configs.len()];
     let mut kernels = vec![0; configs.len()];
@@ -580,8 +548,6 @@ fn gemv_bench() -> Res<()> {
     b.set_pdl(false);
     b.set_graphs(false);
     b.set_profile(true);
-    use ds4_cuda::lower::GemvKind::{self, Chunk, Plain};
-    let kinds: [GemvKind; 2] = [Plain, Chunk];
     let shapes = [
         (4096, 4096, Q4_K),
         (14336, 4096, Q4_K),
@@ -589,11 +555,7 @@ fn gemv_bench() -> Res<()> {
         (128256, 4096, Q6_K),
         (14336, 4096, Q8_0),
     ];
-    for (rows, cols, ty, kind) in shapes
-        .iter()
-        .flat_map(|&(r, c, t)| kinds.iter().map(move |&k| (r, c, t, k)))
-    {
-        b.set_gemv(kind);
+    for (rows, cols, ty) in shapes {
         let w = b.synthetic_matrix("bench.weight", rows, cols, ty, 1)?;
         let x = b.buf(cols);
         let mut out = b.buf(rows);
@@ -611,7 +573,7 @@ fn gemv_bench() -> Res<()> {
         let r = &p[0];
         let bytes = (cols / ty.block_size() * ty.type_size() * rows) as f64;
         println!(
-            "gemv {ty} {rows}x{cols} {kind:?}: {:.2} us/launch, {:.2} TB/s ({:.1} MB)",
+            "gemv {ty} {rows}x{cols}: {:.2} us/launch, {:.2} TB/s ({:.1} MB)",
             1e3 * r.ms / r.launches as f64,
             bytes * r.launches as f64 / (r.ms / 1e3) / 1e12,
             bytes / 1e6

@@ -25,7 +25,7 @@ use crate::error::{CudaError, Result};
 use crate::gemm::Blas;
 use crate::graph::GraphCache;
 use crate::kernels::Kernels;
-use crate::lower::{AttnScratch, Cmd, Ctx, GemvKind, lower};
+use crate::lower::{AttnScratch, Cmd, Ctx, lower};
 use crate::ops::{MatRef, Op, Recording, RopeArgs, step_bytes};
 use crate::weights::{CudaWeight, Source, load};
 
@@ -138,8 +138,6 @@ pub struct CudaBackend {
     fused_attention: AtomicBool,
     profile: AtomicBool,
     prefetch: AtomicU32,
-    gemv_blocks: AtomicU32,
-    gemv: Mutex<GemvKind>,
 }
 
 fn fail(e: CudaError) -> ! {
@@ -170,12 +168,9 @@ impl CudaBackend {
     ///
     /// `DS4_CUDA_GRAPHS=0` disables graph capture and `DS4_CUDA_PDL=0` programmatic
     /// dependent launch (both on by default); `DS4_CUDA_FUSED_ATTN=1` turns on the
-    /// one-launch decode attention and `DS4_CUDA_GEMV` selects the GEMV kernel
-    /// ([`GemvKind::from_name`], default `plain`), for comparisons (docs/benchmarks.md
-    /// has the measurements: the defaults are the fastest measured);
-    /// `DS4_CUDA_PREFETCH=N` sets the GEMV's L2 prefetch distance in rows (default 0:
-    /// only each warp's first row; see [`GemvKind`]); `DS4_CUDA_GEMV_BLOCKS=N` caps the
-    /// GEMV blocks per multiprocessor (default 0: as many as fit).
+    /// one-launch decode attention, for comparisons (docs/benchmarks.md has the
+    /// measurements: the defaults are the fastest measured); `DS4_CUDA_PREFETCH=N` sets
+    /// the GEMV's L2 prefetch distance in rows (default 0: only each warp's first row).
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         let gpu = Gpu::new(ordinal)?;
         let k = Kernels::load(&gpu)?;
@@ -218,23 +213,11 @@ impl CudaBackend {
             pdl: AtomicBool::new(env_flag("DS4_CUDA_PDL", true)),
             fused_attention: AtomicBool::new(env_flag("DS4_CUDA_FUSED_ATTN", false)),
             profile: AtomicBool::new(false),
-            gemv: Mutex::new(
-                std::env::var("DS4_CUDA_GEMV")
-                    .ok()
-                    .and_then(|v| GemvKind::from_name(&v))
-                    .unwrap_or(GemvKind::Plain),
-            ),
             prefetch: AtomicU32::new(
                 std::env::var("DS4_CUDA_PREFETCH")
                     .ok()
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(DEFAULT_PREFETCH),
-            ),
-            gemv_blocks: AtomicU32::new(
-                std::env::var("DS4_CUDA_GEMV_BLOCKS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0),
             ),
         })
     }
@@ -274,21 +257,6 @@ impl CudaBackend {
     /// Sets how many rows ahead each GEMV warp prefetches into L2 (0: only its first).
     pub fn set_prefetch(&self, rows: u32) {
         self.prefetch.store(rows, Ordering::Relaxed);
-        self.lock().graphs.clear();
-    }
-
-    /// Caps the GEMV blocks per multiprocessor (0: as many as fit). With fewer than fit,
-    /// the next kernel's blocks can start (programmatic dependent launch) while this
-    /// one's still run.
-    pub fn set_gemv_blocks_per_sm(&self, blocks: u32) {
-        self.gemv_blocks.store(blocks, Ordering::Relaxed);
-        self.lock().graphs.clear();
-    }
-
-    /// Chooses the GEMV kernel (`DS4_CUDA_GEMV=chunk|plain|8x3|4x4|tma`; see
-    /// docs/benchmarks.md for how they compare).
-    pub fn set_gemv(&self, kind: GemvKind) {
-        *self.gemv.lock().unwrap_or_else(|p| p.into_inner()) = kind;
         self.lock().graphs.clear();
     }
 
@@ -427,17 +395,12 @@ impl CudaBackend {
     }
 
     fn lower(&self, st: &State, rec: &Recording) -> Result<Vec<Cmd>> {
-        let cap = match self.gemv_blocks.load(Ordering::Relaxed) {
-            0 => u32::MAX,
-            n => n,
-        };
-        let occ = |f, threads: u32, smem: u32| self.gpu.occupancy(f, threads, smem).min(cap);
+        let occ = |f, threads: u32, smem: u32| self.gpu.occupancy(f, threads, smem);
         let cx = Ctx {
             k: &self.k,
             n_sm: self.gpu.n_sm,
             gemv_occupancy: &occ,
             gemv_prefetch: self.prefetch.load(Ordering::Relaxed),
-            gemv: *self.gemv.lock().unwrap_or_else(|p| p.into_inner()),
             fused_attention: self.fused_attention.load(Ordering::Relaxed),
             step: rec.step_ptr,
             n_tok: rec.n_tok,

@@ -29,7 +29,7 @@ pub const SOURCES: &[Source] = &[
     Source {
         file: "gemv.cu",
         text: include_str!("../kernels/gemv.cu"),
-        kernels: &["gemv", "gemv_8x3", "gemv_4x4", "gemv_tma", "gemv_chunk"],
+        kernels: &["gemv"],
     },
     Source {
         file: "elementwise.cu",

@@ -13,13 +13,6 @@ use crate::error::{CudaError, Result};
 pub struct Kernels {
     /// The GEMV reading weights straight from global memory: 8 warps, 2 blocks per SM.
     pub gemv: Func,
-    /// The same with 8 warps and 3 blocks per SM, and with 4 warps and 4 blocks.
-    pub gemv_8x3: Func,
-    pub gemv_4x4: Func,
-    /// The GEMV streaming weights through shared memory with bulk copies.
-    pub gemv_tma: Func,
-    /// The GEMV keeping several units per lane in flight across rows (the default).
-    pub gemv_chunk: Func,
     pub rms_norm_rows: Func,
     pub add_inplace: Func,
     pub swiglu: Func,
@@ -80,10 +73,6 @@ impl Kernels {
         };
         let k = Kernels {
             gemv: get("gemv")?,
-            gemv_8x3: get("gemv_8x3")?,
-            gemv_4x4: get("gemv_4x4")?,
-            gemv_tma: get("gemv_tma")?,
-            gemv_chunk: get("gemv_chunk")?,
             rms_norm_rows: get("rms_norm_rows")?,
             add_inplace: get("add_inplace")?,
             swiglu: get("swiglu")?,
@@ -107,17 +96,15 @@ impl Kernels {
             modules,
         };
         let smem = GEMV_MAX_SMEM.min(gpu.max_smem_optin);
-        for f in [k.gemv, k.gemv_8x3, k.gemv_4x4, k.gemv_tma, k.gemv_chunk] {
-            // SAFETY: a valid function handle; the value is within the device's limit.
-            unsafe {
-                result::function::set_function_attribute(
-                    f.0,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )
-            }
-            .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+        // SAFETY: a valid function handle; the value is within the device's limit.
+        unsafe {
+            result::function::set_function_attribute(
+                k.gemv.0,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
         }
+        .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
         Ok(k)
     }
 }
@@ -133,10 +120,6 @@ impl Kernels {
         };
         Kernels {
             gemv: f(),
-            gemv_8x3: f(),
-            gemv_4x4: f(),
-            gemv_tma: f(),
-            gemv_chunk: f(),
             rms_norm_rows: f(),
             add_inplace: f(),
             swiglu: f(),

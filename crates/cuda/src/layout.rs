@@ -93,27 +93,6 @@ pub fn gemv_smem_bytes(n: usize) -> usize {
     bs + 4 * (n / 16)
 }
 
-/// Stages per warp of the TMA GEMV (`TMA_STAGES` in `kernels/gemv.cu`).
-pub const TMA_STAGES: usize = 3;
-
-/// Bytes of one stage of the TMA GEMV for `ty`: per plane, a chunk's field bytes
-/// (`tma_cb` blocks: 128 of 32 elements or 16 of 256) plus 32 bytes of alignment slack,
-/// rounded to 16 (mirrors `stage_offsets` in `kernels/gemv.cu`).
-pub fn tma_stage_bytes(ty: GgmlType) -> usize {
-    let cb = if ty.block_size() == 32 { 128 } else { 16 };
-    fields(ty).map_or(0, |f| {
-        f.iter()
-            .map(|&(_, size)| (cb * size + 32).next_multiple_of(16))
-            .sum()
-    })
-}
-
-/// Shared-memory bytes of the TMA GEMV: the activation, then TMA_STAGES stages for
-/// each of `warps` warps.
-pub fn gemv_tma_smem_bytes(n: usize, warps: usize, stage_bytes: usize) -> usize {
-    gemv_smem_bytes(n).next_multiple_of(16) + warps * TMA_STAGES * stage_bytes
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

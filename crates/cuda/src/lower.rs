@@ -7,8 +7,7 @@
 //!   the GEMV's prologue (each block normalizes and quantizes the input itself; block 0
 //!   also writes `h`);
 //! - consecutive products reading the same input: one GEMV launch with up to three
-//!   segments (q, k, v); the chunked GEMV shares the grid out among the segments in
-//!   proportion to their bytes ([`partition_blocks`]);
+//!   segments (q, k, v);
 //! - `gate = Wg·h; up = Wu·h; act = swiglu(gate, up)`: one pair segment;
 //! - `o = W·a; x += o`: the residual add in the GEMV epilogue;
 //! - `rope(q); rope(k); attention(q, k, v)` for one token: one launch doing RoPE, the KV
@@ -23,9 +22,8 @@
 use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
 use crate::kernels::Kernels;
-use crate::layout::{gemv_smem_bytes, gemv_tma_smem_bytes, tma_stage_bytes, uses_q8k};
+use crate::layout::{gemv_smem_bytes, uses_q8k};
 use crate::ops::{MatRef, Op, RopeArgs};
-use ds4_gguf::GgmlType;
 
 /// A kernel launch.
 pub struct Launch {
@@ -51,39 +49,6 @@ pub enum Cmd {
         rows: u32,
         out: DPtr,
     },
-}
-
-/// The GEMV kernel variants (kernels/gemv.cu).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GemvKind {
-    /// Weights read straight from global memory, one row's loads (4 units per lane) at a
-    /// time; 8 warps, 2 blocks per SM (the default: fastest measured).
-    Plain,
-    /// Each lane issues the loads of a chunk of steps (up to 8 units, across row ends and
-    /// the gate/up pair) before using them, the first chunk before waiting for the
-    /// previous kernel; each block serves one segment; 8 warps, 2 blocks per SM.
-    /// Correct (parity passes), measured slower than `Plain` (docs/benchmarks.md).
-    Chunk,
-    /// The same, 8 warps and 3 blocks per SM (fewer registers).
-    Plain8x3,
-    /// The same, 4 warps and 4 blocks per SM.
-    Plain4x4,
-    /// Weights streamed through shared memory with bulk copies.
-    Tma,
-}
-
-impl GemvKind {
-    /// From `DS4_CUDA_GEMV` (`chunk`, `plain`, `8x3`, `4x4`, `tma`).
-    pub fn from_name(s: &str) -> Option<GemvKind> {
-        Some(match s {
-            "chunk" => GemvKind::Chunk,
-            "plain" => GemvKind::Plain,
-            "8x3" => GemvKind::Plain8x3,
-            "4x4" => GemvKind::Plain4x4,
-            "tma" => GemvKind::Tma,
-            _ => return None,
-        })
-    }
 }
 
 /// Scratch memory of the decode attention (fixed for the backend's lifetime, so captured
@@ -112,8 +77,6 @@ pub struct Ctx<'a> {
     pub gemv_occupancy: &'a dyn Fn(Func, u32, u32) -> u32,
     /// Rows each GEMV warp prefetches into L2 ahead of the one it computes (plain GEMV).
     pub gemv_prefetch: u32,
-    /// Which GEMV kernel.
-    pub gemv: GemvKind,
     /// One-token `rope, rope, attention` as one launch (`attn_decode_fused`) rather than
     /// three (correct, measured slower; off by default).
     pub fused_attention: bool,
@@ -155,8 +118,6 @@ struct GemvParams {
     need: i32,
     eps: f32,
     prefetch: i32,
-    stage_bytes: i32,
-    seg_blk: [i32; 4],
 }
 
 /// Threads of a GEMV block (kernels/gemv.cu GEMV_WARPS × 32).
@@ -168,32 +129,6 @@ const GEMV_WARPS: u32 = GEMV_THREADS / 32;
 pub fn decode_splits(n_ctx: u32, n_head_kv: u32, n_sm: u32) -> u32 {
     let by_sm = (2 * n_sm).div_ceil(n_head_kv.max(1));
     n_ctx.div_ceil(32).min(by_sm).clamp(1, 64)
-}
-
-/// Shares `grid` blocks out among segments in proportion to their weight bytes: at
-/// least one block each, at most `caps[s]` (enough blocks for one row per warp), the
-/// total at most `grid` when that allows one block per segment (largest deficit first).
-pub fn partition_blocks(grid: u32, bytes: &[u64], caps: &[u32]) -> Vec<u32> {
-    let total: u64 = bytes.iter().sum::<u64>().max(1);
-    let ideal: Vec<f64> = bytes
-        .iter()
-        .map(|&b| grid as f64 * b as f64 / total as f64)
-        .collect();
-    let mut b: Vec<u32> = ideal
-        .iter()
-        .zip(caps)
-        .map(|(&x, &c)| (x.floor() as u32).clamp(1, c.max(1)))
-        .collect();
-    let mut left = grid.saturating_sub(b.iter().sum());
-    while left > 0 {
-        let pick = (0..b.len())
-            .filter(|&s| b[s] < caps[s])
-            .max_by(|&x, &y| (ideal[x] - b[x] as f64).total_cmp(&(ideal[y] - b[y] as f64)));
-        let Some(s) = pick else { break };
-        b[s] += 1;
-        left -= 1;
-    }
-    b
 }
 
 fn grid_1d(n: u64, n_sm: u32) -> (u32, u32, u32) {
@@ -412,46 +347,10 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
         _ => "gemv",
     };
     let bytes = seg_bytes.iter().sum();
-    let types: Vec<GgmlType> = p.seg[..p.nseg as usize]
-        .iter()
-        .flat_map(|s| {
-            if s.out3 != 0 {
-                vec![s.ty, s.ty2]
-            } else {
-                vec![s.ty]
-            }
-        })
-        .map(|t| GgmlType::from_id(t as u32).expect("a matrix type"))
-        .collect();
-    let plain = gemv_smem_bytes(inp.n as usize) as u32;
-    let (f, smem, warps) = match cx.gemv {
-        GemvKind::Chunk => (cx.k.gemv_chunk, plain, GEMV_WARPS),
-        GemvKind::Plain => (cx.k.gemv, plain, GEMV_WARPS),
-        GemvKind::Plain8x3 => (cx.k.gemv_8x3, plain, GEMV_WARPS),
-        GemvKind::Plain4x4 => (cx.k.gemv_4x4, plain, 4),
-        GemvKind::Tma => {
-            let stage = types.iter().map(|&t| tma_stage_bytes(t)).max().unwrap_or(0);
-            p.stage_bytes = stage as i32;
-            let smem = gemv_tma_smem_bytes(inp.n as usize, GEMV_WARPS as usize, stage) as u32;
-            (cx.k.gemv_tma, smem, GEMV_WARPS)
-        }
-    };
-    let occ = (cx.gemv_occupancy)(f, warps * 32, smem);
-    let mut grid = (row0 as u32).div_ceil(warps).min(cx.n_sm * occ).max(1);
-    if cx.gemv == GemvKind::Chunk {
-        let n = p.nseg as usize;
-        let caps: Vec<u32> = p.seg[..n]
-            .iter()
-            .map(|s| (s.rows as u32).div_ceil(warps))
-            .collect();
-        let blocks = partition_blocks(grid, &seg_bytes, &caps);
-        let mut at = 0;
-        for (k, b) in blocks.iter().enumerate() {
-            p.seg_blk[k] = at as i32;
-            at += b;
-        }
-        grid = at;
-    }
+    let f = cx.k.gemv;
+    let smem = gemv_smem_bytes(inp.n as usize) as u32;
+    let occ = (cx.gemv_occupancy)(f, GEMV_THREADS, smem);
+    let grid = (row0 as u32).div_ceil(GEMV_WARPS).min(cx.n_sm * occ).max(1);
     let mut args = Args::new();
     args.push(p);
     Some((
@@ -459,7 +358,7 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
         Cmd::Launch(Launch {
             f,
             grid: (grid, 1, 1),
-            block: warps * 32,
+            block: GEMV_THREADS,
             smem,
             args,
             label,
@@ -920,6 +819,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ds4_gguf::GgmlType;
 
     fn mat(id: u64, ty: GgmlType, rows: u32, cols: u32) -> MatRef {
         MatRef {
@@ -1075,13 +975,7 @@ mod tests {
         ops
     }
 
-    fn lowered_with(
-        ops: &[Op],
-        n_tok: usize,
-        k: &Kernels,
-        gemv: GemvKind,
-        fused_attention: bool,
-    ) -> Vec<Cmd> {
+    fn lowered_with(ops: &[Op], n_tok: usize, k: &Kernels, fused_attention: bool) -> Vec<Cmd> {
         let occ = |_: Func, _: u32, _: u32| 2;
         let attn = AttnScratch {
             pm: 1 << 50,
@@ -1097,7 +991,6 @@ mod tests {
             n_sm: 132,
             gemv_occupancy: &occ,
             gemv_prefetch: 2,
-            gemv,
             fused_attention,
             step: 99 << 40,
             n_tok,
@@ -1106,9 +999,9 @@ mod tests {
         lower(ops, &cx).unwrap()
     }
 
-    /// The previous default: plain GEMV, attention in three launches.
+    /// The default: attention in three launches.
     fn lowered(ops: &[Op], n_tok: usize, k: &Kernels) -> Vec<Cmd> {
-        lowered_with(ops, n_tok, k, GemvKind::Plain, false)
+        lowered_with(ops, n_tok, k, false)
     }
 
     fn funcs(cmds: &[Cmd]) -> Vec<Func> {
@@ -1148,38 +1041,17 @@ mod tests {
     }
 
     #[test]
-    fn chunk_gemv_and_fused_attention_give_five_kernels_per_layer() {
+    fn fused_attention_gives_five_kernels_per_layer() {
         let k = Kernels::fake();
-        let cmds = lowered_with(&llama_step(1, 3), 1, &k, GemvKind::Chunk, true);
+        let cmds = lowered_with(&llama_step(1, 3), 1, &k, true);
         let f = funcs(&cmds);
-        let g = k.gemv_chunk;
+        let g = k.gemv;
         let mut want = vec![k.embed_rows];
         for _ in 0..3 {
             want.extend([g, k.attn_decode_fused_64, g, g, g]);
         }
         want.extend([k.copy_f32, g]);
         assert_eq!(f, want);
-        // q/k/v: 512 + 128 + 128 rows of 512 (Q4_K, Q4_K, Q6_K) over at most
-        // 264 blocks of 8 warps: each segment gets whole blocks, one row per warp at most.
-        let Cmd::Launch(qkv) = &cmds[1] else {
-            panic!("a launch")
-        };
-        assert_eq!(qkv.grid.0, 64 + 16 + 16);
-    }
-
-    #[test]
-    fn blocks_follow_segment_bytes_within_caps() {
-        // q, k, v of llama3-8b: 9.4, 2.4, 3.4 MB; 264 blocks, caps of one row per warp.
-        let b = partition_blocks(264, &[9_437_184, 2_359_296, 3_440_640], &[512, 128, 128]);
-        assert_eq!(b.iter().sum::<u32>(), 264);
-        assert_eq!(b, [163, 41, 60]);
-        // Caps bind: the rest goes to the segments below their cap.
-        let b = partition_blocks(100, &[1000, 10], &[20, 5]);
-        assert_eq!(b, [20, 5]);
-        // Every segment gets a block even when the grid is smaller than the count.
-        assert_eq!(partition_blocks(1, &[5, 5, 5], &[4, 4, 4]), [1, 1, 1]);
-        let b = partition_blocks(10, &[1, 1_000_000], &[8, 8]);
-        assert_eq!(b, [2, 8]);
     }
 
     #[test]
@@ -1233,8 +1105,8 @@ mod tests {
     #[test]
     fn gemv_params_match_the_kernel_layout() {
         // kernels/gemv.cu: Seg = 2 x 32-byte Planes + 5 pointers + 4 ints = 120 bytes;
-        // GemvParams = 3 Segs + 3 pointers + 11 4-byte fields, padded to 8 = 432 bytes.
+        // GemvParams = 3 Segs + 3 pointers + 6 4-byte fields = 408 bytes.
         assert_eq!(std::mem::size_of::<Seg>(), 120);
-        assert_eq!(std::mem::size_of::<GemvParams>(), 432);
+        assert_eq!(std::mem::size_of::<GemvParams>(), 408);
     }
 }
