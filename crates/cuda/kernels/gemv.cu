@@ -118,14 +118,18 @@ __device__ __forceinline__ int4 lds16(const i8* p) { return *(const int4*)p; }
 
 // ---- one 32-weight unit per type: load (global) then dot (with the shared activation)
 
+// One unit of 32 weights per type: `load` (global) then `dot` (with the shared
+// activation). UPB units per block; `u` is the unit within its block.
+
 // Q4_0: unit = block of 32. Elements 0..15 are low nibbles, 16..31 high nibbles.
 struct UQ4_0 {
+    static constexpr int UPB = 1;
     uint4 q; u16 d;
-    __device__ void load(const Planes& w, i64 gb) {
+    __device__ void load(const Planes& w, i64 gb, int) {
         q = *(const uint4*)(w.p[1] + gb * 16);
         d = ld_u16(w.p[0] + gb * 2);
     }
-    __device__ float dot(const Act& a, int b) const {
+    __device__ float dot(const Act& a, int b, int) const {
         const i8* x = a.q32 + b * 32;
         int s = dot4(sub4(map4(q, 0x0F0F0F0Fu, 0), 0x08080808u), lds16(x), 0);
         s = dot4(sub4(map4(q, 0x0F0F0F0Fu, 4), 0x08080808u), lds16(x + 16), s);
@@ -134,12 +138,13 @@ struct UQ4_0 {
 };
 
 struct UQ4_1 {
+    static constexpr int UPB = 1;
     uint4 q; u32 dm;
-    __device__ void load(const Planes& w, i64 gb) {
+    __device__ void load(const Planes& w, i64 gb, int) {
         q = *(const uint4*)(w.p[1] + gb * 16);
         dm = ld_u32(w.p[0] + gb * 4);
     }
-    __device__ float dot(const Act& a, int b) const {
+    __device__ float dot(const Act& a, int b, int) const {
         const i8* x = a.q32 + b * 32;
         int s = dot4(map4(q, 0x0F0F0F0Fu, 0), lds16(x), 0);
         s = dot4(map4(q, 0x0F0F0F0Fu, 4), lds16(x + 16), s);
@@ -148,13 +153,14 @@ struct UQ4_1 {
 };
 
 struct UQ5_0 {
+    static constexpr int UPB = 1;
     uint4 q; u32 qh; u16 d;
-    __device__ void load(const Planes& w, i64 gb) {
+    __device__ void load(const Planes& w, i64 gb, int) {
         q = *(const uint4*)(w.p[2] + gb * 16);
         qh = ld_u32(w.p[1] + gb * 4);
         d = ld_u16(w.p[0] + gb * 2);
     }
-    __device__ float dot(const Act& a, int b) const {
+    __device__ float dot(const Act& a, int b, int) const {
         const i8* x = a.q32 + b * 32;
         const uint4 hl = make_uint4(spread4(qh) << 4, spread4(qh >> 4) << 4, spread4(qh >> 8) << 4, spread4(qh >> 12) << 4);
         const uint4 hh = make_uint4(spread4(qh >> 16) << 4, spread4(qh >> 20) << 4, spread4(qh >> 24) << 4,
@@ -166,13 +172,14 @@ struct UQ5_0 {
 };
 
 struct UQ8_0 {
+    static constexpr int UPB = 1;
     uint4 q0, q1; u16 d;
-    __device__ void load(const Planes& w, i64 gb) {
+    __device__ void load(const Planes& w, i64 gb, int) {
         q0 = *(const uint4*)(w.p[1] + gb * 32);
         q1 = *(const uint4*)(w.p[1] + gb * 32 + 16);
         d = ld_u16(w.p[0] + gb * 2);
     }
-    __device__ float dot(const Act& a, int b) const {
+    __device__ float dot(const Act& a, int b, int) const {
         const i8* x = a.q32 + b * 32;
         int s = dot4(q0, lds16(x), 0);
         s = dot4(q1, lds16(x + 16), s);
@@ -184,6 +191,7 @@ struct UQ8_0 {
 // h = u%2: low nibbles are elements 64j+16h.. (sub-block 2j), high nibbles elements
 // 64j+32+16h.. (sub-block 2j+1).
 struct UQ4_K {
+    static constexpr int UPB = 8;
     uint4 q; u32 dm, s0, s1, s2;
     __device__ void load(const Planes& w, i64 gb, int u) {
         q = *(const uint4*)(w.p[2] + gb * 128 + 16 * u);
@@ -205,6 +213,7 @@ struct UQ4_K {
 };
 
 struct UQ5_K {
+    static constexpr int UPB = 8;
     uint4 q, qh; u32 dm, s0, s1, s2;
     __device__ void load(const Planes& w, i64 gb, int u) {
         q = *(const uint4*)(w.p[3] + gb * 128 + 16 * u);
@@ -235,6 +244,7 @@ struct UQ5_K {
 // [32n+16(t&1), +16). Low nibbles are elements e = 128n + 32(t>>1) + 16(t&1) + i with
 // qh bits 2(t>>1); high nibbles elements e+64 with qh bits 2(t>>1)+4.
 struct UQ6_K {
+    static constexpr int UPB = 8;
     uint4 ql, qh; i8 sc0, sc1; u16 d;
     __device__ void load(const Planes& w, i64 gb, int u) {
         const int n = u >> 2, t = u & 3;
@@ -264,6 +274,7 @@ struct UQ6_K {
 
 // IQ2_XXS: unit = one 32-element sub-block (8 bytes of qs).
 struct UIQ2_XXS {
+    static constexpr int UPB = 8;
     u32 aux0, aux1; u16 d;
     __device__ void load(const Planes& w, i64 gb, int u) {
         const uint2 v = *(const uint2*)(w.p[1] + gb * 64 + 8 * u);
@@ -288,66 +299,64 @@ struct UIQ2_XXS {
     }
 };
 
-// Row dot for 32-blocks (legacy types): unit = block.
-template <class U>
-__device__ float row_dot32(const Planes& w, i64 row, int nb, const Act& a, int lane) {
-    const i64 g0 = row * nb;
-    float acc = 0.f;
-    int b = lane;
-    for (; b + 96 < nb; b += 128) {
-        U u0, u1, u2, u3;
-        u0.load(w, g0 + b); u1.load(w, g0 + b + 32); u2.load(w, g0 + b + 64); u3.load(w, g0 + b + 96);
-        acc += u0.dot(a, b) + u1.dot(a, b + 32) + u2.dot(a, b + 64) + u3.dot(a, b + 96);
+// Row dots of M matrices (one, or a gate/up pair read together) for one output row:
+// lane l takes units l, l+32, …; as 32 is a multiple of UPB, a lane's unit within its
+// blocks is the same at every step and its block advances by 32/UPB per step, so
+// addresses are a base plus constants. Each group of steps issues all its loads (of
+// every matrix) before the first dot: 4 steps while they last, then 2, then 1.
+template <class U, int G, int M>
+__device__ __forceinline__ void dot_group(const Planes& w0, const Planes& w1, i64 g0, const Act& a, int i, int u,
+                                          float* acc) {
+    constexpr int BS = 32 / U::UPB;  // blocks per step
+    const int b = i / U::UPB;
+    U x[M][G];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int k = 0; k < G; ++k) x[m][k].load(m ? w1 : w0, g0 + b + BS * k, u);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        float s = x[m][0].dot(a, b, u);
+#pragma unroll
+        for (int k = 1; k < G; ++k) s += x[m][k].dot(a, b + BS * k, u);
+        acc[m] += s;
     }
-    for (; b < nb; b += 32) {
-        U u0;
-        u0.load(w, g0 + b);
-        acc += u0.dot(a, b);
-    }
-    return acc;
 }
 
-// Row dot for 256-blocks (K types, IQ2_XXS): 8 units per block. A lane's unit within
-// its blocks is the same at every step (lane & 7) and its block advances by 4 per unit
-// of a step, so addresses are a base plus constants.
-template <class U>
-__device__ float row_dotk(const Planes& w, i64 row, int nb, const Act& a, int lane) {
+template <class U, int M>
+__device__ __forceinline__ void row_units(const Planes& w0, const Planes& w1, i64 row, int nb, const Act& a,
+                                          int lane, float* acc) {
     const i64 g0 = row * nb;
-    const int n = nb * 8, u = lane & 7;
-    float acc = 0.f;
+    const int n = nb * U::UPB, u = lane % U::UPB;
     int i = lane;
-    for (; i + 96 < n; i += 128) {
-        const int b = i >> 3;
-        const i64 gb = g0 + b;
-        U u0, u1, u2, u3;
-        u0.load(w, gb, u);
-        u1.load(w, gb + 4, u);
-        u2.load(w, gb + 8, u);
-        u3.load(w, gb + 12, u);
-        acc += u0.dot(a, b, u) + u1.dot(a, b + 4, u) + u2.dot(a, b + 8, u) + u3.dot(a, b + 12, u);
+    for (; i + 96 < n; i += 128) dot_group<U, 4, M>(w0, w1, g0, a, i, u, acc);
+    if (i + 32 < n) {
+        dot_group<U, 2, M>(w0, w1, g0, a, i, u, acc);
+        i += 64;
     }
-    for (; i < n; i += 32) {
-        U u0;
-        u0.load(w, g0 + (i >> 3), u);
-        acc += u0.dot(a, i >> 3, u);
-    }
-    return acc;
+    if (i < n) dot_group<U, 1, M>(w0, w1, g0, a, i, u, acc);
 }
 
-__device__ float row_dot(int ty, const Planes& w, i64 row, int n_in, const Act& a, int lane) {
-    float v = 0.f;
+// out[m] = row `row` of matrix m (w0, and w1 when M = 2, both of type ty) · activation.
+template <int M>
+__device__ void row_dot(int ty, const Planes& w0, const Planes& w1, i64 row, int n_in, const Act& a, int lane,
+                        float* out) {
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = 0.f;
     switch (ty) {
-    case T_Q4_0: v = row_dot32<UQ4_0>(w, row, n_in / 32, a, lane); break;
-    case T_Q4_1: v = row_dot32<UQ4_1>(w, row, n_in / 32, a, lane); break;
-    case T_Q5_0: v = row_dot32<UQ5_0>(w, row, n_in / 32, a, lane); break;
-    case T_Q8_0: v = row_dot32<UQ8_0>(w, row, n_in / 32, a, lane); break;
-    case T_Q4_K: v = row_dotk<UQ4_K>(w, row, n_in / 256, a, lane); break;
-    case T_Q5_K: v = row_dotk<UQ5_K>(w, row, n_in / 256, a, lane); break;
-    case T_Q6_K: v = row_dotk<UQ6_K>(w, row, n_in / 256, a, lane); break;
-    case T_IQ2_XXS: v = row_dotk<UIQ2_XXS>(w, row, n_in / 256, a, lane); break;
+    case T_Q4_0: row_units<UQ4_0, M>(w0, w1, row, n_in / 32, a, lane, acc); break;
+    case T_Q4_1: row_units<UQ4_1, M>(w0, w1, row, n_in / 32, a, lane, acc); break;
+    case T_Q5_0: row_units<UQ5_0, M>(w0, w1, row, n_in / 32, a, lane, acc); break;
+    case T_Q8_0: row_units<UQ8_0, M>(w0, w1, row, n_in / 32, a, lane, acc); break;
+    case T_Q4_K: row_units<UQ4_K, M>(w0, w1, row, n_in / 256, a, lane, acc); break;
+    case T_Q5_K: row_units<UQ5_K, M>(w0, w1, row, n_in / 256, a, lane, acc); break;
+    case T_Q6_K: row_units<UQ6_K, M>(w0, w1, row, n_in / 256, a, lane, acc); break;
+    case T_IQ2_XXS: row_units<UIQ2_XXS, M>(w0, w1, row, n_in / 256, a, lane, acc); break;
     default: break;
     }
-    return warp_sum(v);
+#pragma unroll
+    for (int m = 0; m < M; ++m) out[m] = warp_sum(acc[m]);
 }
 
 // Bytes of one row in each plane of a type (for the L2 prefetch).
@@ -396,9 +405,9 @@ __device__ __forceinline__ int act_smem_offsets(int n, int* o) {
     o[1] = n;                          // qk: n bytes
     o[2] = 2 * n;                      // d32: n/32 floats
     o[3] = o[2] + 4 * (n / 32);        // s32: n/32 floats
-    o[4] = o[3] + 4 * (n / 32);        // dk: n/256 (+1) floats
-    o[5] = o[4] + 4 * (n / 256 + 1);   // bs: n/16 ints
-    return o[5] + 4 * (n / 16);
+    o[4] = o[3] + 4 * (n / 32);        // bs: n/16 ints (16-byte aligned when 256 | n)
+    o[5] = o[4] + 4 * (n / 16);        // dk: n/256 (+1) floats
+    return o[5] + 4 * (n / 256 + 1);
 }
 
 // Writes row r's results: a pair's gate, up and silu(gate)·up; otherwise the value
@@ -515,8 +524,8 @@ __device__ __forceinline__ Act build_act(const GemvParams& P, u8* smem, double* 
     a.qk = (const i8*)(smem + off[1]);
     a.d32 = (const float*)(smem + off[2]);
     a.s32 = (const float*)(smem + off[3]);
-    a.dk = (const float*)(smem + off[4]);
-    a.bs = (const i32*)(smem + off[5]);
+    a.bs = (const i32*)(smem + off[4]);
+    a.dk = (const float*)(smem + off[5]);
 
     // RMSNorm scale (f64 sum of f32 squares, as the CPU backend).
     float scale = 1.f;
@@ -587,9 +596,14 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv(const Gemv
         if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + P.prefetch * nwarps, n);
         const Seg& s = P.seg[find_seg(P, gr)];
         const int r = gr - s.row0;
-        const float v = row_dot(s.type, s.w, r, n, a, lane);
-        const float u = s.out3 ? row_dot(s.type2, s.w2, r, n, a, lane) : 0.f;
-        if (lane == 0) epilogue(s, r, v, u);
+        float v[2] = {0.f, 0.f};
+        if (s.out3 && s.type2 == s.type) {
+            row_dot<2>(s.type, s.w, s.w2, r, n, a, lane, v);
+        } else {
+            row_dot<1>(s.type, s.w, s.w, r, n, a, lane, v);
+            if (s.out3) row_dot<1>(s.type2, s.w2, s.w2, r, n, a, lane, v + 1);
+        }
+        if (lane == 0) epilogue(s, r, v[0], v[1]);
     }
 }
 
