@@ -125,10 +125,11 @@ pub const GEMV_THREADS: u32 = 256;
 const GEMV_WARPS: u32 = GEMV_THREADS / 32;
 
 /// Splits of the decode attention for a cache of `n_ctx` positions: about two blocks
-/// per multiprocessor, at least 32 positions per split.
+/// per multiprocessor, at least 8 positions per split (a split's warps walk their
+/// positions one after another, so short caches gain from many short splits).
 pub fn decode_splits(n_ctx: u32, n_head_kv: u32, n_sm: u32) -> u32 {
     let by_sm = (2 * n_sm).div_ceil(n_head_kv.max(1));
-    n_ctx.div_ceil(32).min(by_sm).clamp(1, 64)
+    n_ctx.div_ceil(8).min(by_sm).clamp(1, 64)
 }
 
 fn grid_1d(n: u64, n_sm: u32) -> (u32, u32, u32) {
@@ -1097,7 +1098,8 @@ mod tests {
 
     #[test]
     fn splits_cover_short_and_long_contexts() {
-        assert_eq!(decode_splits(100, 8, 132), 4);
+        assert_eq!(decode_splits(100, 8, 132), 13);
+        assert_eq!(decode_splits(20, 8, 132), 3);
         assert_eq!(decode_splits(4096, 8, 132), 33);
         assert_eq!(decode_splits(1 << 20, 1, 132), 64);
     }
