@@ -437,36 +437,41 @@ struct KernelConfig {
     /// GEMV rows per warp prefetched into L2 ahead of the row it computes (0: only its
     /// first).
     prefetch: u32,
+    /// Typed GEMV kernels for single-type launches of short rows (off: generic only).
+    gemv_typed: bool,
 }
 
 impl KernelConfig {
-    /// The backend's default: attention in three launches, no prefetch ahead.
+    /// The backend's default: attention in three launches, no prefetch ahead, typed
+    /// GEMV kernels.
     const DEFAULT: KernelConfig = KernelConfig {
         fused_attention: false,
         prefetch: 0,
+        gemv_typed: true,
     };
 
     fn apply(&self, b: &CudaBackend) {
         b.set_fused_attention(self.fused_attention);
         b.set_prefetch(self.prefetch);
+        b.set_gemv_typed(self.gemv_typed);
     }
 }
 
-/// The configurations `--profile` profiles and `--ab` compares.
+/// The configurations `--ab` compares (`--profile` profiles the first two).
 const CONFIGS: [(&str, KernelConfig); 3] = [
     ("default", KernelConfig::DEFAULT),
+    (
+        "generic-gemv",
+        KernelConfig {
+            gemv_typed: false,
+            ..KernelConfig::DEFAULT
+        },
+    ),
     (
         "fused-attention",
         KernelConfig {
             fused_attention: true,
-            prefetch: 0,
-        },
-    ),
-    (
-        "prefetch-1-row",
-        KernelConfig {
-            fused_attention: false,
-            prefetch: 1,
+            ..KernelConfig::DEFAULT
         },
     ),
 ];
@@ -555,7 +560,11 @@ fn gemv_bench() -> Res<()> {
         (128256, 4096, Q6_K),
         (14336, 4096, Q8_0),
     ];
-    for (rows, cols, ty) in shapes {
+    for (rows, cols, ty, typed) in shapes
+        .iter()
+        .flat_map(|&(r, c, t)| [true, false].map(|v| (r, c, t, v)))
+    {
+        b.set_gemv_typed(typed);
         let w = b.synthetic_matrix("bench.weight", rows, cols, ty, 1)?;
         let x = b.buf(cols);
         let mut out = b.buf(rows);
@@ -573,7 +582,7 @@ fn gemv_bench() -> Res<()> {
         let r = &p[0];
         let bytes = (cols / ty.block_size() * ty.type_size() * rows) as f64;
         println!(
-            "gemv {ty} {rows}x{cols}: {:.2} us/launch, {:.2} TB/s ({:.1} MB)",
+            "gemv {ty} {rows}x{cols} typed {typed}: {:.2} us/launch, {:.2} TB/s ({:.1} MB)",
             1e3 * r.ms / r.launches as f64,
             bytes * r.launches as f64 / (r.ms / 1e3) / 1e12,
             bytes / 1e6

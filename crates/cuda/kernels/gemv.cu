@@ -323,40 +323,62 @@ __device__ __forceinline__ void dot_group(const Planes& w0, const Planes& w1, i6
     }
 }
 
-template <class U, int M>
+template <class U, int M, int GMAX>
 __device__ __forceinline__ void row_units(const Planes& w0, const Planes& w1, i64 row, int nb, const Act& a,
                                           int lane, float* acc) {
     const i64 g0 = row * nb;
     const int n = nb * U::UPB, u = lane % U::UPB;
     int i = lane;
-    for (; i + 96 < n; i += 128) dot_group<U, 4, M>(w0, w1, g0, a, i, u, acc);
-    if (i + 32 < n) {
-        dot_group<U, 2, M>(w0, w1, g0, a, i, u, acc);
-        i += 64;
+    if constexpr (GMAX >= 4)
+        for (; i + 96 < n; i += 128) dot_group<U, 4, M>(w0, w1, g0, a, i, u, acc);
+    if constexpr (GMAX >= 2) {
+        for (; i + 32 < n; i += 64) dot_group<U, 2, M>(w0, w1, g0, a, i, u, acc);
     }
-    if (i < n) dot_group<U, 1, M>(w0, w1, g0, a, i, u, acc);
+    for (; i < n; i += 32) dot_group<U, 1, M>(w0, w1, g0, a, i, u, acc);
 }
 
-// out[m] = row `row` of matrix m (w0, and w1 when M = 2, both of type ty) · activation.
-template <int M>
-__device__ void row_dot(int ty, const Planes& w0, const Planes& w1, i64 row, int n_in, const Act& a, int lane,
-                        float* out) {
+// The unit of each weight type (and its block size in elements).
+template <int TY> struct UnitOf;
+template <> struct UnitOf<T_Q4_0> { using U = UQ4_0; static constexpr int BE = 32; };
+template <> struct UnitOf<T_Q4_1> { using U = UQ4_1; static constexpr int BE = 32; };
+template <> struct UnitOf<T_Q5_0> { using U = UQ5_0; static constexpr int BE = 32; };
+template <> struct UnitOf<T_Q8_0> { using U = UQ8_0; static constexpr int BE = 32; };
+template <> struct UnitOf<T_Q4_K> { using U = UQ4_K; static constexpr int BE = 256; };
+template <> struct UnitOf<T_Q5_K> { using U = UQ5_K; static constexpr int BE = 256; };
+template <> struct UnitOf<T_Q6_K> { using U = UQ6_K; static constexpr int BE = 256; };
+template <> struct UnitOf<T_IQ2_XXS> { using U = UIQ2_XXS; static constexpr int BE = 256; };
+
+// out[m] = row `row` of matrix m (w0, and w1 when M = 2, both of type TY) · activation;
+// loads are issued in groups of up to GMAX steps per matrix.
+template <int TY, int M, int GMAX = 4>
+__device__ __forceinline__ void row_dot_t(const Planes& w0, const Planes& w1, i64 row, int n_in, const Act& a,
+                                          int lane, float* out) {
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[m] = 0.f;
-    switch (ty) {
-    case T_Q4_0: row_units<UQ4_0, M>(w0, w1, row, n_in / 32, a, lane, acc); break;
-    case T_Q4_1: row_units<UQ4_1, M>(w0, w1, row, n_in / 32, a, lane, acc); break;
-    case T_Q5_0: row_units<UQ5_0, M>(w0, w1, row, n_in / 32, a, lane, acc); break;
-    case T_Q8_0: row_units<UQ8_0, M>(w0, w1, row, n_in / 32, a, lane, acc); break;
-    case T_Q4_K: row_units<UQ4_K, M>(w0, w1, row, n_in / 256, a, lane, acc); break;
-    case T_Q5_K: row_units<UQ5_K, M>(w0, w1, row, n_in / 256, a, lane, acc); break;
-    case T_Q6_K: row_units<UQ6_K, M>(w0, w1, row, n_in / 256, a, lane, acc); break;
-    case T_IQ2_XXS: row_units<UIQ2_XXS, M>(w0, w1, row, n_in / 256, a, lane, acc); break;
-    default: break;
-    }
+    row_units<typename UnitOf<TY>::U, M, GMAX>(w0, w1, row, n_in / UnitOf<TY>::BE, a, lane, acc);
 #pragma unroll
     for (int m = 0; m < M; ++m) out[m] = warp_sum(acc[m]);
+}
+
+// The same for a type known only at run time.
+template <int M>
+__device__ void row_dot(int ty, const Planes& w0, const Planes& w1, i64 row, int n_in, const Act& a, int lane,
+                        float* out) {
+    switch (ty) {
+    case T_Q4_0: row_dot_t<T_Q4_0, M>(w0, w1, row, n_in, a, lane, out); break;
+    case T_Q4_1: row_dot_t<T_Q4_1, M>(w0, w1, row, n_in, a, lane, out); break;
+    case T_Q5_0: row_dot_t<T_Q5_0, M>(w0, w1, row, n_in, a, lane, out); break;
+    case T_Q8_0: row_dot_t<T_Q8_0, M>(w0, w1, row, n_in, a, lane, out); break;
+    case T_Q4_K: row_dot_t<T_Q4_K, M>(w0, w1, row, n_in, a, lane, out); break;
+    case T_Q5_K: row_dot_t<T_Q5_K, M>(w0, w1, row, n_in, a, lane, out); break;
+    case T_Q6_K: row_dot_t<T_Q6_K, M>(w0, w1, row, n_in, a, lane, out); break;
+    case T_IQ2_XXS: row_dot_t<T_IQ2_XXS, M>(w0, w1, row, n_in, a, lane, out); break;
+    default:
+#pragma unroll
+        for (int m = 0; m < M; ++m) out[m] = 0.f;
+        break;
+    }
 }
 
 // Bytes of one row in each plane of a type (for the L2 prefetch).
@@ -575,7 +597,14 @@ __device__ __forceinline__ Act build_act(const GemvParams& P, u8* smem, double* 
     return a;
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv(const GemvParams P) {
+// The kernel body. TY < 0: any mix of types (q/k/v of different types, a gate/up
+// pair of two types); otherwise every segment is of type TY, and PAIR says whether
+// it is a gate/up pair (one segment) or plain segments. A typed kernel holds one type's
+// registers only, so more blocks fit on a multiprocessor; GMAX bounds its load groups
+// (steps per matrix) and CB the input chunks a warp loads at once in the prologue, both
+// to stay within those registers.
+template <int TY, bool PAIR, int GMAX, int CB>
+__device__ __forceinline__ void gemv_body(const GemvParams& P) {
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double red[GEMV_WARPS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -590,14 +619,17 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv(const Gemv
     pdl_wait();
     pdl_trigger();
 
-    const Act a = build_act(P, smem, red);
+    const Act a = build_act<CB>(P, smem, red);
 
     for (int gr = gwarp; gr < P.total_rows; gr += nwarps) {
         if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + P.prefetch * nwarps, n);
         const Seg& s = P.seg[find_seg(P, gr)];
         const int r = gr - s.row0;
         float v[2] = {0.f, 0.f};
-        if (s.out3 && s.type2 == s.type) {
+        if constexpr (TY >= 0) {
+            if constexpr (PAIR) row_dot_t<TY, 2, GMAX>(s.w, s.w2, r, n, a, lane, v);
+            else row_dot_t<TY, 1, GMAX>(s.w, s.w, r, n, a, lane, v);
+        } else if (s.out3 && s.type2 == s.type) {
             row_dot<2>(s.type, s.w, s.w2, r, n, a, lane, v);
         } else {
             row_dot<1>(s.type, s.w, s.w, r, n, a, lane, v);
@@ -607,3 +639,37 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv(const Gemv
     }
 }
 
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv(const GemvParams P) {
+    gemv_body<-1, false, 4, 4>(P);
+}
+
+// Typed kernels gemv_<type>[_pair] (src/kernels.rs names them): plain segments with
+// MINB blocks per SM and load groups of up to G steps; a gate/up pair with MINB2 blocks
+// and groups of G2 steps per matrix; prologue chunks CB. Registers (cuobjdump
+// -res-usage): 62–64 for plain segments (Q5_0, Q5_K, Q8_0 spill 8–24 bytes), 76–80 for
+// pairs. Measured against the generic kernel on the H200 (docs/benchmarks.md): faster
+// on rows of 4096 inputs, slower on 14336 (groups of 2 steps cost round trips there),
+// so lower.rs uses them for rows of at most 8192 inputs.
+#define GEMV_KERNEL(NAME, TY, PAIR, MINB, G, CB)                                                       \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB) NAME(const GemvParams P) {     \
+        gemv_body<TY, PAIR, G, CB>(P);                                                                 \
+    }
+#define GEMV_TYPED(SUF, MINB, G, MINB2, G2, CB)                                                        \
+    GEMV_KERNEL(gemv_q4_0##SUF, T_Q4_0, false, MINB, G, CB)                                           \
+    GEMV_KERNEL(gemv_q4_0_pair##SUF, T_Q4_0, true, MINB2, G2, CB)                                     \
+    GEMV_KERNEL(gemv_q4_1##SUF, T_Q4_1, false, MINB, G, CB)                                           \
+    GEMV_KERNEL(gemv_q4_1_pair##SUF, T_Q4_1, true, MINB2, G2, CB)                                     \
+    GEMV_KERNEL(gemv_q5_0##SUF, T_Q5_0, false, MINB, G, CB)                                           \
+    GEMV_KERNEL(gemv_q5_0_pair##SUF, T_Q5_0, true, MINB2, G2, CB)                                     \
+    GEMV_KERNEL(gemv_q8_0##SUF, T_Q8_0, false, MINB, G, CB)                                           \
+    GEMV_KERNEL(gemv_q8_0_pair##SUF, T_Q8_0, true, MINB2, G2, CB)                                     \
+    GEMV_KERNEL(gemv_q4_k##SUF, T_Q4_K, false, MINB, G, CB)                                           \
+    GEMV_KERNEL(gemv_q4_k_pair##SUF, T_Q4_K, true, MINB2, G2, CB)                                     \
+    GEMV_KERNEL(gemv_q5_k##SUF, T_Q5_K, false, MINB, G, CB)                                           \
+    GEMV_KERNEL(gemv_q5_k_pair##SUF, T_Q5_K, true, MINB2, G2, CB)                                     \
+    GEMV_KERNEL(gemv_q6_k##SUF, T_Q6_K, false, MINB, G, CB)                                           \
+    GEMV_KERNEL(gemv_q6_k_pair##SUF, T_Q6_K, true, MINB2, G2, CB)                                     \
+    GEMV_KERNEL(gemv_iq2_xxs##SUF, T_IQ2_XXS, false, MINB, G, CB)                                     \
+    GEMV_KERNEL(gemv_iq2_xxs_pair##SUF, T_IQ2_XXS, true, MINB2, G2, CB)
+
+GEMV_TYPED(, 4, 2, 3, 2, 2)

@@ -138,6 +138,7 @@ pub struct CudaBackend {
     fused_attention: AtomicBool,
     profile: AtomicBool,
     prefetch: AtomicU32,
+    gemv_typed: AtomicBool,
 }
 
 fn fail(e: CudaError) -> ! {
@@ -170,7 +171,9 @@ impl CudaBackend {
     /// dependent launch (both on by default); `DS4_CUDA_FUSED_ATTN=1` turns on the
     /// one-launch decode attention, for comparisons (docs/benchmarks.md has the
     /// measurements: the defaults are the fastest measured); `DS4_CUDA_PREFETCH=N` sets
-    /// the GEMV's L2 prefetch distance in rows (default 0: only each warp's first row).
+    /// the GEMV's L2 prefetch distance in rows (default 0: only each warp's first row);
+    /// `DS4_CUDA_GEMV_TYPED=0` runs every GEMV launch on the generic kernel (default:
+    /// single-type launches of short rows on the typed kernels).
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         let gpu = Gpu::new(ordinal)?;
         let k = Kernels::load(&gpu)?;
@@ -219,6 +222,7 @@ impl CudaBackend {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(DEFAULT_PREFETCH),
             ),
+            gemv_typed: AtomicBool::new(env_flag("DS4_CUDA_GEMV_TYPED", true)),
         })
     }
 
@@ -257,6 +261,13 @@ impl CudaBackend {
     /// Sets how many rows ahead each GEMV warp prefetches into L2 (0: only its first).
     pub fn set_prefetch(&self, rows: u32) {
         self.prefetch.store(rows, Ordering::Relaxed);
+        self.lock().graphs.clear();
+    }
+
+    /// Runs single-type GEMV launches of short rows on the typed kernels (on) or every
+    /// launch on the generic kernel (off).
+    pub fn set_gemv_typed(&self, on: bool) {
+        self.gemv_typed.store(on, Ordering::Relaxed);
         self.lock().graphs.clear();
     }
 
@@ -402,6 +413,7 @@ impl CudaBackend {
             gemv_occupancy: &occ,
             gemv_prefetch: self.prefetch.load(Ordering::Relaxed),
             fused_attention: self.fused_attention.load(Ordering::Relaxed),
+            gemv_typed: self.gemv_typed.load(Ordering::Relaxed),
             step: rec.step_ptr,
             n_tok: rec.n_tok,
             attn: st.attn,

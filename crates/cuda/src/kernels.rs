@@ -8,11 +8,17 @@ use cudarc::driver::{result, sys};
 use crate::compile::{SOURCES, cubin};
 use crate::driver::{Func, Gpu};
 use crate::error::{CudaError, Result};
+use ds4_gguf::GgmlType;
 
 /// Every kernel the backend launches.
 pub struct Kernels {
-    /// The GEMV reading weights straight from global memory: 8 warps, 2 blocks per SM.
+    /// The GEMV reading weights straight from global memory: 8 warps, 2 blocks per SM;
+    /// any mix of weight types in one launch.
     pub gemv: Func,
+    /// The same for launches whose matrices are all of one type, with fewer registers
+    /// and more blocks per SM: `gemv_typed[GEMV_TYPES index][pair]`
+    /// (`gemv_<type>[_pair]` in kernels/gemv.cu).
+    pub gemv_typed: [[Func; 2]; 8],
     pub rms_norm_rows: Func,
     pub add_inplace: Func,
     pub swiglu: Func,
@@ -41,6 +47,18 @@ struct Module(sys::CUmodule);
 // SAFETY: module handles are used only to unload on drop.
 unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
+
+/// The weight types with typed GEMV kernels and their kernel-name stems.
+pub const GEMV_TYPES: [(GgmlType, &str); 8] = [
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q5_0, "q5_0"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q4_K, "q4_k"),
+    (GgmlType::Q5_K, "q5_k"),
+    (GgmlType::Q6_K, "q6_k"),
+    (GgmlType::IQ2_XXS, "iq2_xxs"),
+];
 
 /// Largest dynamic shared memory the GEMV may use (its activation: ~2.6 bytes per input).
 pub const GEMV_MAX_SMEM: u32 = 200 * 1024;
@@ -71,8 +89,16 @@ impl Kernels {
                 CudaError::Unsupported(format!("kernel {n} missing from the sources"))
             })
         };
+        let mut gemv_typed = [[Func(std::ptr::null_mut()); 2]; 8];
+        for (t, (_, stem)) in GEMV_TYPES.iter().enumerate() {
+            gemv_typed[t] = [
+                get(&format!("gemv_{stem}"))?,
+                get(&format!("gemv_{stem}_pair"))?,
+            ];
+        }
         let k = Kernels {
             gemv: get("gemv")?,
+            gemv_typed,
             rms_norm_rows: get("rms_norm_rows")?,
             add_inplace: get("add_inplace")?,
             swiglu: get("swiglu")?,
@@ -96,15 +122,18 @@ impl Kernels {
             modules,
         };
         let smem = GEMV_MAX_SMEM.min(gpu.max_smem_optin);
-        // SAFETY: a valid function handle; the value is within the device's limit.
-        unsafe {
-            result::function::set_function_attribute(
-                k.gemv.0,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
+        let typed = k.gemv_typed.iter().flatten();
+        for f in std::iter::once(&k.gemv).chain(typed) {
+            // SAFETY: a valid function handle; the value is within the device's limit.
+            unsafe {
+                result::function::set_function_attribute(
+                    f.0,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+            }
+            .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
         }
-        .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
         Ok(k)
     }
 }
@@ -120,6 +149,7 @@ impl Kernels {
         };
         Kernels {
             gemv: f(),
+            gemv_typed: std::array::from_fn(|_| [f(), f()]),
             rms_norm_rows: f(),
             add_inplace: f(),
             swiglu: f(),

@@ -21,7 +21,7 @@
 
 use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
-use crate::kernels::Kernels;
+use crate::kernels::{GEMV_TYPES, Kernels};
 use crate::layout::{gemv_smem_bytes, uses_q8k};
 use crate::ops::{MatRef, Op, RopeArgs};
 
@@ -80,6 +80,9 @@ pub struct Ctx<'a> {
     /// One-token `rope, rope, attention` as one launch (`attn_decode_fused`) rather than
     /// three (correct, measured slower; off by default).
     pub fused_attention: bool,
+    /// Whether single-type launches of rows up to [`TYPED_GEMV_MAX_INPUTS`] inputs run on
+    /// the typed GEMV kernels (`Kernels::gemv_typed`); off: the generic kernel for all.
+    pub gemv_typed: bool,
     pub step: DPtr,
     pub n_tok: usize,
     pub attn: AttnScratch,
@@ -348,7 +351,7 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
         _ => "gemv",
     };
     let bytes = seg_bytes.iter().sum();
-    let f = cx.k.gemv;
+    let f = typed_gemv(&p, cx).unwrap_or(cx.k.gemv);
     let smem = gemv_smem_bytes(inp.n as usize) as u32;
     let occ = (cx.gemv_occupancy)(f, GEMV_THREADS, smem);
     let grid = (row0 as u32).div_ceil(GEMV_WARPS).min(cx.n_sm * occ).max(1);
@@ -366,6 +369,32 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
             bytes,
         }),
     ))
+}
+
+/// Longest rows (inputs) the typed GEMV kernels serve: their load groups of 2 steps were
+/// measured slower than the generic kernel's groups of 4 on rows of 14336 inputs and
+/// faster on rows of 4096 (docs/benchmarks.md).
+pub const TYPED_GEMV_MAX_INPUTS: i32 = 8192;
+
+/// The typed GEMV for a launch whose segments are all of one weight type and either all
+/// gate/up pairs (of that type) or none, with rows of at most [`TYPED_GEMV_MAX_INPUTS`].
+fn typed_gemv(p: &GemvParams, cx: &Ctx) -> Option<Func> {
+    if !cx.gemv_typed || p.n_in > TYPED_GEMV_MAX_INPUTS {
+        return None;
+    }
+    let segs = &p.seg[..p.nseg as usize];
+    let ty = segs[0].ty;
+    let pair = segs[0].out3 != 0;
+    let uniform = segs
+        .iter()
+        .all(|s| s.ty == ty && (s.out3 != 0) == pair && (!pair || s.ty2 == ty));
+    if !uniform {
+        return None;
+    }
+    let t = GEMV_TYPES
+        .iter()
+        .position(|&(g, _)| g as u32 == ty as u32)?;
+    Some(cx.k.gemv_typed[t][pair as usize])
 }
 
 fn attn_split_kernel(cx: &Ctx, head_dim: u32) -> Result<Func> {
@@ -993,6 +1022,7 @@ mod tests {
             gemv_occupancy: &occ,
             gemv_prefetch: 2,
             fused_attention,
+            gemv_typed: true,
             step: 99 << 40,
             n_tok,
             attn,
@@ -1023,21 +1053,24 @@ mod tests {
         let cmds = lowered(&llama_step(1, 3), 1, &k);
         let f = funcs(&cmds);
         assert_eq!(f.len(), cmds.len(), "no GEMM in a decode step");
-        let g = k.gemv;
+        // q/k/v mix Q4_K and Q6_K: the generic GEMV; attn_output (Q4_K), gate/up (a Q4_K
+        // pair), ffn_down and the head (Q6_K): the typed kernels.
+        let [q4k, q4k_pair] = k.gemv_typed[4];
+        let q6k = k.gemv_typed[6][0];
         let layer = [
-            g,
+            k.gemv,
             k.rope_qk_store,
             k.attn_decode_split_64,
             k.attn_decode_reduce,
-            g,
-            g,
-            g,
+            q4k,
+            q4k_pair,
+            q6k,
         ];
         let mut want = vec![k.embed_rows];
         for _ in 0..3 {
             want.extend(layer);
         }
-        want.extend([k.copy_f32, g]);
+        want.extend([k.copy_f32, q6k]);
         assert_eq!(f, want);
     }
 
@@ -1046,12 +1079,13 @@ mod tests {
         let k = Kernels::fake();
         let cmds = lowered_with(&llama_step(1, 3), 1, &k, true);
         let f = funcs(&cmds);
-        let g = k.gemv;
+        let [q4k, q4k_pair] = k.gemv_typed[4];
+        let q6k = k.gemv_typed[6][0];
         let mut want = vec![k.embed_rows];
         for _ in 0..3 {
-            want.extend([g, k.attn_decode_fused_64, g, g, g]);
+            want.extend([k.gemv, k.attn_decode_fused_64, q4k, q4k_pair, q6k]);
         }
-        want.extend([k.copy_f32, g]);
+        want.extend([k.copy_f32, q6k]);
         assert_eq!(f, want);
     }
 
@@ -1066,8 +1100,8 @@ mod tests {
         assert_eq!(gemms, 7);
         let f = funcs(&cmds);
         assert!(f.contains(&k.attn_prefill_64) && f.contains(&k.kv_store) && f.contains(&k.swiglu));
-        // The single logits row still takes the fused norm + GEMV.
-        assert_eq!(f[f.len() - 2..], [k.copy_f32, k.gemv]);
+        // The single logits row still takes the fused norm + GEMV (the Q6_K head).
+        assert_eq!(f[f.len() - 2..], [k.copy_f32, k.gemv_typed[6][0]]);
     }
 
     #[test]
@@ -1093,7 +1127,10 @@ mod tests {
                 out: x,
             },
         ];
-        assert_eq!(funcs(&lowered(&ops, 1, &k)), [k.rms_norm_rows, k.gemv]);
+        assert_eq!(
+            funcs(&lowered(&ops, 1, &k)),
+            [k.rms_norm_rows, k.gemv_typed[0][0]]
+        );
     }
 
     #[test]
