@@ -18,12 +18,14 @@ pub struct PromptPlan {
     pub starts_in_reasoning: bool,
     /// Parse tool calls in this format (`None` when no tools are offered).
     pub tool_format: Option<ToolFormat>,
+    /// The opening of a forced tool call the prompt ends with (part of the answer).
+    pub lead: Option<String>,
 }
 
 impl PromptPlan {
     /// The parser for what the model generates after this prompt.
     pub fn parser(&self) -> OutputParser {
-        OutputParser::new(self.starts_in_reasoning, self.tool_format)
+        OutputParser::new(self.starts_in_reasoning, self.tool_format).with_lead(self.lead.clone())
     }
 
     /// The prompt as the worker takes it.
@@ -81,14 +83,38 @@ pub fn chat_prompt(
         };
         vocab.render(&req).map_err(template_error)?
     };
-    let tokens = vocab.tokenize(&text, true);
     let starts_in_reasoning = text.trim_end().ends_with(THINK_OPEN);
+    // `tool_choice` required or named: the answer starts with the call's opening. Not
+    // when the template opened a reasoning block (the call would cut the reasoning off).
+    // With a single tool, `required` names it.
+    let choice = match (&conv.tool_choice, tools) {
+        (ToolChoice::Required, [only]) => match tool_name(only) {
+            Some(name) => ToolChoice::Function(name.to_string()),
+            None => ToolChoice::Required,
+        },
+        (c, _) => c.clone(),
+    };
+    let lead = offer_tools
+        .then(|| tool_format.forced_lead(&choice))
+        .flatten()
+        .filter(|_| !starts_in_reasoning);
+    let mut text = text;
+    if let Some(l) = &lead {
+        text.push_str(l);
+    }
+    let tokens = vocab.tokenize(&text, true);
     Ok(PromptPlan {
         text,
         tokens,
         starts_in_reasoning,
         tool_format: offer_tools.then_some(tool_format),
+        lead,
     })
+}
+
+/// The name of an OpenAI function definition (`{"type": "function", "function": {"name"}}`).
+fn tool_name(tool: &serde_json::Value) -> Option<&str> {
+    tool["function"]["name"].as_str()
 }
 
 fn template_error(e: BackendError) -> ApiError {

@@ -18,9 +18,10 @@ pub enum ToolChoice {
     Auto,
     /// Tools are not offered and calls are not parsed.
     None,
-    /// Asked for; not enforced (no constrained decoding).
+    /// Some tool must be called: the answer starts with the format's opening of a call
+    /// (see `ToolFormat::forced_lead`).
     Required,
-    /// Asked for; not enforced.
+    /// This function must be called: the answer starts with a call of it.
     Function(String),
 }
 

@@ -65,6 +65,25 @@ impl ToolFormat {
         }
     }
 
+    /// The text that opens the answer when the request forces a tool call (`None`: no
+    /// forcing): the format's call opening, with the function's name when one is
+    /// named. The model generates the rest of the call from there; there is no
+    /// constrained decoding beyond that (a model may still write a name that is not
+    /// among the tools, or malformed arguments).
+    pub fn forced_lead(self, choice: &crate::api::common::ToolChoice) -> Option<String> {
+        use crate::api::common::ToolChoice::{Function, Required};
+        match (self, choice) {
+            (ToolFormat::Hermes, Required) => Some("<tool_call>\n{\"name\": \"".into()),
+            (ToolFormat::Hermes, Function(name)) => Some(format!(
+                "<tool_call>\n{{\"name\": {}, \"arguments\": ",
+                serde_json::Value::from(name.as_str())
+            )),
+            (ToolFormat::Glm, Required) => Some("<tool_call>".into()),
+            (ToolFormat::Glm, Function(name)) => Some(format!("<tool_call>{name}")),
+            _ => None,
+        }
+    }
+
     /// A fresh parser for this format.
     pub fn parser(self) -> Box<dyn ToolCallParser> {
         match self {
@@ -83,6 +102,9 @@ pub struct OutputParser {
     /// `None`: raw text (no reasoning split).
     reasoning: Option<ReasoningSplitter>,
     tools: Option<Box<dyn ToolCallParser>>,
+    /// Text the prompt put at the start of the answer (a forced tool call's opening),
+    /// parsed before the first generated piece.
+    lead: Option<String>,
 }
 
 impl OutputParser {
@@ -97,7 +119,15 @@ impl OutputParser {
                 starts_in_reasoning,
             )),
             tools: tools.map(ToolFormat::parser),
+            lead: None,
         }
+    }
+
+    /// The same, with `lead` (text the prompt ends with, part of the answer) parsed as
+    /// if it had been generated first.
+    pub fn with_lead(mut self, lead: Option<String>) -> Self {
+        self.lead = lead;
+        self
     }
 
     /// A pass-through parser: all output is answer text (raw completions).
@@ -105,12 +135,21 @@ impl OutputParser {
         OutputParser {
             reasoning: None,
             tools: None,
+            lead: None,
         }
     }
 
     /// Feeds generated text; returns the events it completes.
     pub fn push(&mut self, text: &str) -> Vec<OutputEvent> {
         let mut out = Vec::new();
+        let led;
+        let text = match self.lead.take() {
+            Some(lead) => {
+                led = lead + text;
+                led.as_str()
+            }
+            None => text,
+        };
         let pieces = match &mut self.reasoning {
             Some(r) => r.push(text),
             None => vec![reasoning::Piece::Answer(text.to_string())],
@@ -121,7 +160,11 @@ impl OutputParser {
 
     /// Ends the stream.
     pub fn finish(&mut self) -> Vec<OutputEvent> {
-        let mut out = Vec::new();
+        let mut out = if self.lead.is_some() {
+            self.push("")
+        } else {
+            Vec::new()
+        };
         let pieces = self
             .reasoning
             .as_mut()
@@ -187,6 +230,60 @@ mod tests {
         assert_eq!(c.tool_calls.len(), 1);
         assert_eq!(c.tool_calls[0].name, "get_weather");
         assert_eq!(c.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+    }
+
+    fn collect_all(mut p: OutputParser, pieces: &[&str]) -> Collected {
+        let mut c = Collected::default();
+        for t in pieces {
+            c.extend(p.push(t));
+        }
+        c.extend(p.finish());
+        c
+    }
+
+    #[test]
+    fn a_forced_lead_is_parsed_as_the_start_of_the_answer() {
+        use crate::api::common::ToolChoice;
+        let required = ToolFormat::Hermes.forced_lead(&ToolChoice::Required);
+        assert_eq!(required.as_deref(), Some("<tool_call>\n{\"name\": \""));
+        let p = OutputParser::new(false, Some(ToolFormat::Hermes)).with_lead(required);
+        let c = collect_all(
+            p,
+            &[
+                "get_",
+                "weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+            ],
+        );
+        assert_eq!(c.text, "");
+        assert_eq!(c.tool_calls.len(), 1);
+        assert_eq!(c.tool_calls[0].name, "get_weather");
+        assert_eq!(c.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+
+        // A named function: the name (JSON-escaped) is in the lead.
+        let named = ToolChoice::Function("say \"hi\"".into());
+        let lead = ToolFormat::Hermes.forced_lead(&named);
+        assert_eq!(
+            lead.as_deref(),
+            Some("<tool_call>\n{\"name\": \"say \\\"hi\\\"\", \"arguments\": ")
+        );
+        let p = OutputParser::new(false, Some(ToolFormat::Hermes)).with_lead(lead);
+        let c = collect_all(p, &["{}}\n</tool_call>"]);
+        assert_eq!(c.tool_calls.len(), 1);
+        assert_eq!(c.tool_calls[0].name, "say \"hi\"");
+        assert_eq!(c.tool_calls[0].arguments, "{}");
+
+        // GLM.
+        let lead = ToolFormat::Glm.forced_lead(&ToolChoice::Function("f".into()));
+        assert_eq!(lead.as_deref(), Some("<tool_call>f"));
+        let p = OutputParser::new(false, Some(ToolFormat::Glm)).with_lead(lead);
+        let c = collect_all(
+            p,
+            &["<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>"],
+        );
+        assert_eq!(c.tool_calls.len(), 1);
+        assert_eq!(c.tool_calls[0].name, "f");
+        assert_eq!(c.tool_calls[0].arguments, "{\"x\": 1}");
+        assert_eq!(ToolFormat::Glm.forced_lead(&ToolChoice::Auto), None);
     }
 
     #[test]
