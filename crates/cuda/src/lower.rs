@@ -397,10 +397,11 @@ fn typed_gemv(p: &GemvParams, cx: &Ctx) -> Option<Func> {
     Some(cx.k.gemv_typed[t][pair as usize])
 }
 
-fn attn_split_kernel(cx: &Ctx, head_dim: u32) -> Result<Func> {
+/// The attention kernel for `head_dim`: `[for 64, for 128]`.
+fn by_head_dim(head_dim: u32, kernels: [Func; 2]) -> Result<Func> {
     match head_dim {
-        64 => Ok(cx.k.attn_decode_split_64),
-        128 => Ok(cx.k.attn_decode_split_128),
+        64 => Ok(kernels[0]),
+        128 => Ok(kernels[1]),
         d => Err(CudaError::Unsupported(format!(
             "head size {d} (the CUDA attention supports 64 and 128)"
         ))),
@@ -436,7 +437,10 @@ fn decode_attention_kernels(
         .push((n_head_kv * head_dim) as i32)
         .push(scale);
     cmds.push(Cmd::Launch(Launch {
-        f: attn_split_kernel(cx, head_dim)?,
+        f: by_head_dim(
+            head_dim,
+            [cx.k.attn_decode_split_64, cx.k.attn_decode_split_128],
+        )?,
         grid: (n_head_kv, s, 1),
         block: 128,
         smem: 0,
@@ -561,15 +565,10 @@ fn decode_attention_fused(
             "{n_head_kv} KV heads exceed the attention counters"
         )));
     }
-    let f = match head_dim {
-        64 => cx.k.attn_decode_fused_64,
-        128 => cx.k.attn_decode_fused_128,
-        d => {
-            return Err(CudaError::Unsupported(format!(
-                "head size {d} (the CUDA attention supports 64 and 128)"
-            )));
-        }
-    };
+    let f = by_head_dim(
+        head_dim,
+        [cx.k.attn_decode_fused_64, cx.k.attn_decode_fused_128],
+    )?;
     let scale = 1.0f32 / (head_dim as f32).sqrt();
     let mut a = Args::new();
     a.push(q)
@@ -772,15 +771,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
                     cx, cmds, q, k_cache, v_cache, out, n_ctx, n_head, n_head_kv, head_dim,
                 )?;
             } else {
-                let f = match head_dim {
-                    64 => cx.k.attn_prefill_64,
-                    128 => cx.k.attn_prefill_128,
-                    d => {
-                        return Err(CudaError::Unsupported(format!(
-                            "head size {d} (the CUDA attention supports 64 and 128)"
-                        )));
-                    }
-                };
+                let f = by_head_dim(head_dim, [cx.k.attn_prefill_64, cx.k.attn_prefill_128])?;
                 let scale = 1.0f32 / (head_dim as f32).sqrt();
                 let mut a = Args::new();
                 a.push(q)
