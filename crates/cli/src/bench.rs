@@ -340,7 +340,7 @@ fn measure(
     let n_ctx = sizes
         .iter()
         .copied()
-        .fold(args.model.ctx, usize::max)
+        .fold(args.model.n_ctx(lm), usize::max)
         .max(chat.len() + args.decode_tokens + 1);
     let mut fail = |stage: &str, run: Option<usize>, e: anyhow::Error| {
         receipt.push_failure(Failure {

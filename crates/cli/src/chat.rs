@@ -26,7 +26,12 @@ pub struct ChatArgs {
     #[arg(long = "system")]
     pub system: Option<String>,
     /// Most tokens per answer.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 2048)]
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 2048,
+        allow_negative_numbers = true
+    )]
     pub n_predict: usize,
 }
 
@@ -87,7 +92,7 @@ pub fn main(args: ChatArgs) -> Result<()> {
         lm.model.info().architecture,
         lm.model.info().n_layer
     );
-    let mut session = Session::new(lm.model.clone(), args.model.ctx)?;
+    let mut session = Session::new(lm.model.clone(), args.model.n_ctx(&lm))?;
     let mut system = args.system.clone();
     let mut history: Vec<ChatMessage> = Vec::new();
     let mut input = Input::new();
@@ -184,7 +189,7 @@ pub fn main(args: ChatArgs) -> Result<()> {
                 history.pop();
                 eprintln!("error: {e}");
                 if session.reset().is_err() {
-                    session = Session::new(lm.model.clone(), args.model.ctx)?;
+                    session = Session::new(lm.model.clone(), args.model.n_ctx(&lm))?;
                 }
             }
         }

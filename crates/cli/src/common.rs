@@ -20,15 +20,32 @@ pub struct ModelArgs {
     /// GGUF model file (default: the cached default model, smollm2-135m).
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
-    /// Context size in tokens.
-    #[arg(long = "ctx", default_value_t = 4096)]
-    pub ctx: usize,
-    /// CPU threads (default: all cores).
+    /// Context size in tokens (default: 4096, or the model's trained context if smaller;
+    /// at most the trained context).
+    #[arg(long = "ctx")]
+    pub ctx: Option<usize>,
+    /// CPU threads (default or 0: all cores; at most 8 per core).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
     /// Where the model runs.
     #[arg(long = "backend", value_enum, default_value_t = BackendKind::Cpu)]
     pub backend: BackendKind,
+}
+
+/// The default context size (clamped to the model's trained context).
+pub const DEFAULT_CTX: usize = 4096;
+
+impl ModelArgs {
+    /// The context size for `lm`: `--ctx`, else [`DEFAULT_CTX`] or the model's trained
+    /// context if smaller.
+    pub fn n_ctx(&self, lm: &LoadedModel) -> usize {
+        let train = lm.model.info().n_ctx_train;
+        self.ctx.unwrap_or(if train > 0 {
+            DEFAULT_CTX.min(train)
+        } else {
+            DEFAULT_CTX
+        })
+    }
 }
 
 /// The backends a model can run on.
@@ -48,21 +65,41 @@ pub struct Loaded {
 /// Sampling flags, with ds4's defaults (temperature 1, top-p 1, min-p 0.05, top-k off).
 #[derive(Args, Debug, Clone)]
 pub struct SamplingArgs {
-    /// Temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 1.0)]
+    /// Temperature, 0 to 100; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 1.0, allow_negative_numbers = true, value_parser = temperature)]
     pub temp: f32,
     /// Keep the k most likely tokens (0: off).
-    #[arg(long = "top-k", default_value_t = 0)]
+    #[arg(long = "top-k", default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(0..))]
     pub top_k: i32,
-    /// Nucleus sampling threshold (1: off).
-    #[arg(long = "top-p", default_value_t = 1.0)]
+    /// Nucleus sampling threshold, 0 to 1 (as in ds4, 0 and 1 both turn it off).
+    #[arg(long = "top-p", default_value_t = 1.0, allow_negative_numbers = true, value_parser = unit_interval)]
     pub top_p: f32,
-    /// Drop tokens less likely than min-p × the top token's probability.
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    /// Drop tokens less likely than min-p × the top token's probability (0 to 1).
+    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true, value_parser = unit_interval)]
     pub min_p: f32,
-    /// RNG seed (default: from the clock).
-    #[arg(long = "seed")]
+    /// RNG seed, a non-negative integer (default: from the clock).
+    #[arg(long = "seed", allow_negative_numbers = true)]
     pub seed: Option<u64>,
+}
+
+/// A number from 0 to 1 (clap value parser).
+fn unit_interval(s: &str) -> Result<f32, String> {
+    let x: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&x) {
+        Ok(x)
+    } else {
+        Err(format!("must be between 0 and 1, got {s}"))
+    }
+}
+
+/// A temperature from 0 to 100 (clap value parser; the server's range).
+fn temperature(s: &str) -> Result<f32, String> {
+    let x: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=100.0).contains(&x) {
+        Ok(x)
+    } else {
+        Err(format!("must be between 0 and 100, got {s}"))
+    }
 }
 
 impl SamplingArgs {
@@ -98,9 +135,20 @@ pub fn init_tracing(server: bool) {
         .init();
 }
 
-/// Sets rayon's global pool size.
+/// Sets rayon's global pool size: `threads` (0 or `None`: one per core), at most 8 per
+/// core (more only adds switching; a mistyped count could start thousands).
 pub fn init_threads(threads: Option<usize>) -> Result<()> {
-    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let n = match threads {
+        None | Some(0) => cores,
+        Some(n) if n > 8 * cores => {
+            bail!(
+                "--threads {n}: at most {} (8 per core; this machine has {cores})",
+                8 * cores
+            )
+        }
+        Some(n) => n,
+    };
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .build_global()
@@ -134,7 +182,7 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
 /// Loads the model named by `args` on the chosen backend.
 pub fn load_on(args: &ModelArgs) -> Result<Loaded> {
     init_threads(args.threads)?;
-    if args.ctx == 0 {
+    if args.ctx == Some(0) {
         bail!("--ctx must be at least 1");
     }
     let path = model_path(args)?;
@@ -148,7 +196,8 @@ pub fn load_on(args: &ModelArgs) -> Result<Loaded> {
         Some(b) => LoadedModel::open_with(&path, |f, p| ds4_cuda::load_model(b.clone(), f, p)),
     };
     bar.finish_and_clear();
-    let lm = lm.with_context(|| format!("loading {}", path.display()))?;
+    // The loader's errors name the file.
+    let lm = lm.context("loading the model")?;
     Ok(Loaded { lm, cuda })
 }
 

@@ -56,7 +56,7 @@ pub fn main(args: ReplayArgs) -> Result<()> {
     let prefill = args.prefill.unwrap_or(tokens.len()).clamp(1, tokens.len());
     let lm = load(&args.model)?;
     let n_vocab = lm.model.info().n_vocab;
-    let mut session = Session::new(lm.model.clone(), args.model.ctx.max(tokens.len()))?;
+    let mut session = Session::new(lm.model.clone(), args.model.n_ctx(&lm).max(tokens.len()))?;
     let mut logits = session.forward_all(&tokens[..prefill])?;
     for &t in &tokens[prefill..] {
         let row = session.decode(t)?;

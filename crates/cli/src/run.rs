@@ -29,7 +29,12 @@ pub struct RunArgs {
     #[arg(long = "system")]
     pub system: Option<String>,
     /// Most tokens to generate.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 512,
+        allow_negative_numbers = true
+    )]
     pub n_predict: usize,
     /// Use the prompt as raw text, without the chat template.
     #[arg(long = "no-template")]
@@ -67,7 +72,7 @@ pub fn main(args: RunArgs) -> Result<()> {
         messages.push(ChatMessage::new("user", &text));
         lm.chat_prompt(&messages, &RenderOptions::default())?.1
     };
-    let mut session = Session::new(lm.model.clone(), args.model.ctx)?;
+    let mut session = Session::new(lm.model.clone(), args.model.n_ctx(&lm))?;
     let params = GenerateParams {
         max_tokens: args.n_predict,
         sampler: args.sampling.params(),

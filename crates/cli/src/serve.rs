@@ -20,12 +20,13 @@ pub fn main(a: ServeCmd) -> Result<()> {
     let probe = a.probe.start()?;
     set_phase(&probe, "load");
     let lm = load(&a.model)?;
+    let n_ctx = a.model.n_ctx(&lm);
     set_phase(&probe, "idle");
     let hook = probe.as_ref().map(|p| p.phase_hook());
     let served = ds4_http::serve_with(
         a.server,
         lm,
-        a.model.ctx,
+        n_ctx,
         |addr| {
             eprintln!(
                 "serving on http://{addr} (OpenAI base URL http://{addr}/v1, Anthropic http://{addr})"

@@ -27,6 +27,10 @@ pub enum EngineError {
         "the prompt needs {needed} tokens but the context holds {n_ctx} (raise --ctx or shorten the prompt)"
     )]
     ContextFull { needed: usize, n_ctx: usize },
+    #[error(
+        "a context of {n_ctx} tokens is not possible: the model was trained for {n_ctx_train} (use 1 to {n_ctx_train})"
+    )]
+    ContextSize { n_ctx: usize, n_ctx_train: usize },
     #[error("token id {id} is outside the vocabulary (n_vocab = {n_vocab})")]
     BadToken { id: u32, n_vocab: usize },
     #[error("cannot rewind to {target} tokens: {reason}")]

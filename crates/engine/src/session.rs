@@ -49,7 +49,18 @@ pub struct SyncStats {
 
 impl Session {
     /// A new empty session holding up to `n_ctx` tokens.
+    ///
+    /// Errors: `n_ctx` is 0 or larger than the context the model was trained for
+    /// (`ModelInfo::n_ctx_train`; positions past it are not modelled, and the cache is
+    /// checked before it is allocated, so a mistyped `--ctx` cannot exhaust memory).
     pub fn new(model: Arc<dyn Model>, n_ctx: usize) -> Result<Self> {
+        let train = model.info().n_ctx_train;
+        if n_ctx == 0 || (train > 0 && n_ctx > train) {
+            return Err(EngineError::ContextSize {
+                n_ctx,
+                n_ctx_train: train,
+            });
+        }
         let cache = model.new_cache(n_ctx)?;
         Ok(Session {
             model,

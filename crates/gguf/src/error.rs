@@ -13,11 +13,12 @@ use crate::GgmlType;
 #[non_exhaustive]
 pub enum GgufError {
     /// Opening, mapping or writing the file failed.
-    #[error("{file}: {source}")]
+    #[error("{file}: {error}")]
     Io {
         file: String,
-        #[source]
-        source: std::io::Error,
+        /// Shown in the message (not as a separate `source`, which would print it twice
+        /// in an error chain).
+        error: std::io::Error,
     },
     /// The file ends before a field that the format requires.
     #[error(

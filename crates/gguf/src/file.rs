@@ -61,12 +61,19 @@ impl GgufFile {
     pub fn open(path: &Path) -> Result<Self, GgufError> {
         let label = path.display().to_string();
         let _span = tracing::debug_span!("gguf_open", file = %label).entered();
-        let io = |source| GgufError::Io {
+        let io = |error| GgufError::Io {
             file: label.clone(),
-            source,
+            error,
         };
         let file = std::fs::File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
+        let meta = file.metadata().map_err(io)?;
+        if meta.is_dir() {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "is a directory, not a GGUF file",
+            )));
+        }
+        let len = meta.len();
         let bytes = if len == 0 {
             Bytes::owned(&[])
         } else {

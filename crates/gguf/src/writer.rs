@@ -189,9 +189,9 @@ impl GgufWriter {
     /// Errors: [`GgufError::Io`] naming `path`.
     pub fn write_file(&self, path: &Path) -> Result<(), GgufError> {
         let label = path.display().to_string();
-        let io = |source| GgufError::Io {
+        let io = |error| GgufError::Io {
             file: label.clone(),
-            source,
+            error,
         };
         let file = std::fs::File::create(path).map_err(io)?;
         let mut buffered = std::io::BufWriter::new(file);
@@ -205,9 +205,9 @@ impl GgufWriter {
             inner: out,
             written: 0,
         };
-        self.write_all(&mut out).map_err(|source| GgufError::Io {
+        self.write_all(&mut out).map_err(|error| GgufError::Io {
             file: label.to_owned(),
-            source,
+            error,
         })?;
         Ok(out.written)
     }

@@ -43,6 +43,7 @@ pub fn chat_prompt(
     conv: &Conversation,
     tool_format: ToolFormat,
 ) -> Result<PromptPlan, ApiError> {
+    check_tool_choice(conv)?;
     let offer_tools = !conv.tools.is_empty() && conv.tool_choice != ToolChoice::None;
     let tools: &[serde_json::Value] = if offer_tools { &conv.tools } else { &[] };
     let text = if vocab.template_supports_tools() {
@@ -110,6 +111,23 @@ pub fn chat_prompt(
         tool_format: offer_tools.then_some(tool_format),
         lead,
     })
+}
+
+/// A forced call needs tools, and a named one a tool of that name (400 otherwise, as
+/// the OpenAI and Anthropic APIs answer).
+fn check_tool_choice(conv: &Conversation) -> Result<(), ApiError> {
+    match &conv.tool_choice {
+        ToolChoice::Required | ToolChoice::Function(_) if conv.tools.is_empty() => Err(
+            ApiError::invalid_field("tool_choice", "forcing a tool call needs `tools`"),
+        ),
+        ToolChoice::Function(name) if !conv.tools.iter().any(|t| tool_name(t) == Some(name)) => {
+            Err(ApiError::invalid_field(
+                "tool_choice",
+                format!("names the function '{name}', which is not among the tools"),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The name of an OpenAI function definition (`{"type": "function", "function": {"name"}}`).

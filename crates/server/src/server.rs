@@ -29,10 +29,11 @@ use crate::worker::Worker;
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {error}")]
     Bind {
         addr: String,
-        source: std::io::Error,
+        /// In the message, not a separate `source` (an error chain would repeat it).
+        error: std::io::Error,
     },
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
@@ -128,9 +129,9 @@ pub async fn start(
     let addr = format!("{}:{}", config.host, config.port);
     let listener = TcpListener::bind(&addr)
         .await
-        .map_err(|source| ServeError::Bind {
+        .map_err(|error| ServeError::Bind {
             addr: addr.clone(),
-            source,
+            error,
         })?;
     let local = listener.local_addr()?;
     let metrics = Arc::new(Metrics::new());
@@ -195,6 +196,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .nest("/v1", api.clone())
         .merge(api)
         .fallback(not_found)
+        .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn_with_state(state.clone(), observe));
     if state.config.cors {
@@ -205,6 +207,11 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
     ApiError::route_not_found(method.as_str(), uri.path())
+        .into_response_as(Flavor::of_path(uri.path()))
+}
+
+async fn wrong_method(method: Method, uri: axum::http::Uri) -> Response {
+    ApiError::method_not_allowed(method.as_str(), uri.path())
         .into_response_as(Flavor::of_path(uri.path()))
 }
 

@@ -108,6 +108,16 @@ async fn malformed_and_mistyped_requests() {
         ),
         (json!({"messages": []}), "messages"),
         (json!({"model": "gpt-4"}), "messages"),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}],
+                   "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}],
+                   "tool_choice": {"type": "function", "function": {"name": "zzz"}}}),
+            "tool_choice",
+        ),
     ];
     for (body, param) in cases {
         let (status, _, v) = post(&chat_url, &body).await;
@@ -157,6 +167,24 @@ async fn unknown_models_and_routes() {
     let (status, _, v) = post(&format!("{base}/v1/nope"), &json!({})).await;
     assert_eq!(status, 404);
     assert_openai_error(&v);
+    // A known route with the wrong method: 405 in the API's error shape.
+    let (status, _, v) = post(&format!("{base}/v1/models"), &json!({})).await;
+    assert_eq!(status, 405);
+    assert_openai_error(&v);
+    let r = client()
+        .get(format!("{base}/chat/completions"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    assert_openai_error(&r.json().await.unwrap());
+    let r = client()
+        .get(format!("{base}/v1/messages"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    assert_anthropic_error(&r.json().await.unwrap(), "invalid_request_error");
     let v = get_json(&format!("{base}/v1/models")).await;
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "fake-model");

@@ -272,7 +272,10 @@ fn conversation(
     // Warm-up: its own session, dropped afterwards.
     let warm = [ChatMessage::new("user", WARMUP_PROMPT)];
     let (_, prompt) = lm.chat_prompt(&warm, &render_options())?;
-    let mut session = Session::new(lm.model.clone(), args.model.ctx.max(prompt.len() + 64))?;
+    let mut session = Session::new(
+        lm.model.clone(),
+        args.model.n_ctx(lm).max(prompt.len() + 64),
+    )?;
     let params = GenerateParams {
         max_tokens: WARMUP_MAX_TOKENS.min(args.max_tokens),
         sampler: args.sampler(),
@@ -310,7 +313,7 @@ fn conversation(
             None => session.insert(Session::new(
                 lm.model.clone(),
                 args.model
-                    .ctx
+                    .n_ctx(lm)
                     .max(prompt.len() + TURNS.len() * (args.max_tokens + 128)),
             )?),
         };

@@ -46,7 +46,7 @@ pub struct MessageIn {
 
 /// Content: a string or a list of blocks.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or a list of content blocks")]
 pub enum ContentIn {
     Text(String),
     Blocks(Vec<Value>),
@@ -54,7 +54,7 @@ pub enum ContentIn {
 
 /// `system`: a string or a list of text blocks.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or a list of text blocks")]
 pub enum SystemIn {
     Text(String),
     Blocks(Vec<Value>),

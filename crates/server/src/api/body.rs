@@ -103,12 +103,7 @@ fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiEr
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
-        let inner = inner
-            .replace(
-                "data did not match any variant of untagged enum",
-                "the value has the wrong type for",
-            )
-            .replace("missing field", "missing required field");
+        let inner = inner.replace("missing field", "missing required field");
         if path == "." {
             ApiError::bad_request(format!("invalid request: {inner}"))
         } else {

@@ -38,7 +38,7 @@ pub struct Conversation {
 
 /// An integer seed: any JSON integer (negative ones wrap).
 #[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected an integer")]
 pub enum SeedIn {
     Unsigned(u64),
     Signed(i64),
@@ -55,7 +55,7 @@ impl SeedIn {
 
 /// `stop`: one string or a list.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or a list of strings")]
 pub enum StopIn {
     One(String),
     Many(Vec<String>),

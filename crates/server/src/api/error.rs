@@ -92,6 +92,15 @@ impl ApiError {
         )
     }
 
+    /// 405: a known route asked with another method.
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::InvalidRequest,
+            format!("{path} does not take {method}"),
+        )
+    }
+
     /// 413.
     pub fn too_large(limit: usize) -> Self {
         let mut e = Self::new(

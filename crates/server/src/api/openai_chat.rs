@@ -57,7 +57,7 @@ pub struct MessageIn {
 
 /// Content: a string or a list of parts.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or a list of content parts")]
 pub enum ContentIn {
     Text(String),
     Parts(Vec<PartIn>),

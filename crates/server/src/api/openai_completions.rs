@@ -39,7 +39,10 @@ pub struct CompletionRequest {
 
 /// `prompt`: text, token ids, or a batch of one of either.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a string, a list of token ids, or a list of one of either"
+)]
 pub enum PromptIn {
     Text(String),
     Tokens(Vec<u32>),

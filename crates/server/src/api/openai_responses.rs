@@ -49,7 +49,7 @@ pub struct ReasoningIn {
 
 /// `input`: text or a list of items.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or a list of input items")]
 pub enum InputIn {
     Text(String),
     Items(Vec<Value>),
