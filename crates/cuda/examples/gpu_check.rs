@@ -402,7 +402,7 @@ fn bench(args: &[String]) -> Res<()> {
         backend.set_pdl(true);
     }
     for &n in &o.prefill {
-        if n > info.n_ctx_train.max(4096) {
+        if n > info.n_ctx_train {
             continue;
         }
         let toks = test_tokens(n, info.n_vocab, 2);
