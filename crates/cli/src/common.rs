@@ -82,24 +82,22 @@ pub struct SamplingArgs {
     pub seed: Option<u64>,
 }
 
-/// A number from 0 to 1 (clap value parser).
-fn unit_interval(s: &str) -> Result<f32, String> {
+/// `s` as a number from `lo` to `hi` (the server's ranges), for clap value parsers.
+fn in_range(s: &str, lo: f32, hi: f32) -> Result<f32, String> {
     let x: f32 = s.parse().map_err(|e| format!("{e}"))?;
-    if (0.0..=1.0).contains(&x) {
+    if (lo..=hi).contains(&x) {
         Ok(x)
     } else {
-        Err(format!("must be between 0 and 1, got {s}"))
+        Err(format!("must be between {lo} and {hi}, got {s}"))
     }
 }
 
-/// A temperature from 0 to 100 (clap value parser; the server's range).
+fn unit_interval(s: &str) -> Result<f32, String> {
+    in_range(s, 0.0, 1.0)
+}
+
 fn temperature(s: &str) -> Result<f32, String> {
-    let x: f32 = s.parse().map_err(|e| format!("{e}"))?;
-    if (0.0..=100.0).contains(&x) {
-        Ok(x)
-    } else {
-        Err(format!("must be between 0 and 100, got {s}"))
-    }
+    in_range(s, 0.0, 100.0)
 }
 
 impl SamplingArgs {
