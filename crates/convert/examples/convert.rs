@@ -16,24 +16,7 @@ struct Cli {
 fn main() {
     let cli = Cli::parse();
     match ds4_convert::run(&cli.args) {
-        Ok(r) => {
-            eprintln!(
-                "wrote {} ({} tensors, {:.1} MiB of data)",
-                cli.args.output.display(),
-                r.tensors,
-                r.bytes as f64 / 1048576.0
-            );
-            for (name, want, got) in &r.fallbacks {
-                eprintln!("  {name}: {got} instead of {want} (rows are not whole {want} blocks)");
-            }
-            if !r.unused.is_empty() {
-                eprintln!(
-                    "  {} checkpoint tensors unused, e.g. {}",
-                    r.unused.len(),
-                    r.unused[0]
-                );
-            }
-        }
+        Ok(r) => eprint!("{}", r.summary(&cli.args.output)),
         Err(e) => {
             eprintln!("error: {e}");
             std::process::exit(1);

@@ -59,6 +59,30 @@ pub struct ConvertReport {
     pub unused: Vec<String>,
 }
 
+impl ConvertReport {
+    /// What a user is told after writing `output`: the totals, then one line per
+    /// fallback and one for unused checkpoint tensors (lines end with `\n`).
+    pub fn summary(&self, output: &std::path::Path) -> String {
+        let mut s = format!(
+            "wrote {} ({} tensors, {:.1} MB of tensor data)\n",
+            output.display(),
+            self.tensors,
+            self.bytes as f64 / 1e6
+        );
+        for (name, asked, written) in &self.fallbacks {
+            s += &format!("  {name}: written as {written} (rows are not whole {asked} blocks)\n");
+        }
+        if !self.unused.is_empty() {
+            s += &format!(
+                "  {} checkpoint tensors were not used: {}\n",
+                self.unused.len(),
+                self.unused.join(", ")
+            );
+        }
+        s
+    }
+}
+
 /// `ds4-server convert`: checkpoint directory (or a synthetic model) to GGUF.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConvertArgs {

@@ -46,7 +46,7 @@ pub fn chat_prompt(
     check_tool_choice(conv)?;
     let offer_tools = !conv.tools.is_empty() && conv.tool_choice != ToolChoice::None;
     let tools: &[serde_json::Value] = if offer_tools { &conv.tools } else { &[] };
-    let text = if vocab.template_supports_tools() {
+    let mut text = if vocab.template_supports_tools() {
         let req = RenderRequest {
             messages: &conv.messages,
             tools,
@@ -99,7 +99,6 @@ pub fn chat_prompt(
         .then(|| tool_format.forced_lead(&choice))
         .flatten()
         .filter(|_| !starts_in_reasoning);
-    let mut text = text;
     if let Some(l) = &lead {
         text.push_str(l);
     }
