@@ -10,6 +10,7 @@ use std::sync::Arc;
 use common::*;
 use ds4_convert::source::{MemorySource, SafetensorsDir, TensorSource};
 use ds4_convert::{Options, OutType, TextConfig};
+use ds4_engine::backend::cpu::CpuBackend;
 use ds4_engine::families::glm5_next::Glm5Next;
 use ds4_gguf::{GgufFile, GgufWriter, Value};
 
@@ -19,8 +20,8 @@ fn rewritten(
     meta: impl Fn(&mut GgufWriter),
     drop: &[&str],
     edit: impl Fn(&str, &mut Vec<u8>),
-) -> Option<Result<Glm5Next, String>> {
-    let dir = fixture("lowerbound_sparse_f32")?;
+) -> Option<Result<Glm5Next<CpuBackend>, String>> {
+    let dir = fixture("lowerbound_sparse_f32");
     let src = GgufFile::from_bytes(gguf_bytes(&dir, OutType::F32, None)).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in src.metadata().iter() {
@@ -37,10 +38,11 @@ fn rewritten(
             .unwrap();
     }
     let f = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
-    Some(Glm5Next::load(&f, "bad".into()).map_err(|e| e.to_string()))
+    let b = Arc::new(CpuBackend::new(1).unwrap());
+    Some(Glm5Next::load(b, &f, "bad".into()).map_err(|e| e.to_string()))
 }
 
-fn expect_err(r: Option<Result<Glm5Next, String>>, needles: &[&str]) {
+fn expect_err(r: Option<Result<Glm5Next<CpuBackend>, String>>, needles: &[&str]) {
     let Some(r) = r else { return };
     let e = r.err().expect("loading must fail");
     for n in needles {
@@ -94,9 +96,7 @@ fn shared_indexer_after_kda_is_rejected() {
         &["layer 4", "shared", "layer 3 is a KDA layer", "cannot run"],
     );
     // The converter refuses the same layout in config.json.
-    let Some(dir) = fixture("lowerbound_sparse_f32") else {
-        return;
-    };
+    let dir = fixture("lowerbound_sparse_f32");
     let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
     let bad = text.replacen(
         "\"full\",\n      \"full\"\n    ]",
@@ -148,9 +148,7 @@ fn ssm_a_sign_convention_is_checked() {
 
 #[test]
 fn converter_names_missing_and_misshaped_checkpoint_tensors() {
-    let Some(dir) = fixture("lowerbound_sparse_f32") else {
-        return;
-    };
+    let dir = fixture("lowerbound_sparse_f32");
     let cfg =
         TextConfig::parse(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     let st = SafetensorsDir::open(&dir).unwrap();

@@ -22,6 +22,7 @@ use ds4_cuda::bench::{DecodeFigures, copy_bandwidth, median};
 use ds4_cuda::parity::{Report, argmax, compare, test_tokens};
 use ds4_cuda::synth::{Spec, generate, write_gguf};
 use ds4_cuda::{CudaBackend, load_model, load_synthetic};
+use ds4_engine::backend::Prec;
 use ds4_engine::{Model, Session};
 use ds4_gguf::GgufFile;
 
@@ -566,17 +567,17 @@ fn gemv_bench() -> Res<()> {
     {
         b.set_gemv_typed(typed);
         let w = b.synthetic_matrix("bench.weight", rows, cols, ty, 1)?;
-        let x = b.buf(cols);
-        let mut out = b.buf(rows);
+        let x = b.buf(cols)?;
+        let mut out = b.buf(rows)?;
         let mut v = Vec::new();
         for i in 0..21 {
             if i == 1 {
                 b.take_profile();
             }
-            b.step(&[0], 0);
-            b.matmul(&w, None, &x, 1, &mut out);
+            b.step(&[0], 0)?;
+            b.matmul(&w, None, &x, 1, Prec::Ggml, &mut out)?;
             v.clear();
-            b.read(&out, 0, 1, &mut v);
+            b.read(&out, 0, 1, &mut v)?;
         }
         let p = b.take_profile();
         let r = &p[0];

@@ -7,16 +7,23 @@
 //! directly, with cuBLAS for the matrix products. Nothing synchronizes with the host
 //! inside a step; `read` waits for the copy of the requested values only.
 //!
-//! The `Backend` trait's operations cannot return errors, so a failing device call
-//! inside them panics with the driver's message (device failures are not recoverable
-//! within a context anyway); loading returns errors normally.
+//! Every operation returns errors (a failed allocation names the memory it needed and
+//! the memory free); operations of the MoE families this backend does not implement yet
+//! are reported by [`Backend::lacks`] at load time and as
+//! [`EngineError::Unsupported`] if called.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
-use ds4_engine::backend::{AttnShape, Backend, Rope};
+use std::ops::Range;
+
+use ds4_engine::backend::{
+    AttnShape, Backend, Buffers, CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaShape,
+    DeltaState, DeltaWeights, Experts, HcShape, HcWeights, MlaShape, Prec, Rope, Routing,
+    SelectShape, SinkAttnShape,
+};
 use ds4_engine::{EngineError, Result as EngineResult};
 use ds4_gguf::{GgufFile, TensorInfo};
 
@@ -139,10 +146,6 @@ pub struct CudaBackend {
     profile: AtomicBool,
     prefetch: AtomicU32,
     gemv_typed: AtomicBool,
-}
-
-fn fail(e: CudaError) -> ! {
-    panic!("CUDA backend: {e}")
 }
 
 fn engine_err(e: CudaError) -> EngineError {
@@ -563,24 +566,81 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn buf_of(&self, b: &CudaBuf, len: usize, what: &str) -> DPtr {
-        assert!(
-            len <= b.len,
-            "{what}: {len} values requested from a buffer of {}",
-            b.len
-        );
-        b.ptr()
+    fn buf_of(&self, b: &CudaBuf, len: usize, what: &str) -> EngineResult<DPtr> {
+        if len > b.len {
+            return Err(EngineError::Backend(format!(
+                "{what}: {len} values requested from a buffer of {}",
+                b.len
+            )));
+        }
+        Ok(b.ptr())
     }
+
+    /// Device memory of `bytes`, or an out-of-memory error naming `what` and the free
+    /// memory.
+    fn alloc(&self, bytes: usize, what: &str) -> EngineResult<DevMem> {
+        self.gpu
+            .alloc(bytes)
+            .map_err(|e| match self.gpu.mem_info() {
+                Ok((free, _)) if bytes > free => EngineError::OutOfMemory {
+                    what: what.to_string(),
+                    needed: bytes as u64,
+                    available: Some(free as u64),
+                },
+                _ => engine_err(e),
+            })
+    }
+
+    fn flush_this_thread(&self) -> EngineResult<()> {
+        let tid = std::thread::current().id();
+        let mut st = self.lock();
+        self.flush(&mut st, tid).map_err(engine_err)
+    }
+}
+
+/// The operations this backend implements (in ggml's arithmetic), by their trait names.
+const IMPLEMENTED: &[&str] = &[
+    "embed",
+    "rms_norm",
+    "matmul",
+    "rope",
+    "attention",
+    "swiglu",
+    "add",
+    "copy",
+    "read",
+];
+
+fn unsupported(what: &str) -> EngineError {
+    EngineError::Unsupported {
+        backend: "cuda",
+        what: format!("the operation `{what}`"),
+    }
+}
+
+impl Buffers for CudaBackend {
+    type Buf = CudaBuf;
+    type Ids = CudaBuf;
 }
 
 impl Backend for CudaBackend {
     type Weight = CudaWeight;
-    type Buf = CudaBuf;
     type Kv = CudaKv;
     type Step = CudaStep;
 
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn memory_available(&self) -> Option<u64> {
+        self.gpu.mem_info().ok().map(|(free, _)| free as u64)
+    }
+
+    fn lacks(&self, ops: &[&'static str], p: Prec) -> Vec<&'static str> {
+        ops.iter()
+            .copied()
+            .filter(|o| p != Prec::Ggml || !IMPLEMENTED.contains(o))
+            .collect()
     }
 
     fn weight(&self, file: &Arc<GgufFile>, info: &TensorInfo) -> EngineResult<CudaWeight> {
@@ -598,34 +658,41 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn buf(&self, len: usize) -> CudaBuf {
-        let mem = self.gpu.alloc(len * 4).unwrap_or_else(|e| fail(e));
-        CudaBuf {
-            mem: Arc::new(mem),
-            len,
-        }
+    fn weight_f32(&self, name: &str, _dims: &[usize], _values: &[f32]) -> EngineResult<CudaWeight> {
+        Err(EngineError::Unsupported {
+            backend: "cuda",
+            what: format!("weights re-laid-out at load time ('{name}')"),
+        })
     }
 
-    fn kv(&self, n_layer: usize, n_ctx: usize, kv_dim: usize) -> CudaKv {
+    fn buf(&self, len: usize) -> EngineResult<CudaBuf> {
+        let mem = self.alloc(len * 4, "an activation buffer")?;
+        Ok(CudaBuf {
+            mem: Arc::new(mem),
+            len,
+        })
+    }
+
+    fn ids(&self, len: usize) -> EngineResult<CudaBuf> {
+        self.buf(len)
+    }
+
+    fn kv(&self, n_layer: usize, n_ctx: usize, kv_dim: usize) -> EngineResult<CudaKv> {
         let bytes = n_layer * n_ctx * kv_dim * 2;
-        let k = self.gpu.alloc(bytes).unwrap_or_else(|e| fail(e));
-        let v = self.gpu.alloc(bytes).unwrap_or_else(|e| fail(e));
-        CudaKv {
+        let k = self.alloc(bytes, "the K cache")?;
+        let v = self.alloc(bytes, "the V cache")?;
+        Ok(CudaKv {
             k: Arc::new(k),
             v: Arc::new(v),
             n_ctx,
             kv_dim,
             n_layer,
-        }
+        })
     }
 
-    fn kv_snapshot(&self, kv: &CudaKv, len: usize) -> CudaKv {
-        {
-            let tid = std::thread::current().id();
-            let mut st = self.lock();
-            self.flush(&mut st, tid).unwrap_or_else(|e| fail(e));
-        }
-        let out = self.kv(kv.n_layer, kv.n_ctx, kv.kv_dim);
+    fn kv_snapshot(&self, kv: &CudaKv, len: usize) -> EngineResult<CudaKv> {
+        self.flush_this_thread()?;
+        let out = self.kv(kv.n_layer, kv.n_ctx, kv.kv_dim)?;
         let (lb, used) = (
             kv.layer_bytes() as u64,
             (len * kv.kv_dim * 2).min(kv.layer_bytes()),
@@ -633,18 +700,18 @@ impl Backend for CudaBackend {
         for l in 0..kv.n_layer as u64 {
             self.gpu
                 .dtod(out.k.ptr() + l * lb, kv.k.ptr() + l * lb, used)
-                .unwrap_or_else(|e| fail(e));
+                .map_err(engine_err)?;
             self.gpu
                 .dtod(out.v.ptr() + l * lb, kv.v.ptr() + l * lb, used)
-                .unwrap_or_else(|e| fail(e));
+                .map_err(engine_err)?;
         }
-        out
+        Ok(out)
     }
 
-    fn step(&self, tokens: &[u32], pos0: usize) -> CudaStep {
+    fn step(&self, tokens: &[u32], pos0: usize) -> EngineResult<CudaStep> {
         let tid = std::thread::current().id();
         let mut st = self.lock();
-        self.flush(&mut st, tid).unwrap_or_else(|e| fail(e));
+        self.flush(&mut st, tid).map_err(engine_err)?;
         let bytes = step_bytes(tokens, pos0);
         let need = bytes.len().next_multiple_of(4096);
         if st
@@ -652,11 +719,11 @@ impl Backend for CudaBackend {
             .get(&tid)
             .is_none_or(|m| m.bytes() < bytes.len())
         {
-            let m = self.gpu.alloc(need).unwrap_or_else(|e| fail(e));
+            let m = self.alloc(need, "the step inputs")?;
             st.step_bufs.insert(tid, m);
         }
         let ptr = st.step_bufs[&tid].ptr();
-        self.gpu.htod(ptr, &bytes).unwrap_or_else(|e| fail(e));
+        self.gpu.htod(ptr, &bytes).map_err(engine_err)?;
         st.recs.insert(
             tid,
             Recording {
@@ -666,21 +733,49 @@ impl Backend for CudaBackend {
                 keep: Vec::new(),
             },
         );
-        CudaStep {
+        Ok(CudaStep {
             n_tok: tokens.len(),
+        })
+    }
+
+    fn embed(
+        &self,
+        step: &CudaStep,
+        table: &CudaWeight,
+        streams: usize,
+        _p: Prec,
+        out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        if streams != 1 {
+            return Err(unsupported("embed into hyper-connection streams"));
         }
-    }
-
-    fn embed(&self, step: &CudaStep, table: &CudaWeight, out: &mut CudaBuf) {
         let (tm, m) = table.mat();
-        let o = self.buf_of(out, step.n_tok * m.cols as usize, "embed");
+        let o = self.buf_of(out, step.n_tok * m.cols as usize, "embed")?;
         self.record(Op::Embed { table: m, out: o }, &[tm, &out.mem]);
+        Ok(())
     }
 
-    fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, rows: usize, out: &mut CudaBuf) {
+    fn rms_norm(
+        &self,
+        x: &CudaBuf,
+        w: Option<&CudaWeight>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+        p: Prec,
+        out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        let (Some(w), Prec::Ggml) = (w, p) else {
+            return Err(unsupported("rms_norm in the reference's arithmetic"));
+        };
         let (wm, n) = w.vec();
-        let xp = self.buf_of(x, rows * n, "rms_norm");
-        let op = self.buf_of(out, rows * n, "rms_norm");
+        if n != cols {
+            return Err(EngineError::Backend(format!(
+                "rms_norm: a weight of {n} for rows of {cols}"
+            )));
+        }
+        let xp = self.buf_of(x, rows * n, "rms_norm")?;
+        let op = self.buf_of(out, rows * n, "rms_norm")?;
         self.record(
             Op::RmsNorm {
                 x: xp,
@@ -692,6 +787,7 @@ impl Backend for CudaBackend {
             },
             &[&x.mem, wm, &out.mem],
         );
+        Ok(())
     }
 
     fn matmul(
@@ -700,11 +796,15 @@ impl Backend for CudaBackend {
         bias: Option<&CudaWeight>,
         x: &CudaBuf,
         rows: usize,
+        p: Prec,
         out: &mut CudaBuf,
-    ) {
+    ) -> EngineResult<()> {
+        if p != Prec::Ggml {
+            return Err(unsupported("matmul in the reference's arithmetic"));
+        }
         let (wm, m) = w.mat();
-        let xp = self.buf_of(x, rows * m.cols as usize, "matmul input");
-        let op = self.buf_of(out, rows * m.rows as usize, "matmul output");
+        let xp = self.buf_of(x, rows * m.cols as usize, "matmul input")?;
+        let op = self.buf_of(out, rows * m.rows as usize, "matmul output")?;
         let b = bias.map(|b| b.vec());
         let mut keep = vec![wm, &x.mem, &out.mem];
         if let Some((bm, _)) = b {
@@ -720,10 +820,22 @@ impl Backend for CudaBackend {
             },
             &keep,
         );
+        Ok(())
     }
 
-    fn rope(&self, step: &CudaStep, rope: &Rope, n_head: usize, head_dim: usize, x: &mut CudaBuf) {
-        let xp = self.buf_of(x, step.n_tok * n_head * head_dim, "rope");
+    fn rope(
+        &self,
+        step: &CudaStep,
+        rope: &Rope,
+        n_head: usize,
+        head_dim: usize,
+        p: Prec,
+        x: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        if p != Prec::Ggml || rope.trailing || rope.yarn.is_some() || rope.inverse {
+            return Err(unsupported("rope in the reference's arithmetic"));
+        }
+        let xp = self.buf_of(x, step.n_tok * n_head * head_dim, "rope")?;
         // theta_scale as the CPU backend computes it.
         let theta_scale = rope.freq_base.powf(-2.0 / rope.n_dims as f32);
         let r = RopeArgs {
@@ -740,6 +852,7 @@ impl Backend for CudaBackend {
             },
             &[&x.mem],
         );
+        Ok(())
     }
 
     fn attention(
@@ -752,8 +865,11 @@ impl Backend for CudaBackend {
         k: &CudaBuf,
         v: &CudaBuf,
         out: &mut CudaBuf,
-    ) {
+    ) -> EngineResult<()> {
         let n = step.n_tok;
+        if layer >= kv.n_layer {
+            return Err(EngineError::Backend(format!("attention: no layer {layer}")));
+        }
         let off = (layer * kv.layer_bytes()) as u64;
         let op = Op::Attention {
             k_cache: kv.k.ptr() + off,
@@ -762,36 +878,60 @@ impl Backend for CudaBackend {
             n_head: shape.n_head as u32,
             n_head_kv: shape.n_head_kv as u32,
             head_dim: shape.head_dim as u32,
-            q: self.buf_of(q, n * shape.n_head * shape.head_dim, "attention q"),
-            k: self.buf_of(k, n * kv.kv_dim, "attention k"),
-            v: self.buf_of(v, n * kv.kv_dim, "attention v"),
-            out: self.buf_of(out, n * shape.n_head * shape.head_dim, "attention out"),
+            q: self.buf_of(q, n * shape.n_head * shape.head_dim, "attention q")?,
+            k: self.buf_of(k, n * kv.kv_dim, "attention k")?,
+            v: self.buf_of(v, n * kv.kv_dim, "attention v")?,
+            out: self.buf_of(out, n * shape.n_head * shape.head_dim, "attention out")?,
         };
         self.record(op, &[&kv.k, &kv.v, &q.mem, &k.mem, &v.mem, &out.mem]);
+        Ok(())
     }
 
-    fn swiglu(&self, gate: &CudaBuf, up: &CudaBuf, len: usize, out: &mut CudaBuf) {
+    fn swiglu(
+        &self,
+        gate: &CudaBuf,
+        up: &CudaBuf,
+        len: usize,
+        limit: Option<f32>,
+        p: Prec,
+        out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        if p != Prec::Ggml || limit.is_some() {
+            return Err(unsupported("swiglu in the reference's arithmetic"));
+        }
         let op = Op::Swiglu {
-            gate: self.buf_of(gate, len, "swiglu"),
-            up: self.buf_of(up, len, "swiglu"),
+            gate: self.buf_of(gate, len, "swiglu")?,
+            up: self.buf_of(up, len, "swiglu")?,
             len: len as u32,
-            out: self.buf_of(out, len, "swiglu"),
+            out: self.buf_of(out, len, "swiglu")?,
         };
         self.record(op, &[&gate.mem, &up.mem, &out.mem]);
+        Ok(())
     }
 
-    fn add(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize) {
+    fn add(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize, p: Prec) -> EngineResult<()> {
+        if p == Prec::Bf16 {
+            return Err(unsupported("add with bf16 rounding"));
+        }
         let op = Op::Add {
-            x: self.buf_of(x, len, "add"),
-            y: self.buf_of(y, len, "add"),
+            x: self.buf_of(x, len, "add")?,
+            y: self.buf_of(y, len, "add")?,
             len: len as u32,
         };
         self.record(op, &[&x.mem, &y.mem]);
+        Ok(())
     }
 
-    fn copy(&self, src: &CudaBuf, src_off: usize, dst: &mut CudaBuf, dst_off: usize, len: usize) {
-        let s = self.buf_of(src, src_off + len, "copy") + 4 * src_off as u64;
-        let d = self.buf_of(dst, dst_off + len, "copy") + 4 * dst_off as u64;
+    fn copy(
+        &self,
+        src: &CudaBuf,
+        src_off: usize,
+        dst: &mut CudaBuf,
+        dst_off: usize,
+        len: usize,
+    ) -> EngineResult<()> {
+        let s = self.buf_of(src, src_off + len, "copy")? + 4 * src_off as u64;
+        let d = self.buf_of(dst, dst_off + len, "copy")? + 4 * dst_off as u64;
         self.record(
             Op::Copy {
                 src: s,
@@ -800,19 +940,20 @@ impl Backend for CudaBackend {
             },
             &[&src.mem, &dst.mem],
         );
+        Ok(())
     }
 
-    fn read(&self, buf: &CudaBuf, off: usize, len: usize, out: &mut Vec<f32>) {
-        let p = self.buf_of(buf, off + len, "read") + 4 * off as u64;
+    fn read(&self, buf: &CudaBuf, off: usize, len: usize, out: &mut Vec<f32>) -> EngineResult<()> {
+        let p = self.buf_of(buf, off + len, "read")? + 4 * off as u64;
         let tid = std::thread::current().id();
         let mut st = self.lock();
-        self.flush(&mut st, tid).unwrap_or_else(|e| fail(e));
+        self.flush(&mut st, tid).map_err(engine_err)?;
         let bytes = len * 4;
         if st.pinned.as_ref().is_none_or(|h| h.bytes < bytes) {
             st.pinned = None;
             // SAFETY: a plain page-locked allocation, freed by `Pinned::drop`.
             let ptr = unsafe { cudarc::driver::result::malloc_host(bytes.max(1 << 20), 0) }
-                .unwrap_or_else(|e| fail(CudaError::driver("cuMemAllocHost", e)));
+                .map_err(|e| engine_err(CudaError::driver("cuMemAllocHost", e)))?;
             st.pinned = Some(Pinned {
                 ptr: ptr as *mut u8,
                 bytes: bytes.max(1 << 20),
@@ -822,7 +963,7 @@ impl Backend for CudaBackend {
         // SAFETY: the pinned buffer holds at least `bytes` bytes and nothing else uses it
         // while the state lock is held.
         let host = unsafe { std::slice::from_raw_parts_mut(h.ptr, bytes) };
-        self.gpu.dtoh(host, p).unwrap_or_else(|e| fail(e));
+        self.gpu.dtoh(host, p).map_err(engine_err)?;
         Self::read_graph_timing(&mut st);
         let start = out.len();
         out.resize(start + len, 0.0);
@@ -830,5 +971,241 @@ impl Backend for CudaBackend {
         let dst =
             unsafe { std::slice::from_raw_parts_mut(out[start..].as_mut_ptr() as *mut u8, bytes) };
         dst.copy_from_slice(host);
+        Ok(())
+    }
+
+    fn fill(&self, _buf: &mut CudaBuf, _off: usize, _len: usize, _value: f32) -> EngineResult<()> {
+        Err(unsupported("fill"))
+    }
+
+    fn write(&self, _buf: &mut CudaBuf, _off: usize, _data: &[f32]) -> EngineResult<()> {
+        Err(unsupported("write"))
+    }
+
+    fn read_ids(
+        &self,
+        _ids: &CudaBuf,
+        _off: usize,
+        _len: usize,
+        _out: &mut Vec<i32>,
+    ) -> EngineResult<()> {
+        Err(unsupported("read_ids"))
+    }
+
+    fn store_rows(
+        &self,
+        _step: &CudaStep,
+        _src: &CudaBuf,
+        _rows: usize,
+        _row_len: usize,
+        _dst: &mut CudaBuf,
+        _cap: usize,
+    ) -> EngineResult<()> {
+        Err(unsupported("store_rows"))
+    }
+
+    fn layer_norm(
+        &self,
+        _x: &CudaBuf,
+        _w: &CudaWeight,
+        _b: &CudaWeight,
+        _rows: usize,
+        _cols: usize,
+        _eps: f32,
+        _p: Prec,
+        _out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("layer_norm"))
+    }
+
+    fn matmul_grouped(
+        &self,
+        _w: &CudaWeight,
+        _x: &CudaBuf,
+        _rows: usize,
+        _p: Prec,
+        _out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("matmul_grouped"))
+    }
+
+    fn scale_sigmoid(
+        &self,
+        _x: &mut CudaBuf,
+        _gate: &CudaBuf,
+        _rows: usize,
+        _cols: usize,
+        _gate_cols: usize,
+        _p: Prec,
+    ) -> EngineResult<()> {
+        Err(unsupported("scale_sigmoid"))
+    }
+
+    fn moe_route(
+        &self,
+        _step: &CudaStep,
+        _logits: &CudaBuf,
+        _rows: usize,
+        _bias: Option<&CudaWeight>,
+        _hash: Option<&CudaWeight>,
+        _r: &Routing,
+        _p: Prec,
+        _ids: &mut CudaBuf,
+        _weights: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("moe_route"))
+    }
+
+    fn moe_experts(
+        &self,
+        _x: &CudaBuf,
+        _rows: usize,
+        _ids: &CudaBuf,
+        _weights: &CudaBuf,
+        _k: usize,
+        _experts: &Experts<'_, CudaWeight>,
+        _limit: Option<f32>,
+        _p: Prec,
+        _out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("moe_experts"))
+    }
+
+    fn hc_pre(
+        &self,
+        _x: &CudaBuf,
+        _rows: usize,
+        _w: &HcWeights<'_, CudaWeight>,
+        _shape: &HcShape,
+        _p: Prec,
+        _out: &mut CudaBuf,
+        _mix: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("hc_pre"))
+    }
+
+    fn hc_post(
+        &self,
+        _x: &mut CudaBuf,
+        _y: &CudaBuf,
+        _mix: &CudaBuf,
+        _rows: usize,
+        _shape: &HcShape,
+        _p: Prec,
+    ) -> EngineResult<()> {
+        Err(unsupported("hc_post"))
+    }
+
+    fn hc_head(
+        &self,
+        _x: &CudaBuf,
+        _rows: usize,
+        _w: Option<&HcWeights<'_, CudaWeight>>,
+        _shape: &HcShape,
+        _p: Prec,
+        _out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("hc_head"))
+    }
+
+    fn delta_net(
+        &self,
+        _step: &CudaStep,
+        _rows: Range<usize>,
+        _x: &DeltaIn<'_, Self>,
+        _w: &DeltaWeights<'_, CudaWeight>,
+        _state: &mut DeltaState<'_, Self>,
+        _journal: Option<&mut DeltaJournal<Self>>,
+        _shape: &DeltaShape,
+        _form: DeltaForm,
+        _p: Prec,
+        _out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("delta_net"))
+    }
+
+    fn delta_replay(
+        &self,
+        _journal: &DeltaJournal<Self>,
+        _range: Range<usize>,
+        _shape: &DeltaShape,
+        _state: &mut DeltaState<'_, Self>,
+    ) -> EngineResult<()> {
+        Err(unsupported("delta_replay"))
+    }
+
+    fn gated_norm(
+        &self,
+        _o: &CudaBuf,
+        _z: &CudaBuf,
+        _w: &CudaWeight,
+        _rows: usize,
+        _shape: &DeltaShape,
+        _p: Prec,
+        _out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("gated_norm"))
+    }
+
+    fn compress(
+        &self,
+        _step: &CudaStep,
+        _kv: &CudaBuf,
+        _gate: &CudaBuf,
+        _cap: usize,
+        _ape: &CudaWeight,
+        _norm: Option<&CudaWeight>,
+        _rope: Option<&Rope>,
+        _shape: &CompressShape,
+        _p: Prec,
+        _entries: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("compress"))
+    }
+
+    fn dsa_select(
+        &self,
+        _step: &CudaStep,
+        _q: &CudaBuf,
+        _w: &CudaBuf,
+        _entries: &CudaBuf,
+        _rows: usize,
+        _shape: &SelectShape,
+        _ids: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("dsa_select"))
+    }
+
+    fn mla_attention(
+        &self,
+        _step: &CudaStep,
+        _q: &CudaBuf,
+        _latent: &CudaBuf,
+        _k_b: &CudaWeight,
+        _v_b: &CudaWeight,
+        _sel: Option<&CudaBuf>,
+        _rows: usize,
+        _shape: &MlaShape,
+        _p: Prec,
+        _out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("mla_attention"))
+    }
+
+    fn sink_attention(
+        &self,
+        _step: &CudaStep,
+        _q: &CudaBuf,
+        _kv: &CudaBuf,
+        _window: &CudaBuf,
+        _cap: usize,
+        _entries: Option<(&CudaBuf, Option<&CudaBuf>)>,
+        _sinks: &CudaWeight,
+        _rows: usize,
+        _shape: &SinkAttnShape,
+        _p: Prec,
+        _out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("sink_attention"))
     }
 }

@@ -37,8 +37,32 @@ pub enum EngineError {
     Rewind { target: usize, reason: String },
     #[error("backend error: {0}")]
     Backend(String),
+    #[error("out of memory allocating {what}: {} needed{}", human_bytes(*needed), available.map(|a| format!(", {} available", human_bytes(a))).unwrap_or_default())]
+    OutOfMemory {
+        what: String,
+        needed: u64,
+        available: Option<u64>,
+    },
+    #[error("the {backend} backend does not support {what} yet")]
+    Unsupported { backend: &'static str, what: String },
     #[error("invalid model configuration: {0}")]
     Config(String),
+}
+
+/// `n` bytes for people: `1.5 GiB`, `320 MiB`, `12 KiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 /// Result alias for the engine.

@@ -4,6 +4,24 @@
 //! [`Model`] (one of the [`families`]) → a [`Session`] (one sequence's state: KV
 //! cache, frontier, rewind, snapshots) → logits → the [`sampler`].
 
+/// Whether the test switch `$a` ([`ablation::Ablation`]) is on for backend or family
+/// `$b` (which has an `ablation()` method in test builds); `false` outside tests.
+macro_rules! ablated {
+    ($b:expr, $a:ident) => {{
+        #[cfg(test)]
+        let on = $b.ablation() == Some($crate::ablation::Ablation::$a);
+        #[cfg(not(test))]
+        let on = {
+            let _ = &$b;
+            false
+        };
+        on
+    }};
+}
+pub(crate) use ablated;
+
+#[cfg(test)]
+pub(crate) mod ablation;
 pub mod backend;
 mod error;
 pub mod families;
@@ -14,8 +32,10 @@ pub mod logprobs;
 pub mod model;
 pub mod sampler;
 pub mod session;
+#[cfg(test)]
+pub(crate) mod test_support;
 
-pub use error::{EngineError, Result};
+pub use error::{EngineError, Result, human_bytes};
 pub use loaded::LoadedModel;
 pub use model::{Cache, Logits, Model, ModelInfo};
 pub use session::Session;

@@ -1,19 +1,21 @@
 //! Loading a model from a GGUF file: architecture dispatch, hyperparameters
-//! (`{arch}.*` metadata keys as llama.cpp names them) and tensors with shape checks.
+//! (`{arch}.*` metadata keys as llama.cpp names them) and tensors with shape checks, for
+//! every family.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use ds4_gguf::{GgufFile, Value};
+use ds4_gguf::{GgufFile, TensorInfo, Value};
 
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
+use crate::families::glm5_next::Glm5Next;
 use crate::families::llama::{Llama, Variant};
 use crate::model::Model;
 use crate::{EngineError, Result};
 
 /// Architectures this build can run.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "glm5next", "glm5-next"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "glm5-next", "glm5next"];
 
 /// Loads the model in `file` on the CPU backend, with as many threads as rayon's
 /// global pool has (the CLI sizes it with `--threads`).
@@ -45,8 +47,8 @@ pub fn load_model_with<B: Backend>(
     let model: Arc<dyn Model> = match hp.arch() {
         "llama" => Arc::new(Llama::load(backend, file, Variant::Llama, name)?),
         "qwen2" => Arc::new(Llama::load(backend, file, Variant::Qwen2, name)?),
-        "glm5next" | "glm5-next" => {
-            Arc::new(crate::families::glm5_next::Glm5Next::load(file, name)?)
+        a if crate::families::glm5_next::ARCH_NAMES.contains(&a) => {
+            Arc::new(Glm5Next::load(backend, file, name)?)
         }
         other => return Err(EngineError::UnknownArchitecture(other.to_string())),
     };
@@ -59,20 +61,6 @@ pub struct Hparams<'a> {
     arch: String,
 }
 
-fn as_u64(v: &Value) -> Option<u64> {
-    match *v {
-        Value::U8(x) => Some(x as u64),
-        Value::U16(x) => Some(x as u64),
-        Value::U32(x) => Some(x as u64),
-        Value::U64(x) => Some(x),
-        Value::I8(x) => u64::try_from(x).ok(),
-        Value::I16(x) => u64::try_from(x).ok(),
-        Value::I32(x) => u64::try_from(x).ok(),
-        Value::I64(x) => u64::try_from(x).ok(),
-        _ => None,
-    }
-}
-
 impl<'a> Hparams<'a> {
     /// Reads `general.architecture`.
     pub fn new(file: &'a GgufFile) -> Result<Self> {
@@ -81,9 +69,11 @@ impl<'a> Hparams<'a> {
                 file,
                 arch: a.clone(),
             }),
-            _ => Err(EngineError::Metadata {
+            other => Err(EngineError::Metadata {
                 key: "general.architecture".into(),
-                detail: String::new(),
+                detail: other
+                    .map(|v| format!(" (found {})", v.describe()))
+                    .unwrap_or_default(),
             }),
         }
     }
@@ -92,20 +82,32 @@ impl<'a> Hparams<'a> {
         &self.arch
     }
 
-    fn key(&self, k: &str) -> String {
+    /// The file.
+    pub fn file(&self) -> &'a GgufFile {
+        self.file
+    }
+
+    /// The full name of key `k` (`{arch}.k`).
+    pub fn key(&self, k: &str) -> String {
         format!("{}.{k}", self.arch)
     }
 
-    fn missing(&self, k: &str, detail: &str) -> EngineError {
+    /// An error naming key `k` with `detail` (e.g. `" (must be positive)"`).
+    pub fn err(&self, k: &str, detail: impl Into<String>) -> EngineError {
         EngineError::Metadata {
             key: self.key(k),
-            detail: detail.to_string(),
+            detail: detail.into(),
         }
+    }
+
+    /// The value of `{arch}.k`, if present.
+    pub fn get(&self, k: &str) -> Option<&'a Value> {
+        self.file.get(&self.key(k))
     }
 
     /// An unsigned integer `{arch}.k`.
     pub fn usize(&self, k: &str) -> Result<usize> {
-        self.usize_opt(k)?.ok_or_else(|| self.missing(k, ""))
+        self.usize_opt(k)?.ok_or_else(|| self.err(k, ""))
     }
 
     /// An unsigned integer `{arch}.k`, or `default` when absent.
@@ -113,21 +115,26 @@ impl<'a> Hparams<'a> {
         Ok(self.usize_opt(k)?.unwrap_or(default))
     }
 
-    fn usize_opt(&self, k: &str) -> Result<Option<usize>> {
-        match self.file.get(&self.key(k)) {
+    /// An unsigned integer `{arch}.k`, `None` when absent.
+    pub fn usize_opt(&self, k: &str) -> Result<Option<usize>> {
+        match self.get(k) {
             None => Ok(None),
-            Some(v) => as_u64(v)
+            Some(v) => v
+                .as_u64()
                 .and_then(|x| usize::try_from(x).ok())
                 .map(Some)
                 .ok_or_else(|| {
-                    self.missing(k, &format!(" (expected an unsigned integer, found {v:?})"))
+                    self.err(
+                        k,
+                        format!(" (expected an unsigned integer, found {})", v.describe()),
+                    )
                 }),
         }
     }
 
     /// A float `{arch}.k`.
     pub fn f32(&self, k: &str) -> Result<f32> {
-        self.f32_opt(k)?.ok_or_else(|| self.missing(k, ""))
+        self.f32_opt(k)?.ok_or_else(|| self.err(k, ""))
     }
 
     /// A float `{arch}.k`, or `default` when absent.
@@ -135,23 +142,78 @@ impl<'a> Hparams<'a> {
         Ok(self.f32_opt(k)?.unwrap_or(default))
     }
 
-    fn f32_opt(&self, k: &str) -> Result<Option<f32>> {
-        match self.file.get(&self.key(k)) {
+    /// A float `{arch}.k`, `None` when absent.
+    pub fn f32_opt(&self, k: &str) -> Result<Option<f32>> {
+        match self.get(k) {
             None => Ok(None),
-            Some(Value::F32(x)) => Ok(Some(*x)),
-            Some(Value::F64(x)) => Ok(Some(*x as f32)),
-            Some(v) => Err(self.missing(k, &format!(" (expected a float, found {v:?})"))),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| self.err(k, format!(" (expected a float, found {})", v.describe()))),
         }
+    }
+
+    /// A bool `{arch}.k`, `None` when absent.
+    pub fn bool_opt(&self, k: &str) -> Result<Option<bool>> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.err(k, format!(" (expected a bool, found {})", v.describe()))),
+        }
+    }
+
+    /// A per-layer array of `n` entries, or a scalar repeated; `None` when absent.
+    pub fn per_layer<T: Clone>(
+        &self,
+        k: &str,
+        n: usize,
+        conv: impl Fn(&Value) -> Option<T>,
+    ) -> Result<Option<Vec<T>>> {
+        let Some(v) = self.get(k) else {
+            return Ok(None);
+        };
+        if let Some(items) = v.as_array() {
+            if items.len() != n {
+                return Err(self.err(
+                    k,
+                    format!(
+                        " (array of {} entries, expected one per layer: {n})",
+                        items.len()
+                    ),
+                ));
+            }
+            return items
+                .iter()
+                .map(|it| {
+                    conv(it).ok_or_else(|| self.err(k, format!(" (bad element {})", it.describe())))
+                })
+                .collect::<Result<Vec<T>>>()
+                .map(Some);
+        }
+        let x = conv(v).ok_or_else(|| self.err(k, format!(" (bad value {})", v.describe())))?;
+        Ok(Some(vec![x; n]))
     }
 }
 
 /// Loads tensors onto a backend with shape checks, counting parameters and the bytes
-/// a decode step reads.
+/// a decode step reads. Names may list accepted alternatives (`&["a", "b"]`: the first
+/// present one is used).
 pub struct TensorLoader<'a, B: Backend> {
     backend: Arc<B>,
     file: &'a Arc<GgufFile>,
     n_params: u64,
     decode_bytes: u64,
+}
+
+/// Dims with trailing 1s removed (ggml pads shapes with 1).
+fn trimmed(info: &TensorInfo) -> Vec<usize> {
+    let mut d: Vec<usize> = info.dims.iter().map(|&x| x as usize).collect();
+    while d.len() > 1 && d.last() == Some(&1) {
+        d.pop();
+    }
+    d
 }
 
 impl<'a, B: Backend> TensorLoader<'a, B> {
@@ -164,26 +226,50 @@ impl<'a, B: Backend> TensorLoader<'a, B> {
         }
     }
 
-    fn load(&mut self, name: &str, expected: &[Option<usize>]) -> Result<Option<B::Weight>> {
-        let Some(info) = self.file.tensor(name) else {
-            return Ok(None);
+    /// The backend weights are loaded onto.
+    pub fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+
+    /// The first of `names` present in the file.
+    pub fn find(&self, names: &[&str]) -> Option<&'a TensorInfo> {
+        names.iter().find_map(|n| self.file.tensor(n))
+    }
+
+    fn require(&self, names: &[&str]) -> Result<&'a TensorInfo> {
+        self.find(names)
+            .ok_or_else(|| EngineError::MissingTensor(names.join("' or '")))
+    }
+
+    /// Loads `info` if its (trimmed) ggml dims are one of `shapes` (`None` entries match
+    /// any size), counting `decode_fraction` of its bytes as read per decode step.
+    fn load_info(
+        &mut self,
+        info: &TensorInfo,
+        shapes: &[&[Option<usize>]],
+        decode_fraction: (u64, u64),
+    ) -> Result<B::Weight> {
+        let d = trimmed(info);
+        let fits = |s: &&[Option<usize>]| {
+            let mut s: Vec<Option<usize>> = s.to_vec();
+            while s.len() > 1 && s.last() == Some(&Some(1)) {
+                s.pop();
+            }
+            s.len() == d.len() && s.iter().zip(&d).all(|(e, &g)| e.is_none_or(|e| e == g))
         };
-        let ok = info.dims.len() == expected.len()
-            && info
-                .dims
-                .iter()
-                .zip(expected)
-                .all(|(&d, e)| e.is_none_or(|e| d == e as u64));
-        if !ok {
+        if !shapes.iter().any(fits) {
             return Err(EngineError::TensorShape {
-                name: name.to_string(),
+                name: info.name.clone(),
                 got: info.dims.clone(),
-                expected: expected.iter().map(|e| e.map_or(0, |e| e as u64)).collect(),
+                expected: shapes[0]
+                    .iter()
+                    .map(|e| e.map_or(0, |e| e as u64))
+                    .collect(),
             });
         }
         self.n_params += info.n_elements();
-        self.decode_bytes += info.n_bytes();
-        Ok(Some(self.backend.weight(self.file, info)?))
+        self.decode_bytes += info.n_bytes() / decode_fraction.1.max(1) * decode_fraction.0;
+        self.backend.weight(self.file, info)
     }
 
     /// A matrix with rows of `cols` elements (and `rows` rows when given).
@@ -199,16 +285,55 @@ impl<'a, B: Backend> TensorLoader<'a, B> {
         cols: usize,
         rows: Option<usize>,
     ) -> Result<Option<B::Weight>> {
-        self.load(name, &[Some(cols), rows])
+        match self.file.tensor(name) {
+            None => Ok(None),
+            Some(info) => self
+                .load_info(info, &[&[Some(cols), rows]], (1, 1))
+                .map(Some),
+        }
+    }
+
+    /// A matrix `[rows, cols]` (ggml `{cols, rows}`) under any of `names`.
+    pub fn mat(&mut self, names: &[&str], rows: usize, cols: usize) -> Result<B::Weight> {
+        let info = self.require(names)?;
+        self.load_info(info, &[&[Some(cols), Some(rows)]], (1, 1))
+    }
+
+    /// `n` stacked matrices `[n, rows, cols]` (ggml `{cols, rows, n}`, or `{cols, rows}`
+    /// when `n` is 1) under any of `names`, of which `used` are read per decode step.
+    pub fn stacked(
+        &mut self,
+        names: &[&str],
+        n: usize,
+        rows: usize,
+        cols: usize,
+        used: usize,
+    ) -> Result<B::Weight> {
+        let info = self.require(names)?;
+        self.load_info(
+            info,
+            &[&[Some(cols), Some(rows), Some(n)]],
+            (used as u64, n as u64),
+        )
+    }
+
+    /// A small tensor of any of `shapes` (ggml dims) under any of `names`, kept decoded
+    /// by the backend (vectors, conv kernels, position biases).
+    pub fn small(&mut self, names: &[&str], shapes: &[&[usize]]) -> Result<B::Weight> {
+        let info = self.require(names)?;
+        let shapes: Vec<Vec<Option<usize>>> = shapes
+            .iter()
+            .map(|s| s.iter().map(|&x| Some(x)).collect())
+            .collect();
+        let refs: Vec<&[Option<usize>]> = shapes.iter().map(|s| &s[..]).collect();
+        self.load_info(info, &refs, (1, 1))
     }
 
     /// An embedding table: only one row of it is read per decode step.
     pub fn embedding(&mut self, name: &str, cols: usize) -> Result<B::Weight> {
-        let w = self.matrix(name, cols, None)?;
-        let info = self.file.tensor(name).expect("just loaded");
-        let rows = info.dims[1].max(1);
-        self.decode_bytes -= info.n_bytes() - info.n_bytes() / rows;
-        Ok(w)
+        let info = self.require(&[name])?;
+        let rows = info.dims.get(1).copied().unwrap_or(1).max(1);
+        self.load_info(info, &[&[Some(cols), None]], (1, rows))
     }
 
     /// Counts a whole tensor as read per decode step once more (a tied output head).
@@ -226,7 +351,39 @@ impl<'a, B: Backend> TensorLoader<'a, B> {
 
     /// Like [`Self::vector`] but `None` when the tensor is absent.
     pub fn optional_vector(&mut self, name: &str, len: usize) -> Result<Option<B::Weight>> {
-        self.load(name, &[Some(len)])
+        match self.file.tensor(name) {
+            None => Ok(None),
+            Some(info) => self.load_info(info, &[&[Some(len)]], (1, 1)).map(Some),
+        }
+    }
+
+    /// A vector of `len` elements under any of `names`.
+    pub fn vec_any(&mut self, names: &[&str], len: usize) -> Result<B::Weight> {
+        let info = self.require(names)?;
+        self.load_info(info, &[&[Some(len)]], (1, 1))
+    }
+
+    /// The values of a small tensor on the host (decoded to f32; for weights the loader
+    /// re-lays out or checks), counted like a loaded tensor.
+    pub fn host_values(&mut self, names: &[&str], shapes: &[&[usize]]) -> Result<Vec<f32>> {
+        let info = self.require(names)?;
+        let d = trimmed(info);
+        if !shapes.contains(&d.as_slice()) {
+            return Err(EngineError::TensorShape {
+                name: info.name.clone(),
+                got: info.dims.clone(),
+                expected: shapes[0].iter().map(|&x| x as u64).collect(),
+            });
+        }
+        self.n_params += info.n_elements();
+        self.decode_bytes += info.n_bytes();
+        decode_tensor(self.file, info)
+    }
+
+    /// A weight re-laid-out at load time from f32 values (see
+    /// [`Backend::weight_f32`]).
+    pub fn derived(&mut self, name: &str, dims: &[usize], values: &[f32]) -> Result<B::Weight> {
+        self.backend.weight_f32(name, dims, values)
     }
 
     /// The number of rows of a 2-D tensor.
@@ -238,6 +395,11 @@ impl<'a, B: Backend> TensorLoader<'a, B> {
         Ok(info.dims.get(1).copied().unwrap_or(1) as usize)
     }
 
+    /// The type of a present tensor.
+    pub fn type_of(&self, name: &str) -> Option<ds4_gguf::GgmlType> {
+        self.file.tensor(name).map(|i| i.dtype)
+    }
+
     pub fn n_params(&self) -> u64 {
         self.n_params
     }
@@ -245,4 +407,22 @@ impl<'a, B: Backend> TensorLoader<'a, B> {
     pub fn decode_bytes(&self) -> u64 {
         self.decode_bytes
     }
+}
+
+/// All values of a tensor as f32 (any type `ds4_quant` decodes).
+pub fn decode_tensor(file: &GgufFile, info: &TensorInfo) -> Result<Vec<f32>> {
+    let bad =
+        |e: String| EngineError::Config(format!("tensor '{}' cannot be decoded: {e}", info.name));
+    let n = info.n_elements() as usize;
+    let row = (info.dims.first().copied().unwrap_or(1) as usize).max(1);
+    let rb = info
+        .row_bytes()
+        .ok_or_else(|| bad("rows are not whole blocks".into()))? as usize;
+    let data = file.tensor_data(info);
+    let mut out = vec![0f32; n];
+    for (r, o) in out.chunks_exact_mut(row).enumerate() {
+        ds4_quant::dequantize_row(info.dtype, &data[r * rb..(r + 1) * rb], o)
+            .map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(out)
 }

@@ -8,7 +8,8 @@
 
 use std::any::Any;
 
-use crate::Result;
+use crate::backend::Backend;
+use crate::{EngineError, Result};
 
 /// What a loaded model is, as the session and the CLI/server need to know it.
 #[derive(Debug, Clone)]
@@ -64,7 +65,7 @@ pub trait Cache: Send {
         n
     }
     /// A deep copy of the state (only the first `len()` positions need be copied).
-    fn snapshot(&self) -> Box<dyn Cache>;
+    fn snapshot(&self) -> Result<Box<dyn Cache>>;
     /// Replaces this state by `from` (a snapshot of a cache of the same model).
     fn restore(&mut self, from: &dyn Cache) -> Result<()>;
     /// For the owning family's downcast.
@@ -88,4 +89,20 @@ pub trait Model: Send + Sync {
         logits: Logits,
         out: &mut Vec<f32>,
     ) -> Result<()>;
+}
+
+/// Refuses a sequence state of `needed` bytes (for `n_ctx` tokens) that the backend
+/// cannot hold, before anything is allocated, naming both sizes.
+pub fn check_memory<B: Backend>(backend: &B, needed: u64, n_ctx: usize) -> Result<()> {
+    match backend.memory_available() {
+        Some(avail) if needed > avail => Err(EngineError::OutOfMemory {
+            what: format!(
+                "the state of a {n_ctx}-token context on the {} backend (lower --ctx)",
+                backend.name()
+            ),
+            needed,
+            available: Some(avail),
+        }),
+        _ => Ok(()),
+    }
 }

@@ -186,12 +186,15 @@ impl Session {
     }
 
     /// A copy of the state.
-    pub fn snapshot(&self) -> Snapshot {
-        Snapshot {
+    ///
+    /// # Errors
+    /// The backend cannot hold the copy (out of memory).
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        Ok(Snapshot {
             tokens: self.tokens.clone(),
-            cache: self.cache.snapshot(),
+            cache: self.cache.snapshot()?,
             logits: self.logits.clone(),
-        }
+        })
     }
 
     /// Returns to a snapshot taken from this session (or another of the same model and

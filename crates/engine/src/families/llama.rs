@@ -24,10 +24,14 @@ use std::sync::Arc;
 
 use ds4_gguf::GgufFile;
 
-use crate::backend::{AttnShape, Backend, Rope};
+use crate::backend::{AttnShape, Backend, Prec, Rope};
 use crate::loader::{Hparams, TensorLoader};
 use crate::model::{Cache, Logits, Model, ModelInfo};
 use crate::{EngineError, Result};
+
+/// The precision policy: llama.cpp is these families' reference, so every operation
+/// follows ggml's CPU arithmetic.
+const PREC: Prec = Prec::Ggml;
 
 /// Tokens evaluated per forward chunk (llama.cpp's default ubatch).
 const CHUNK: usize = 512;
@@ -132,11 +136,11 @@ impl<B: Backend> Llama<B> {
                 n_head_kv,
                 head_dim,
             },
-            rope: Rope {
-                n_dims: hp.usize_or("rope.dimension_count", head_dim)?,
-                freq_base: hp.f32_or("rope.freq_base", 10000.0)?,
-                neox: variant == Variant::Qwen2,
-            },
+            rope: Rope::plain(
+                hp.usize_or("rope.dimension_count", head_dim)?,
+                hp.f32_or("rope.freq_base", 10000.0)?,
+                variant == Variant::Qwen2,
+            ),
             eps: hp.f32("attention.layer_norm_rms_epsilon")?,
             n_vocab: 0,
         };
@@ -199,24 +203,36 @@ impl<B: Backend> Llama<B> {
         })
     }
 
-    fn scratch(&self) -> Scratch<B> {
+    fn scratch(&self) -> Result<Scratch<B>> {
         let c = &self.cfg;
         let b = &self.backend;
         let q_dim = c.attn.n_head * c.attn.head_dim;
         let kv_dim = c.attn.n_head_kv * c.attn.head_dim;
-        Scratch {
-            x: b.buf(CHUNK * c.n_embd),
-            h: b.buf(CHUNK * c.n_embd),
-            q: b.buf(CHUNK * q_dim),
-            k: b.buf(CHUNK * kv_dim),
-            v: b.buf(CHUNK * kv_dim),
-            attn: b.buf(CHUNK * q_dim),
-            o: b.buf(CHUNK * c.n_embd),
-            gate: b.buf(CHUNK * c.n_ff),
-            up: b.buf(CHUNK * c.n_ff),
-            act: b.buf(CHUNK * c.n_ff),
-            logits: b.buf(LOGIT_ROWS * c.n_vocab),
-        }
+        Ok(Scratch {
+            x: b.buf(CHUNK * c.n_embd)?,
+            h: b.buf(CHUNK * c.n_embd)?,
+            q: b.buf(CHUNK * q_dim)?,
+            k: b.buf(CHUNK * kv_dim)?,
+            v: b.buf(CHUNK * kv_dim)?,
+            attn: b.buf(CHUNK * q_dim)?,
+            o: b.buf(CHUNK * c.n_embd)?,
+            gate: b.buf(CHUNK * c.n_ff)?,
+            up: b.buf(CHUNK * c.n_ff)?,
+            act: b.buf(CHUNK * c.n_ff)?,
+            logits: b.buf(LOGIT_ROWS * c.n_vocab)?,
+        })
+    }
+
+    /// Bytes of one sequence's state at `n_ctx` tokens (the f16 KV cache and the
+    /// scratch buffers).
+    fn cache_bytes(&self, n_ctx: usize) -> u64 {
+        let c = &self.cfg;
+        let kv = 2 * c.n_layer * n_ctx * c.attn.n_head_kv * c.attn.head_dim * 2;
+        let q_dim = c.attn.n_head * c.attn.head_dim;
+        let kv_dim = c.attn.n_head_kv * c.attn.head_dim;
+        let scratch =
+            CHUNK * (3 * c.n_embd + 2 * q_dim + 2 * kv_dim + 3 * c.n_ff) + LOGIT_ROWS * c.n_vocab;
+        (kv + 4 * scratch) as u64
     }
 
     /// Evaluates one chunk of at most `CHUNK` tokens at position `pos0`.
@@ -226,20 +242,38 @@ impl<B: Backend> Llama<B> {
         tokens: &[u32],
         logits: Logits,
         out: &mut Vec<f32>,
-    ) {
+    ) -> Result<()> {
         let b = &*self.backend;
         let c = &self.cfg;
+        let d = c.n_embd;
         let n = tokens.len();
-        let s = cache.scratch.get_or_insert_with(|| self.scratch());
-        let step = b.step(tokens, cache.len);
-        b.embed(&step, &self.tok_embd, &mut s.x);
+        if cache.scratch.is_none() {
+            cache.scratch = Some(self.scratch()?);
+        }
+        let s = cache.scratch.as_mut().expect("allocated above");
+        let step = b.step(tokens, cache.len)?;
+        b.embed(&step, &self.tok_embd, 1, PREC, &mut s.x)?;
         for (il, l) in self.layers.iter().enumerate() {
-            b.rms_norm(&s.x, &l.attn_norm, c.eps, n, &mut s.h);
-            b.matmul(&l.wq, l.bq.as_ref(), &s.h, n, &mut s.q);
-            b.matmul(&l.wk, l.bk.as_ref(), &s.h, n, &mut s.k);
-            b.matmul(&l.wv, l.bv.as_ref(), &s.h, n, &mut s.v);
-            b.rope(&step, &c.rope, c.attn.n_head, c.attn.head_dim, &mut s.q);
-            b.rope(&step, &c.rope, c.attn.n_head_kv, c.attn.head_dim, &mut s.k);
+            b.rms_norm(&s.x, Some(&l.attn_norm), n, d, c.eps, PREC, &mut s.h)?;
+            b.matmul(&l.wq, l.bq.as_ref(), &s.h, n, PREC, &mut s.q)?;
+            b.matmul(&l.wk, l.bk.as_ref(), &s.h, n, PREC, &mut s.k)?;
+            b.matmul(&l.wv, l.bv.as_ref(), &s.h, n, PREC, &mut s.v)?;
+            b.rope(
+                &step,
+                &c.rope,
+                c.attn.n_head,
+                c.attn.head_dim,
+                PREC,
+                &mut s.q,
+            )?;
+            b.rope(
+                &step,
+                &c.rope,
+                c.attn.n_head_kv,
+                c.attn.head_dim,
+                PREC,
+                &mut s.k,
+            )?;
             b.attention(
                 &step,
                 &mut cache.kv,
@@ -249,19 +283,19 @@ impl<B: Backend> Llama<B> {
                 &s.k,
                 &s.v,
                 &mut s.attn,
-            );
-            b.matmul(&l.wo, None, &s.attn, n, &mut s.o);
-            b.add(&mut s.x, &s.o, n * c.n_embd);
-            b.rms_norm(&s.x, &l.ffn_norm, c.eps, n, &mut s.h);
-            b.matmul(&l.ffn_gate, None, &s.h, n, &mut s.gate);
-            b.matmul(&l.ffn_up, None, &s.h, n, &mut s.up);
-            b.swiglu(&s.gate, &s.up, n * c.n_ff, &mut s.act);
-            b.matmul(&l.ffn_down, None, &s.act, n, &mut s.o);
-            b.add(&mut s.x, &s.o, n * c.n_embd);
+            )?;
+            b.matmul(&l.wo, None, &s.attn, n, PREC, &mut s.o)?;
+            b.add(&mut s.x, &s.o, n * d, PREC)?;
+            b.rms_norm(&s.x, Some(&l.ffn_norm), n, d, c.eps, PREC, &mut s.h)?;
+            b.matmul(&l.ffn_gate, None, &s.h, n, PREC, &mut s.gate)?;
+            b.matmul(&l.ffn_up, None, &s.h, n, PREC, &mut s.up)?;
+            b.swiglu(&s.gate, &s.up, n * c.n_ff, None, PREC, &mut s.act)?;
+            b.matmul(&l.ffn_down, None, &s.act, n, PREC, &mut s.o)?;
+            b.add(&mut s.x, &s.o, n * d, PREC)?;
         }
         cache.len += n;
         let first = match logits {
-            Logits::None => return,
+            Logits::None => return Ok(()),
             Logits::Last => n - 1,
             Logits::All => 0,
         };
@@ -269,12 +303,21 @@ impl<B: Backend> Llama<B> {
         let mut row = first;
         while row < n {
             let rows = (n - row).min(LOGIT_ROWS);
-            b.copy(&s.x, row * c.n_embd, &mut s.o, 0, rows * c.n_embd);
-            b.rms_norm(&s.o, &self.output_norm, c.eps, rows, &mut s.h);
-            b.matmul(w_out, None, &s.h, rows, &mut s.logits);
-            b.read(&s.logits, 0, rows * c.n_vocab, out);
+            b.copy(&s.x, row * d, &mut s.o, 0, rows * d)?;
+            b.rms_norm(
+                &s.o,
+                Some(&self.output_norm),
+                rows,
+                d,
+                c.eps,
+                PREC,
+                &mut s.h,
+            )?;
+            b.matmul(w_out, None, &s.h, rows, PREC, &mut s.logits)?;
+            b.read(&s.logits, 0, rows * c.n_vocab, out)?;
             row += rows;
         }
+        Ok(())
     }
 }
 
@@ -285,11 +328,12 @@ impl<B: Backend> Model for Llama<B> {
 
     fn new_cache(&self, n_ctx: usize) -> Result<Box<dyn Cache>> {
         let c = &self.cfg;
+        crate::model::check_memory(&*self.backend, self.cache_bytes(n_ctx), n_ctx)?;
         Ok(Box::new(LlamaCache::<B> {
             backend: self.backend.clone(),
             kv: self
                 .backend
-                .kv(c.n_layer, n_ctx, c.attn.n_head_kv * c.attn.head_dim),
+                .kv(c.n_layer, n_ctx, c.attn.n_head_kv * c.attn.head_dim)?,
             len: 0,
             n_ctx,
             scratch: None,
@@ -327,7 +371,7 @@ impl<B: Backend> Model for Llama<B> {
                 other => other,
             };
             self.backend
-                .run(|| self.forward_chunk(cache, chunk, want, out));
+                .run(|| self.forward_chunk(cache, chunk, want, out))?;
         }
         Ok(())
     }
@@ -354,14 +398,14 @@ impl<B: Backend> Cache for LlamaCache<B> {
         Ok(())
     }
 
-    fn snapshot(&self) -> Box<dyn Cache> {
-        Box::new(LlamaCache::<B> {
+    fn snapshot(&self) -> Result<Box<dyn Cache>> {
+        Ok(Box::new(LlamaCache::<B> {
             backend: self.backend.clone(),
-            kv: self.backend.kv_snapshot(&self.kv, self.len),
+            kv: self.backend.kv_snapshot(&self.kv, self.len)?,
             len: self.len,
             n_ctx: self.n_ctx,
             scratch: None,
-        })
+        }))
     }
 
     fn restore(&mut self, from: &dyn Cache) -> Result<()> {
@@ -374,7 +418,7 @@ impl<B: Backend> Cache for LlamaCache<B> {
                 "snapshot has another context size".into(),
             ));
         }
-        self.kv = self.backend.kv_snapshot(&from.kv, from.len);
+        self.kv = self.backend.kv_snapshot(&from.kv, from.len)?;
         self.len = from.len;
         Ok(())
     }

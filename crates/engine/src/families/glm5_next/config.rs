@@ -11,8 +11,10 @@
 //! (default: `attention.head_count`) and `attention.indexer.kpool_select_tail`
 //! (default true). The semantics are `configuration_glm5_next.py` (doc §1).
 
-use ds4_gguf::{GgufFile, Value};
+use ds4_gguf::Value;
 
+pub use crate::backend::Gate;
+use crate::loader::Hparams;
 use crate::{EngineError, Result};
 
 /// The attention of one layer.
@@ -30,15 +32,6 @@ pub enum AttnKind {
 pub enum MlpKind {
     Dense,
     Moe,
-}
-
-/// The KDA forget gate form (doc §4.3).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Gate {
-    /// `g = lb · sigmoid(exp(A_log) · g₀)`, `lb < 0` (`linear_lower_bound`).
-    LowerBound(f32),
-    /// `g = −exp(A_log) · softplus(g₀)` (`linear_lower_bound: null`).
-    Softplus,
 }
 
 /// Compute precision of activations: the reference's model dtype.
@@ -102,105 +95,6 @@ pub struct Config {
     pub dtype: Dtype,
 }
 
-/// Reads `{arch}.*` metadata of one file.
-struct Meta<'a> {
-    file: &'a GgufFile,
-    arch: &'a str,
-}
-
-impl Meta<'_> {
-    fn key(&self, k: &str) -> String {
-        format!("{}.{k}", self.arch)
-    }
-
-    fn err(&self, k: &str, detail: impl Into<String>) -> EngineError {
-        EngineError::Metadata {
-            key: self.key(k),
-            detail: detail.into(),
-        }
-    }
-
-    fn get(&self, k: &str) -> Option<&Value> {
-        self.file.get(&self.key(k))
-    }
-
-    fn usize_opt(&self, k: &str) -> Result<Option<usize>> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|x| usize::try_from(x).ok())
-                .map(Some)
-                .ok_or_else(|| {
-                    self.err(
-                        k,
-                        format!(" (expected an unsigned integer, found {})", v.describe()),
-                    )
-                }),
-        }
-    }
-
-    fn usize(&self, k: &str) -> Result<usize> {
-        self.usize_opt(k)?.ok_or_else(|| self.err(k, ""))
-    }
-
-    fn f32_opt(&self, k: &str) -> Result<Option<f32>> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(|x| Some(x as f32))
-                .ok_or_else(|| self.err(k, format!(" (expected a float, found {})", v.describe()))),
-        }
-    }
-
-    fn bool_opt(&self, k: &str) -> Result<Option<bool>> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.err(k, format!(" (expected a bool, found {})", v.describe()))),
-        }
-    }
-
-    /// A per-layer array of `n` entries, or a scalar repeated; `None` when absent.
-    fn per_layer<T>(
-        &self,
-        k: &str,
-        n: usize,
-        conv: impl Fn(&Value) -> Option<T>,
-    ) -> Result<Option<Vec<T>>>
-    where
-        T: Clone,
-    {
-        let Some(v) = self.get(k) else {
-            return Ok(None);
-        };
-        if let Some(items) = v.as_array() {
-            if items.len() != n {
-                return Err(self.err(
-                    k,
-                    format!(
-                        " (array of {} entries, expected one per layer: {n})",
-                        items.len()
-                    ),
-                ));
-            }
-            let mut out = Vec::with_capacity(n);
-            for it in items {
-                out.push(
-                    conv(it)
-                        .ok_or_else(|| self.err(k, format!(" (bad element {})", it.describe())))?,
-                );
-            }
-            return Ok(Some(out));
-        }
-        let x = conv(v).ok_or_else(|| self.err(k, format!(" (bad value {})", v.describe())))?;
-        Ok(Some(vec![x; n]))
-    }
-}
-
 impl Config {
     /// Reads and validates the hyperparameters. `n_vocab` comes from the token
     /// embedding's shape; `dtype` from the type of the token embedding (BF16 → the
@@ -211,14 +105,24 @@ impl Config {
     /// for values the reference rejects or cannot run (a `shared` indexer layer not
     /// directly after a `full` MLA layer, `index_topk` not a multiple of `index_kpool`,
     /// RoPE dimensions, …).
-    pub fn from_gguf(file: &GgufFile, arch: &str, n_vocab: usize, dtype: Dtype) -> Result<Config> {
-        let m = Meta { file, arch };
-        let n_layer = m.usize("block_count")?;
+    pub fn from_gguf(m: &Hparams, n_vocab: usize, dtype: Dtype) -> Result<Config> {
+        let file = m.file();
+        // llama.cpp counts the MTP (NextN) layers in `block_count` and its per-layer
+        // arrays; the trunk is the first `block_count − nextn_predict_layers`.
+        let n_all = m.usize("block_count")?;
+        let n_layer = n_all.saturating_sub(m.usize_or("nextn_predict_layers", 0)?);
+        let per_layer =
+            |k: &str, conv: &dyn Fn(&Value) -> Option<f32>| -> Result<Option<Vec<f32>>> {
+                Ok(m.per_layer(k, n_all, conv)?.map(|mut v| {
+                    v.truncate(n_layer);
+                    v
+                }))
+            };
         if n_layer == 0 {
             return Err(m.err("block_count", " (must be at least 1)"));
         }
         let head_count_kv = m
-            .per_layer("attention.head_count_kv", n_layer, |v| v.as_u64())?
+            .per_layer("attention.head_count_kv", n_all, |v| v.as_u64())?
             .ok_or_else(|| {
                 m.err(
                     "attention.head_count_kv",
@@ -226,8 +130,8 @@ impl Config {
                 )
             })?;
         let indexer_full = m
-            .per_layer("attention.indexer.types", n_layer, |v| v.as_bool())?
-            .unwrap_or_else(|| vec![true; n_layer]);
+            .per_layer("attention.indexer.types", n_all, |v| v.as_bool())?
+            .unwrap_or_else(|| vec![true; n_all]);
         let mut layers = Vec::with_capacity(n_layer);
         for i in 0..n_layer {
             let attn = if head_count_kv[i] == 0 {
@@ -267,10 +171,14 @@ impl Config {
             v.as_f64()
                 .map(|x| if x <= 0.0 { f32::INFINITY } else { x as f32 })
         };
-        let swiglu_exp = inf(m.per_layer("swiglu_clamp_exp", n_layer, as_limit)?);
-        let swiglu_shexp = inf(m.per_layer("swiglu_clamp_shexp", n_layer, as_limit)?);
+        let swiglu_exp = inf(per_layer("swiglu_clamp_exp", &as_limit)?);
+        // As llama.cpp: without its own key the shared expert takes the routed clamp.
+        let swiglu_shexp =
+            per_layer("swiglu_clamp_shexp", &as_limit)?.unwrap_or_else(|| swiglu_exp.clone());
+        // 0 (none) means sigmoid for this architecture, as in llama.cpp.
         if let Some(f) = m.usize_opt("expert_gating_func")?
             && f != 2
+            && f != 0
             && n_expert > 0
         {
             return Err(m.err(

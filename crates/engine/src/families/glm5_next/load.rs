@@ -1,169 +1,238 @@
-//! Reading the `glm5_next` tensors of a GGUF file with shape and type checks
+//! Reading the `glm5_next` tensors of a GGUF file onto a backend with shape checks
 //! (`docs/glm5_next_gguf.md` has the name table). Names follow llama.cpp's
-//! (`blk.{i}.ssm_*` for KDA as in `kimi-linear`, `blk.{i}.hc_{attn,ffn}_{fn,base,scale}`
-//! as in `deepseek4`, `blk.{i}.indexer.*` / `indexer_compressor_*` for the DSA indexer,
-//! `attn_k_b`/`attn_v_b` for MLA); accepted alternatives are listed next to each.
+//! (`src/models/glm5-next.cpp`: `blk.{i}.ssm_*` for KDA as in `kimi-linear`,
+//! `blk.{i}.hc_{attn,ffn}_{fn,base,scale}` as in `deepseek4`, `blk.{i}.indexer.*` /
+//! `indexer_compressor_*` for the DSA indexer, `attn_k_b`/`attn_v_b` for MLA); accepted
+//! alternatives are listed next to each.
 
-use std::sync::Arc;
-
-use ds4_gguf::{GgmlType, GgufFile, TensorInfo};
-
-use super::linear::Linear;
+use crate::backend::{Backend, HcWeights};
+use crate::loader::TensorLoader;
 use crate::{EngineError, Result};
 
-/// Loads tensors, counting parameters and the bytes a decode step reads.
-pub struct Loader<'a> {
-    pub file: &'a Arc<GgufFile>,
-    pub n_params: u64,
-    pub decode_bytes: u64,
+use super::config::{Config, MlpKind};
+use super::kda::LinearAttention;
+use super::mla::{Attention, Indexer};
+use super::moe::{Mlp, Moe};
+
+/// One hyper-connection's weights: `fn [(2+N)·N, N·D]`, `base [(2+N)·N]`, `scale [3]`.
+pub struct HyperConnection<B: Backend> {
+    pub fn_: B::Weight,
+    pub base: B::Weight,
+    pub scale: B::Weight,
 }
 
-fn shape_err(info: &TensorInfo, expected: &[usize]) -> EngineError {
-    EngineError::TensorShape {
-        name: info.name.clone(),
-        got: info.dims.clone(),
-        expected: expected.iter().map(|&e| e as u64).collect(),
+impl<B: Backend> HyperConnection<B> {
+    /// The weights as the backend operations take them.
+    pub fn weights(&self) -> HcWeights<'_, B::Weight> {
+        HcWeights {
+            fn_: &self.fn_,
+            base: &self.base,
+            scale: &self.scale,
+        }
     }
 }
 
-impl<'a> Loader<'a> {
-    pub fn new(file: &'a Arc<GgufFile>) -> Self {
-        Loader {
-            file,
-            n_params: 0,
-            decode_bytes: 0,
+/// Every `glm5_next` tensor name is `blk.{i}.{s}`.
+fn n(i: usize, s: &str) -> String {
+    format!("blk.{i}.{s}")
+}
+
+pub fn hc<B: Backend>(
+    l: &mut TensorLoader<B>,
+    i: usize,
+    which: &str,
+    c: &Config,
+) -> Result<HyperConnection<B>> {
+    let (hn, d) = (c.hc_mult, c.n_embd);
+    let m = (2 + hn) * hn;
+    let name = |part: &str| n(i, &format!("hc_{which}_{part}"));
+    Ok(HyperConnection {
+        fn_: l.mat(&[&format!("{}.weight", name("fn")), &name("fn")], m, hn * d)?,
+        base: l.vec_any(&[&format!("{}.weight", name("base")), &name("base")], m)?,
+        scale: l.vec_any(&[&format!("{}.weight", name("scale")), &name("scale")], 3)?,
+    })
+}
+
+/// Checks that the KDA projections have `Hk·dk` rows before anything else reads them,
+/// so a missing or wrong head count is reported as the metadata it is.
+fn check_kda_width<B: Backend>(l: &TensorLoader<B>, i: usize, c: &Config) -> Result<()> {
+    let qkv = c.qkv();
+    if let Some(info) = l.find(&[&n(i, "attn_q.weight")])
+        && info.dims.get(1).is_some_and(|&r| r as usize != qkv)
+    {
+        return Err(EngineError::Metadata {
+            key: "kda.head_count".into(),
+            detail: format!(
+                " (blk.{i}.attn_q.weight has {} rows, but the KDA width is {} heads × {} \
+                 (kda.head_dim) = {qkv}; the head count is `{{arch}}.kda.head_count`, or \
+                 `{{arch}}.attention.head_count` when absent, as llama.cpp reads it)",
+                info.dims[1], c.kda_heads, c.kda_head_dim
+            ),
+        });
+    }
+    Ok(())
+}
+
+pub fn kda<B: Backend>(
+    l: &mut TensorLoader<B>,
+    i: usize,
+    c: &Config,
+) -> Result<LinearAttention<B>> {
+    check_kda_width(l, i, c)?;
+    let (d, h, dk, kc) = (c.n_embd, c.kda_heads, c.kda_head_dim, c.conv_kernel);
+    let qkv = h * dk;
+    // Conv: three tensors {Kc, 1, qkv[, 1]} (llama.cpp) or one {Kc, 1, 3·qkv}, split.
+    let conv = if l.find(&[&n(i, "ssm_conv1d_q.weight")]).is_some() {
+        let one = |l: &mut TensorLoader<B>, p: &str| {
+            l.small(
+                &[&n(i, &format!("ssm_conv1d_{p}.weight"))],
+                &[&[kc, 1, qkv], &[kc, qkv]],
+            )
+        };
+        [one(l, "q")?, one(l, "k")?, one(l, "v")?]
+    } else {
+        let all = l.host_values(
+            &[&n(i, "ssm_conv1d.weight")],
+            &[&[kc, 1, 3 * qkv], &[kc, 3 * qkv]],
+        )?;
+        let part = |l: &mut TensorLoader<B>, k: usize, p: &str| {
+            l.derived(
+                &n(i, &format!("ssm_conv1d.weight[{p}]")),
+                &[kc, qkv],
+                &all[k * qkv * kc..(k + 1) * qkv * kc],
+            )
+        };
+        [part(l, 0, "q")?, part(l, 1, "k")?, part(l, 2, "v")?]
+    };
+    // ssm_a holds −exp(A_log) (llama.cpp's kimi convention); the decay rate is its negation.
+    let ssm_a = l.host_values(&[&n(i, "ssm_a"), &n(i, "ssm_a.weight")], &[&[h]])?;
+    if let Some(bad) = ssm_a.iter().find(|v| v.is_nan() || **v >= 0.0) {
+        return Err(EngineError::Config(format!(
+            "tensor '{}' must hold −exp(A_log) (all negative), found {bad}",
+            n(i, "ssm_a")
+        )));
+    }
+    let decay: Vec<f32> = ssm_a.iter().map(|v| -v).collect();
+    Ok(LinearAttention {
+        q_proj: l.mat(&[&n(i, "attn_q.weight")], qkv, d)?,
+        k_proj: l.mat(&[&n(i, "attn_k.weight")], qkv, d)?,
+        v_proj: l.mat(&[&n(i, "attn_v.weight")], qkv, d)?,
+        conv,
+        f_a_proj: l.mat(&[&n(i, "ssm_f_a.weight")], dk, d)?,
+        f_b_proj: l.mat(&[&n(i, "ssm_f_b.weight")], qkv, dk)?,
+        dt_bias: l.vec_any(&[&n(i, "ssm_dt.bias")], qkv)?,
+        decay: l.derived(&n(i, "ssm_a[decay]"), &[h], &decay)?,
+        b_proj: l.mat(&[&n(i, "ssm_beta.weight")], h, d)?,
+        g_a_proj: l.mat(&[&n(i, "ssm_g_a.weight")], dk, d)?,
+        g_b_proj: l.mat(&[&n(i, "ssm_g_b.weight")], qkv, dk)?,
+        o_norm: l.vec_any(&[&n(i, "ssm_norm.weight")], dk)?,
+        o_proj: l.mat(&[&n(i, "attn_output.weight")], d, qkv)?,
+    })
+}
+
+pub fn mla<B: Backend>(
+    l: &mut TensorLoader<B>,
+    i: usize,
+    c: &Config,
+    full: bool,
+) -> Result<Attention<B>> {
+    let (d, ha, rq, rkv, dn, dv) = (
+        c.n_embd,
+        c.mla_heads,
+        c.q_lora_rank,
+        c.kv_lora_rank,
+        c.qk_nope_dim,
+        c.v_head_dim,
+    );
+    let (k_b, v_b) = if l.find(&[&n(i, "attn_k_b.weight")]).is_some() {
+        (
+            l.stacked(&[&n(i, "attn_k_b.weight")], ha, rkv, dn, ha)?,
+            l.stacked(&[&n(i, "attn_v_b.weight")], ha, dv, rkv, ha)?,
+        )
+    } else {
+        // Alias: the unsplit kv_b_proj {rkv, Ha·(dn+dv)}, re-laid-out per head.
+        let w = l.host_values(&[&n(i, "attn_kv_b.weight")], &[&[rkv, ha * (dn + dv)]])?;
+        let mut kb = vec![0f32; ha * rkv * dn];
+        let mut vb = vec![0f32; ha * dv * rkv];
+        for h in 0..ha {
+            for dd in 0..dn {
+                for cc in 0..rkv {
+                    kb[(h * rkv + cc) * dn + dd] = w[(h * (dn + dv) + dd) * rkv + cc];
+                }
+            }
+            let v = &w[(h * (dn + dv) + dn) * rkv..(h * (dn + dv) + dn + dv) * rkv];
+            vb[h * dv * rkv..(h + 1) * dv * rkv].copy_from_slice(v);
         }
-    }
+        (
+            l.derived(&n(i, "attn_kv_b.weight[k_b]"), &[dn, rkv, ha], &kb)?,
+            l.derived(&n(i, "attn_kv_b.weight[v_b]"), &[rkv, dv, ha], &vb)?,
+        )
+    };
+    let indexer = if full {
+        let (hi, di, p) = (c.index_heads, c.index_head_dim, c.index_kpool);
+        Some(Indexer {
+            wq_b: l.mat(&[&n(i, "indexer.attn_q_b.weight")], hi * di, rq)?,
+            wk: l.mat(&[&n(i, "indexer.attn_k.weight")], di, d)?,
+            k_norm_w: l.vec_any(&[&n(i, "indexer.k_norm.weight")], di)?,
+            k_norm_b: l.vec_any(&[&n(i, "indexer.k_norm.bias")], di)?,
+            weights_proj: l.mat(&[&n(i, "indexer.proj.weight")], hi, d)?,
+            gate: l.mat(&[&n(i, "indexer_compressor_gate.weight")], di, d)?,
+            ape: l.small(&[&n(i, "indexer_compressor_ape.weight")], &[&[di, p]])?,
+        })
+    } else {
+        None
+    };
+    Ok(Attention {
+        q_a_proj: l.mat(&[&n(i, "attn_q_a.weight")], rq, d)?,
+        q_a_norm: l.vec_any(&[&n(i, "attn_q_a_norm.weight")], rq)?,
+        q_b_proj: l.mat(&[&n(i, "attn_q_b.weight")], ha * dn, rq)?,
+        kv_a_proj: l.mat(&[&n(i, "attn_kv_a_mqa.weight")], rkv, d)?,
+        kv_a_norm: l.vec_any(&[&n(i, "attn_kv_a_norm.weight")], rkv)?,
+        k_b,
+        v_b,
+        o_proj: l.mat(&[&n(i, "attn_output.weight")], d, ha * dv)?,
+        indexer,
+    })
+}
 
-    /// The first of `names` present in the file.
-    pub fn find(&self, names: &[&str]) -> Option<&'a TensorInfo> {
-        names.iter().find_map(|n| self.file.tensor(n))
-    }
+/// The feed-forward part of layer `i`.
+pub enum Ffn<B: Backend> {
+    Dense(Mlp<B>),
+    Moe(Box<Moe<B>>),
+}
 
-    fn require(&self, names: &[&str]) -> Result<&'a TensorInfo> {
-        self.find(names)
-            .ok_or_else(|| EngineError::MissingTensor(names.join("' or '")))
-    }
-
-    fn check_type(&self, info: &TensorInfo) -> Result<()> {
-        if !ds4_quant::is_supported(info.dtype) {
-            return Err(EngineError::UnsupportedTensorType {
-                name: info.name.clone(),
-                ty: info.dtype,
-            });
+pub fn ffn<B: Backend>(
+    l: &mut TensorLoader<B>,
+    i: usize,
+    c: &Config,
+    kind: MlpKind,
+) -> Result<Ffn<B>> {
+    let d = c.n_embd;
+    Ok(match kind {
+        MlpKind::Dense => Ffn::Dense(Mlp {
+            gate: l.mat(&[&n(i, "ffn_gate.weight")], c.n_ff, d)?,
+            up: l.mat(&[&n(i, "ffn_up.weight")], c.n_ff, d)?,
+            down: l.mat(&[&n(i, "ffn_down.weight")], d, c.n_ff)?,
+            ff: c.n_ff,
+        }),
+        MlpKind::Moe => {
+            let (e, ff, k) = (c.n_expert, c.n_ff_exp, c.n_expert_used);
+            Ffn::Moe(Box::new(Moe {
+                router: l.mat(&[&n(i, "ffn_gate_inp.weight")], e, d)?,
+                bias: l.vec_any(
+                    &[&n(i, "exp_probs_b.bias"), &n(i, "ffn_exp_probs_b.bias")],
+                    e,
+                )?,
+                gate_exps: l.stacked(&[&n(i, "ffn_gate_exps.weight")], e, ff, d, k)?,
+                up_exps: l.stacked(&[&n(i, "ffn_up_exps.weight")], e, ff, d, k)?,
+                down_exps: l.stacked(&[&n(i, "ffn_down_exps.weight")], e, d, ff, k)?,
+                shared: Mlp {
+                    gate: l.mat(&[&n(i, "ffn_gate_shexp.weight")], c.n_ff_shexp, d)?,
+                    up: l.mat(&[&n(i, "ffn_up_shexp.weight")], c.n_ff_shexp, d)?,
+                    down: l.mat(&[&n(i, "ffn_down_shexp.weight")], d, c.n_ff_shexp)?,
+                    ff: c.n_ff_shexp,
+                },
+            }))
         }
-        Ok(())
-    }
-
-    /// Dims with trailing 1s removed (ggml pads shapes with 1).
-    fn dims(info: &TensorInfo) -> Vec<usize> {
-        let mut d: Vec<usize> = info.dims.iter().map(|&x| x as usize).collect();
-        while d.len() > 1 && d.last() == Some(&1) {
-            d.pop();
-        }
-        d
-    }
-
-    /// A matrix `[rows, cols]` (ggml dims `{cols, rows}`), counted as read once per
-    /// decode step.
-    pub fn matrix(&mut self, names: &[&str], rows: usize, cols: usize) -> Result<Linear> {
-        let info = self.require(names)?;
-        self.check_type(info)?;
-        if Self::dims(info) != [cols, rows] {
-            return Err(shape_err(info, &[cols, rows]));
-        }
-        self.n_params += info.n_elements();
-        self.decode_bytes += info.n_bytes();
-        Ok(Linear::mapped(self.file, info, 0, rows, cols))
-    }
-
-    /// An embedding table `[rows, cols]`: one row is read per token.
-    pub fn embedding(&mut self, name: &str, cols: usize) -> Result<Linear> {
-        let info = self.require(&[name])?;
-        self.check_type(info)?;
-        let d = Self::dims(info);
-        if d.len() != 2 || d[0] != cols {
-            return Err(shape_err(info, &[cols, 0]));
-        }
-        self.n_params += info.n_elements();
-        self.decode_bytes += info.n_bytes() / d[1].max(1) as u64;
-        Ok(Linear::mapped(self.file, info, 0, d[1], cols))
-    }
-
-    /// `n` stacked matrices `[n, rows, cols]` (ggml `{cols, rows, n}`), of which
-    /// `used` are read per decode step.
-    pub fn stacked(
-        &mut self,
-        names: &[&str],
-        n: usize,
-        rows: usize,
-        cols: usize,
-        used: usize,
-    ) -> Result<Vec<Linear>> {
-        let info = self.require(names)?;
-        self.check_type(info)?;
-        let d = Self::dims(info);
-        let ok = d == [cols, rows, n] || (n == 1 && d == [cols, rows]);
-        if !ok {
-            return Err(shape_err(info, &[cols, rows, n]));
-        }
-        self.n_params += info.n_elements();
-        self.decode_bytes += info.n_bytes() / n.max(1) as u64 * used as u64;
-        Ok((0..n)
-            .map(|e| Linear::mapped(self.file, info, e * rows, rows, cols))
-            .collect())
-    }
-
-    /// A vector of `len` values, decoded to f32 (any dims whose product is `len` and
-    /// whose first is `len`, e.g. `{len}` or `{len, 1}`).
-    pub fn vector(&mut self, names: &[&str], len: usize) -> Result<Vec<f32>> {
-        let info = self.require(names)?;
-        self.values(info, &[len])
-    }
-
-    /// Like [`Loader::vector`], `None` when absent.
-    pub fn opt_vector(&mut self, names: &[&str], len: usize) -> Result<Option<Vec<f32>>> {
-        match self.find(names) {
-            None => Ok(None),
-            Some(info) => self.values(info, &[len]).map(Some),
-        }
-    }
-
-    /// A small tensor of exactly `dims` (ggml order), decoded to f32 row-major.
-    pub fn values(&mut self, info: &TensorInfo, dims: &[usize]) -> Result<Vec<f32>> {
-        self.check_type(info)?;
-        if Self::dims(info) != dims {
-            return Err(shape_err(info, dims));
-        }
-        self.n_params += info.n_elements();
-        self.decode_bytes += info.n_bytes();
-        let n = info.n_elements() as usize;
-        let mut out = vec![0f32; n];
-        let rb = info.row_bytes().unwrap_or(0) as usize;
-        let row = info.dims[0] as usize;
-        let data = self.file.tensor_data(info);
-        for (r, o) in out.chunks_exact_mut(row.max(1)).enumerate() {
-            ds4_quant::dequantize_row(info.dtype, &data[r * rb..(r + 1) * rb], o).map_err(|e| {
-                EngineError::Config(format!("tensor '{}' cannot be decoded: {e}", info.name))
-            })?;
-        }
-        Ok(out)
-    }
-
-    /// A small tensor found under any of `names`, of exactly `dims` (or `alt` dims).
-    pub fn values_any(&mut self, names: &[&str], dims: &[&[usize]]) -> Result<Vec<f32>> {
-        let info = self.require(names)?;
-        let d = Self::dims(info);
-        let pick = dims
-            .iter()
-            .find(|x| **x == d.as_slice())
-            .copied()
-            .unwrap_or(dims[0]);
-        self.values(info, pick)
-    }
-
-    /// The type of a present tensor.
-    pub fn type_of(&self, name: &str) -> Option<GgmlType> {
-        self.file.tensor(name).map(|i| i.dtype)
-    }
+    })
 }

@@ -1,6 +1,6 @@
 //! Multi-head latent attention without RoPE (`Glm5NextTextAttention`,
-//! `modeling_glm5_next.py` `:1100-1276`; doc §5), over the tokens the DSA indexer
-//! selects.
+//! `modeling_glm5_next.py` `:1100-1276`; doc §5) over the tokens the DSA indexer
+//! selects, and the indexer itself (`Glm5NextTextIndexer`, `:773-1061`; doc §6).
 //!
 //! ```text
 //! q_lat = RMSNorm_qa(x·q_aᵀ)                 [S, rq]   (also the indexer's q input)
@@ -10,248 +10,203 @@
 //!   score_j = (W_k,h c_j)·q_h · dn^-½ ,  out_h = softmax(score)·(W_v,h c_j)
 //! ```
 //!
-//! The reference expands `kv_b_proj` over the whole cache; we absorb it instead (the
-//! same math, doc §5): `q̃_h = W_k,hᵀ q_h` (`attn_k_b` per head `[rkv, dn]`), scores
-//! `q̃_h·c_j`, context `Σ_j p_j c_j`, then `W_v,h` (`attn_v_b` per head `[dv, rkv]`).
+//! The indexer caches `k_j = LayerNorm(x_j·wkᵀ)` and `gs_j = x_j·gateᵀ` (`[di]` each).
+//! Tokens form pools of `P` from position 0; a complete pool's key is a per-channel
+//! softmax-weighted sum `K_p[d] = Σ_s α_{p,s}[d]·k_{pP+s}[d]` with
+//! `α = softmax_s(gs + ape)`. A query at position `t` scores every pool it sees (one
+//! whose last token is `≤ t`) with `I(p) = Σ_h w_h·relu(q_h·K_p·di^-½)`, keeps the
+//! `Ktop/P` best and adds the tail `[P·⌊(t+1)/P⌋, t]` (the incomplete pool). While at
+//! most `Ktop/P` pools are visible the selection is every token `≤ t` (dense).
 
-use rayon::prelude::*;
+use crate::Result;
+use crate::backend::{Backend, CompressShape, MlaShape, Prec, SelectShape};
 
-use super::ablation::{Ablation, Switches};
-use super::indexer::{Indexer, IndexerParams, Selection, dense};
-use super::linear::{Acts, Linear, dot_f32};
-use super::ops::{Prec, rms_norm};
-use super::state::MlaLayer;
+use super::Scratch;
+use super::state::{IndexerState, MlaLayer};
 
-/// One MLA layer's parameters.
-pub struct Attention {
-    pub q_a_proj: Linear,
-    pub q_a_norm: Vec<f32>,
-    pub q_b_proj: Linear,
-    pub kv_a_proj: Linear,
-    pub kv_a_norm: Vec<f32>,
-    /// Per head `[rkv, dn]`: `k_b[h][c][d] = kv_b_proj[h·(dn+dv) + d][c]`.
-    pub k_b: Vec<Linear>,
-    /// Per head `[dv, rkv]`: `v_b[h][e][c] = kv_b_proj[h·(dn+dv) + dn + e][c]`.
-    pub v_b: Vec<Linear>,
-    pub o_proj: Linear,
+/// The indexer of a `full` MLA layer.
+pub struct Indexer<B: Backend> {
+    /// `[Hi·di, rq]`.
+    pub wq_b: B::Weight,
+    /// `[di, D]`.
+    pub wk: B::Weight,
+    /// LayerNorm weight and bias `[di]`.
+    pub k_norm_w: B::Weight,
+    pub k_norm_b: B::Weight,
+    /// `[Hi, D]`.
+    pub weights_proj: B::Weight,
+    /// `index_kpool_compress_gate [di, D]`.
+    pub gate: B::Weight,
+    /// `index_kpool_compress_ape [P, di]`.
+    pub ape: B::Weight,
+}
+
+/// One MLA layer's weights.
+pub struct Attention<B: Backend> {
+    pub q_a_proj: B::Weight,
+    pub q_a_norm: B::Weight,
+    pub q_b_proj: B::Weight,
+    pub kv_a_proj: B::Weight,
+    pub kv_a_norm: B::Weight,
+    /// `[Ha, rkv, dn]`: `k_b[h][c][d] = kv_b_proj[h·(dn+dv) + d][c]`.
+    pub k_b: B::Weight,
+    /// `[Ha, dv, rkv]`: `v_b[h][e][c] = kv_b_proj[h·(dn+dv) + dn + e][c]`.
+    pub v_b: B::Weight,
+    pub o_proj: B::Weight,
     /// `Some` for a `full` layer.
-    pub indexer: Option<Indexer>,
+    pub indexer: Option<Indexer<B>>,
 }
 
-/// MLA settings.
-#[derive(Clone, Copy)]
-pub struct MlaParams {
-    pub heads: usize,
-    pub qk_nope_dim: usize,
-    pub v_head_dim: usize,
-    pub kv_lora_rank: usize,
+/// The layer's settings.
+pub(crate) struct MlaCall<'a, B: Backend> {
+    pub step: &'a B::Step,
+    pub s: usize,
+    pub n_ctx: usize,
     pub rms_eps: f32,
-    pub prec: Prec,
-    pub sw: Switches,
-    pub index: IndexerParams,
+    pub ln_eps: f32,
+    pub shape: &'a MlaShape,
+    pub select: &'a SelectShape,
+    pub p: Prec,
+    /// Which selection the layer attends with (see [`Selection`]).
+    pub selection: Selection,
+    /// The indexer's key norm is applied (off only for a test switch).
+    pub k_norm: bool,
+    /// q_a / kv_a norms applied (off only for test switches).
+    pub q_a_norm: bool,
+    pub kv_a_norm: bool,
 }
 
-impl Attention {
-    /// Runs the layer on `x [s, D]` at positions `pos0..`, appending to `st`. A `shared`
-    /// layer takes the previous layer's selections in `prev`. Returns the output
-    /// `[s, D]` and this layer's selections.
-    pub fn forward(
-        &self,
-        x: &[f32],
-        s: usize,
-        pos0: usize,
-        st: &mut MlaLayer,
-        prev: Option<&[Selection]>,
-        p: &MlaParams,
-    ) -> (Vec<f32>, Vec<Selection>) {
-        let (ha, dn, rkv) = (p.heads, p.qk_nope_dim, p.kv_lora_rank);
-        let d = self.q_a_proj.cols;
-        let rq = self.q_a_proj.rows;
-        let acts = Acts::new(x, s, d);
-        let mut q_lat = vec![0f32; s * rq];
-        self.q_a_proj.forward_acts(&acts, &mut q_lat);
-        p.prec.cast(&mut q_lat);
-        if !p.sw.on(Ablation::MlaQANormOff) {
-            rms_norm(&mut q_lat, Some(&self.q_a_norm), p.rms_eps, rq, p.prec);
-        }
-        let mut q = vec![0f32; s * ha * dn];
-        self.q_b_proj.forward(&q_lat, s, &mut q);
-        p.prec.cast(&mut q);
-        let mut c = vec![0f32; s * rkv];
-        self.kv_a_proj.forward_acts(&acts, &mut c);
-        p.prec.cast(&mut c);
-        if !p.sw.on(Ablation::MlaKvANormOff) {
-            rms_norm(&mut c, Some(&self.kv_a_norm), p.rms_eps, rkv, p.prec);
-        }
-        st.latent.extend_from_slice(&c);
-        // Token selections (doc §6).
-        let full = self.indexer.is_some();
-        let sel: Vec<Selection> = match (&self.indexer, prev) {
-            _ if p.sw.on(Ablation::DsaDense) || (!full && p.sw.on(Ablation::DsaSharedDense)) => {
-                if let (Some(ix), Some(ist)) = (&self.indexer, st.indexer.as_mut()) {
-                    ix.forward(x, &q_lat, s, pos0, ist, &p.index);
-                }
-                (0..s).map(|i| dense(pos0 + i)).collect()
-            }
-            (Some(ix), _) => {
-                let ist = st.indexer.get_or_insert_with(Default::default);
-                ix.forward(x, &q_lat, s, pos0, ist, &p.index)
-            }
-            (None, Some(prev)) => prev.to_vec(),
-            (None, None) => (0..s).map(|i| dense(pos0 + i)).collect(),
-        };
-        let mut o = if p.prec.is_bf16() {
-            self.attend_expanded(&q, &st.latent, &sel, s, p)
-        } else {
-            self.attend_absorbed(&q, &st.latent, &sel, s, p)
-        };
-        p.prec.cast(&mut o);
-        let mut y = vec![0f32; s * d];
-        self.o_proj.forward(&o, s, &mut y);
-        p.prec.cast(&mut y);
-        (y, sel)
-    }
+/// Which tokens the layer attends to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selection {
+    /// Every token `≤ t` (no indexer before, or a test switch); a `full` layer still
+    /// updates its indexer state.
+    Dense,
+    /// This layer's own indexer, written to `sc.sel`.
+    Own,
+    /// The previous `full` layer's selection in `sc.sel` (a `shared` layer).
+    Shared,
+}
 
-    /// Attention with `kv_b_proj` absorbed (see the module header): `[s, Ha·dv]`.
-    fn attend_absorbed(
+impl<B: Backend> Attention<B> {
+    /// Runs the layer on `sc.hn [s, D]` at the step's positions, appending to `st`,
+    /// writing `sc.y [s, D]`.
+    pub(crate) fn forward(
         &self,
-        q: &[f32],
-        latent: &[f32],
-        sel: &[Selection],
-        s: usize,
-        p: &MlaParams,
-    ) -> Vec<f32> {
-        let (ha, dn, dv, rkv) = (p.heads, p.qk_nope_dim, p.v_head_dim, p.kv_lora_rank);
-        // Absorbed queries q̃ [s, Ha, rkv].
-        let mut qt = vec![0f32; s * ha * rkv];
-        {
-            let mut qh = vec![0f32; s * dn];
-            let mut out = vec![0f32; s * rkv];
-            for h in 0..ha {
-                for t in 0..s {
-                    qh[t * dn..(t + 1) * dn]
-                        .copy_from_slice(&q[(t * ha + h) * dn..(t * ha + h + 1) * dn]);
-                }
-                self.k_b[h].forward(&qh, s, &mut out);
-                for t in 0..s {
-                    qt[(t * ha + h) * rkv..(t * ha + h + 1) * rkv]
-                        .copy_from_slice(&out[t * rkv..(t + 1) * rkv]);
-                }
-            }
-        }
-        let scale_dim = if p.sw.on(Ablation::MlaScaleVHeadDim) {
-            dv
+        b: &B,
+        sc: &mut Scratch<B>,
+        st: &mut MlaLayer<B>,
+        call: &MlaCall<'_, B>,
+    ) -> Result<()> {
+        let (s, p, sh) = (call.s, call.p, call.shape);
+        let rq = sc.q_lat_len;
+        b.matmul(&self.q_a_proj, None, &sc.hn, s, p, &mut sc.q_lat)?;
+        if call.q_a_norm {
+            b.rms_norm(
+                &sc.q_lat,
+                Some(&self.q_a_norm),
+                s,
+                rq,
+                call.rms_eps,
+                p,
+                &mut sc.q_lat_n,
+            )?;
         } else {
-            dn
-        };
-        let scale = (scale_dim as f32).powf(-0.5);
-        // Context per (token, head): Σ_j softmax(q̃·c_j·scale)_j c_j.
-        let mut ctx = vec![0f32; s * ha * rkv];
-        ctx.par_chunks_mut(rkv).enumerate().for_each(|(th, out)| {
-            let t = th / ha;
-            let qv = &qt[th * rkv..(th + 1) * rkv];
-            let toks: Vec<usize> = sel[t].iter().flat_map(|r| r.clone()).collect();
-            if toks.is_empty() {
-                return;
-            }
-            let mut sc: Vec<f32> = toks
-                .iter()
-                .map(|&j| dot_f32(qv, &latent[j * rkv..(j + 1) * rkv]) * scale)
-                .collect();
-            super::ops::softmax(&mut sc);
-            for (&j, w) in toks.iter().zip(&sc) {
-                for (o, cv) in out.iter_mut().zip(&latent[j * rkv..(j + 1) * rkv]) {
-                    *o += w * cv;
-                }
-            }
-        });
-        // out_h = W_v,h · ctx_h  → [s, Ha·dv]
-        let mut o = vec![0f32; s * ha * dv];
-        {
-            let mut ch = vec![0f32; s * rkv];
-            let mut out = vec![0f32; s * dv];
-            for h in 0..ha {
-                for t in 0..s {
-                    ch[t * rkv..(t + 1) * rkv]
-                        .copy_from_slice(&ctx[(t * ha + h) * rkv..(t * ha + h + 1) * rkv]);
-                }
-                self.v_b[h].forward(&ch, s, &mut out);
-                for t in 0..s {
-                    o[(t * ha + h) * dv..(t * ha + h + 1) * dv]
-                        .copy_from_slice(&out[t * dv..(t + 1) * dv]);
-                }
-            }
+            b.copy(&sc.q_lat, 0, &mut sc.q_lat_n, 0, s * rq)?;
         }
-        o
+        b.matmul(&self.q_b_proj, None, &sc.q_lat_n, s, p, &mut sc.mq)?;
+        b.matmul(&self.kv_a_proj, None, &sc.hn, s, p, &mut sc.lat)?;
+        if call.kv_a_norm {
+            b.rms_norm(
+                &sc.lat,
+                Some(&self.kv_a_norm),
+                s,
+                sh.rank,
+                call.rms_eps,
+                p,
+                &mut sc.lat_n,
+            )?;
+        } else {
+            b.copy(&sc.lat, 0, &mut sc.lat_n, 0, s * sh.rank)?;
+        }
+        b.store_rows(call.step, &sc.lat_n, s, sh.rank, &mut st.latent, call.n_ctx)?;
+        if let (Some(ix), Some(ist)) = (&self.indexer, st.indexer.as_mut()) {
+            ix.forward(b, sc, ist, call)?;
+        }
+        let sel = match call.selection {
+            Selection::Dense => None,
+            Selection::Own | Selection::Shared => Some(&sc.sel),
+        };
+        b.mla_attention(
+            call.step,
+            &sc.mq,
+            &st.latent,
+            &self.k_b,
+            &self.v_b,
+            sel,
+            s,
+            sh,
+            p,
+            &mut sc.attn,
+        )?;
+        b.matmul(&self.o_proj, None, &sc.attn, s, p, &mut sc.y)
     }
+}
 
-    /// The reference's bf16 arithmetic (doc §10): keys and values expanded from the
-    /// latents by the bf16 `kv_b_proj` (rounded), then PyTorch's SDPA math path, which
-    /// upcasts bf16 inputs to f32 (scores, softmax, weighted sum in f32) and rounds the
-    /// output once; this reproduces the fixtures' bf16 attention outputs bit for bit.
-    /// Used only by bf16 models, whose CPU use is parity testing: it expands every
-    /// cached latent per call.
-    fn attend_expanded(
+impl<B: Backend> Indexer<B> {
+    /// Appends the step's rows to `st`, completes the pooled keys and, when the layer
+    /// uses its own selection, writes each query's pool ids to `sc.sel`.
+    fn forward(
         &self,
-        q: &[f32],
-        latent: &[f32],
-        sel: &[Selection],
-        s: usize,
-        p: &MlaParams,
-    ) -> Vec<f32> {
-        let (ha, dn, dv, rkv) = (p.heads, p.qk_nope_dim, p.v_head_dim, p.kv_lora_rank);
-        let t_len = latent.len() / rkv;
-        // k[j][h] = bf16(W_k,h c_j) with W_k,h = k_b[h]ᵀ, v[j][h] = bf16(W_v,h c_j).
-        let mut k = vec![0f32; t_len * ha * dn];
-        let mut v = vec![0f32; t_len * ha * dv];
-        for h in 0..ha {
-            let kb = self.k_b[h].to_f32();
-            let mut vh = vec![0f32; t_len * dv];
-            self.v_b[h].forward_exact(latent, t_len, &mut vh);
-            for j in 0..t_len {
-                let c = &latent[j * rkv..(j + 1) * rkv];
-                for d in 0..dn {
-                    let acc: f32 = (0..rkv).map(|cc| kb[cc * dn + d] * c[cc]).sum();
-                    k[(j * ha + h) * dn + d] = p.prec.one(acc);
-                }
-                for e in 0..dv {
-                    v[(j * ha + h) * dv + e] = p.prec.one(vh[j * dv + e]);
-                }
-            }
-        }
-        let scale_dim = if p.sw.on(Ablation::MlaScaleVHeadDim) {
-            dv
+        b: &B,
+        sc: &mut Scratch<B>,
+        st: &mut IndexerState<B>,
+        call: &MlaCall<'_, B>,
+    ) -> Result<()> {
+        let (s, p, sel) = (call.s, call.p, call.select);
+        let di = sel.dim;
+        // k = LayerNorm(wk x), gs = gate x, both in the model dtype.
+        b.matmul(&self.wk, None, &sc.hn, s, p, &mut sc.ik)?;
+        if call.k_norm {
+            b.layer_norm(
+                &sc.ik,
+                &self.k_norm_w,
+                &self.k_norm_b,
+                s,
+                di,
+                call.ln_eps,
+                p,
+                &mut sc.ik_n,
+            )?;
         } else {
-            dn
+            b.copy(&sc.ik, 0, &mut sc.ik_n, 0, s * di)?;
+        }
+        b.matmul(&self.gate, None, &sc.hn, s, p, &mut sc.igs)?;
+        b.store_rows(call.step, &sc.ik_n, s, di, &mut st.k, call.n_ctx)?;
+        b.store_rows(call.step, &sc.igs, s, di, &mut st.gs, call.n_ctx)?;
+        let pool = CompressShape {
+            rate: sel.rate,
+            dim: di,
+            overlap: false,
+            norm_eps: 0.0,
         };
-        let scale = (scale_dim as f32).powf(-0.5);
-        let mut o = vec![0f32; s * ha * dv];
-        o.par_chunks_mut(dv).enumerate().for_each(|(th, out)| {
-            let (t, h) = (th / ha, th % ha);
-            let qv = &q[th * dn..(th + 1) * dn];
-            let toks: Vec<usize> = sel[t].iter().flat_map(|r| r.clone()).collect();
-            if toks.is_empty() {
-                return;
-            }
-            let sc: Vec<f32> = toks
-                .iter()
-                .map(|&j| dot_f32(qv, &k[(j * ha + h) * dn..(j * ha + h + 1) * dn]) * scale)
-                .collect();
-            let m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for (&j, &x) in toks.iter().zip(&sc) {
-                let e = (x - m).exp();
-                sum += e;
-                let pe = e;
-                for (o, vv) in out
-                    .iter_mut()
-                    .zip(&v[(j * ha + h) * dv..(j * ha + h + 1) * dv])
-                {
-                    *o += pe * vv;
-                }
-            }
-            out.iter_mut().for_each(|x| *x /= sum);
-        });
-        o
+        b.compress(
+            call.step,
+            &st.k,
+            &st.gs,
+            call.n_ctx,
+            &self.ape,
+            None,
+            None,
+            &pool,
+            p,
+            &mut st.pooled,
+        )?;
+        if call.selection == Selection::Own {
+            b.matmul(&self.wq_b, None, &sc.q_lat_n, s, p, &mut sc.iq)?;
+            b.matmul(&self.weights_proj, None, &sc.hn, s, p, &mut sc.iw)?;
+            b.dsa_select(call.step, &sc.iq, &sc.iw, &st.pooled, s, sel, &mut sc.sel)?;
+        }
+        Ok(())
     }
 }

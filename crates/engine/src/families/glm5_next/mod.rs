@@ -1,93 +1,114 @@
-//! The `glm5_next` family (GLM-5.3-Flash) on the CPU, following the text model of
+//! The `glm5_next` family (GLM-5.3-Flash), following the text model of
 //! `transformers==5.23.0` `models/glm5_next` (`Glm5NextTextModel` + the untied
-//! `lm_head`); `docs/glm5_next.md` writes its forward pass out and is the companion of
-//! these files:
+//! `lm_head`), written once on the [`Backend`] interface; `docs/glm5_next.md` writes
+//! its forward pass out and is the companion of these files:
 //!
 //! ```text
-//! X[t, n] = embed[tokens[t]]                      n < hc_mult streams       (mod.rs)
-//! per layer:  post, C, x = attn_hc(X)                                       (mhc.rs)
-//!             y = KDA(rms(x)) | MLA+DSA(rms(x))                (kda.rs, mla.rs, indexer.rs)
-//!             X = post ⊗ y + Cᵀ X
+//! X[t, n] = embed[tokens[t]]                      n < hc_mult streams
+//! per layer:  post, C, x = attn_hc(X)                                  (hc_pre)
+//!             y = KDA(rms(x)) | MLA+DSA(rms(x))                (kda.rs, mla.rs)
+//!             X = post ⊗ y + Cᵀ X                                      (hc_post)
 //!             post, C, x = ffn_hc(X);  y = MLP | MoE(rms(x));  X = post ⊗ y + Cᵀ X   (moe.rs)
-//! logits = lm_head · rms_final(mean_n X[t, n])
+//! logits = lm_head · rms_final(mean_n X[t, n])                         (hc_head)
 //! ```
 //!
 //! Weights come from a GGUF file (`load.rs`, `docs/glm5_next_gguf.md`); the
 //! per-sequence state and its rewind journal are in `state.rs`, the versioned state
-//! file in `state_file.rs`. A model whose token embedding is BF16 computes as the
-//! reference's bf16 model (activations rounded at its cast points, `ops.rs`); any
-//! other file computes in f32. Test switches that break one feature at a time are in
-//! `ablation.rs`.
+//! file in `state_file.rs`. **Precision policy:** the reference is PyTorch, so every
+//! operation runs in its arithmetic — a model whose token embedding is BF16 computes as
+//! the reference's bf16 model ([`Prec::Bf16`]: activations rounded at its cast points),
+//! any other file in f32 ([`Prec::F32`]).
 
-pub mod ablation;
 pub mod config;
-pub mod indexer;
 pub mod kda;
-pub mod linear;
 pub mod load;
-pub mod mhc;
 pub mod mla;
 pub mod moe;
-pub mod ops;
 pub mod state;
 pub mod state_file;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
 use ds4_gguf::{GgmlType, GgufFile};
 
+use crate::backend::{
+    Backend, DeltaShape, HcShape, MlaShape, OutGate, PoolSelect, Prec, Routing, Scoring,
+    SelectShape,
+};
+use crate::loader::{Hparams, TensorLoader};
 use crate::model::{Cache, Logits, Model, ModelInfo};
 use crate::{EngineError, Result};
-use ablation::{Ablation, Switches};
-use config::{AttnKind, Config, Dtype, Gate, MlpKind};
-use indexer::{Indexer, IndexerParams, Selection};
-use kda::{Capture, KdaParams, LinearAttention};
-use linear::{Acts, Linear};
-use load::Loader;
-use mhc::{HcParams, HyperConnection};
-use mla::{Attention, MlaParams};
-use moe::{Mlp, Moe, MoeParams};
-use ops::Prec;
-use state::{CacheShape, LayerShape, LayerState, Plan};
+use config::{AttnKind, Config, Dtype};
+use kda::{KdaCall, LinearAttention};
+use load::{Ffn, HyperConnection};
+use mla::{Attention, MlaCall, Selection};
+use moe::MoeCall;
+use state::{CacheShape, LayerShape, LayerState};
 
 pub use state::{Anchor, DEFAULT_ANCHORS, DEFAULT_REWIND_WINDOW, Glm5NextCache};
 
-/// The GGUF architecture names accepted (`glm5next`, as llama.cpp and the published
-/// GGUF files spell it, and `glm5-next` of llama.cpp PR 27773).
-pub const ARCH_NAMES: &[&str] = &["glm5next", "glm5-next"];
+/// The GGUF architecture names accepted: `glm5-next` (llama.cpp's) and `glm5next`
+/// (files written by earlier versions of this project's converter).
+pub const ARCH_NAMES: &[&str] = &["glm5-next", "glm5next"];
+
+/// The backend operations this family uses (checked at load).
+const OPS: &[&str] = &[
+    "embed",
+    "rms_norm",
+    "layer_norm",
+    "matmul",
+    "swiglu",
+    "add",
+    "copy",
+    "fill",
+    "read",
+    "read_ids",
+    "write",
+    "store_rows",
+    "moe_route",
+    "moe_experts",
+    "hc_pre",
+    "hc_post",
+    "hc_head",
+    "delta_net",
+    "delta_replay",
+    "gated_norm",
+    "compress",
+    "dsa_select",
+    "mla_attention",
+];
 
 /// Tokens per internal forward piece: a multiple of the KDA chunk (64), so splitting
 /// a call changes nothing in the chunked kernel.
 const PIECE: usize = 512;
+/// Rows of logits computed at once (bounds the logits buffer to `LOGIT_ROWS × n_vocab`).
+const LOGIT_ROWS: usize = 16;
 
-enum Attn {
-    Kda(LinearAttention),
-    Mla(Attention),
+enum Attn<B: Backend> {
+    Kda(LinearAttention<B>),
+    Mla(Attention<B>),
 }
 
-enum Ffn {
-    Dense(Mlp),
-    Moe(Box<Moe>),
+struct Layer<B: Backend> {
+    attn_hc: HyperConnection<B>,
+    ffn_hc: HyperConnection<B>,
+    attn_norm: B::Weight,
+    ffn_norm: B::Weight,
+    attn: Attn<B>,
+    ffn: Ffn<B>,
 }
 
-struct Layer {
-    attn_hc: HyperConnection,
-    ffn_hc: HyperConnection,
-    attn_norm: Vec<f32>,
-    ffn_norm: Vec<f32>,
-    attn: Attn,
-    ffn: Ffn,
-}
-
-/// A loaded `glm5_next` model.
-pub struct Glm5Next {
+/// A loaded `glm5_next` model on backend `B`.
+pub struct Glm5Next<B: Backend> {
+    backend: Arc<B>,
     cfg: Config,
     info: ModelInfo,
-    tok_embd: Linear,
-    output_norm: Vec<f32>,
-    output: Linear,
-    layers: Vec<Layer>,
-    sw: Switches,
+    tok_embd: B::Weight,
+    output_norm: B::Weight,
+    output: B::Weight,
+    layers: Vec<Layer<B>>,
     fingerprint: u64,
 }
 
@@ -103,172 +124,127 @@ pub struct Trace {
     pub attn_out: Vec<Vec<f32>>,
     /// Per layer: the MLP block's output `[s, D]`.
     pub mlp_out: Vec<Vec<f32>>,
-    /// Per `full` MLA layer: the selections of the call's queries.
-    pub selections: Vec<(usize, Vec<Selection>)>,
+    /// Per `full` MLA layer: each query's attended tokens (ascending).
+    pub selections: Vec<(usize, Vec<Vec<usize>>)>,
 }
 
-fn hc(l: &mut Loader, i: usize, which: &str, n: usize, d: usize) -> Result<HyperConnection> {
-    let m = (2 + n) * n;
-    let fn_ = l.matrix(
-        &[
-            &format!("blk.{i}.hc_{which}_fn.weight"),
-            &format!("blk.{i}.hc_{which}_fn"),
-        ],
-        m,
-        n * d,
-    )?;
-    let base = l.vector(
-        &[
-            &format!("blk.{i}.hc_{which}_base.weight"),
-            &format!("blk.{i}.hc_{which}_base"),
-        ],
-        m,
-    )?;
-    let sc = l.vector(
-        &[
-            &format!("blk.{i}.hc_{which}_scale.weight"),
-            &format!("blk.{i}.hc_{which}_scale"),
-        ],
-        3,
-    )?;
-    Ok(HyperConnection {
-        fn_,
-        base,
-        scale: [sc[0], sc[1], sc[2]],
-    })
+/// The activation buffers of one forward piece (`PIECE` tokens; see the forward pass).
+pub(crate) struct Scratch<B: Backend> {
+    /// Streams `[P, N·D]`, the collapsed input `[P, D]`, its norm, block outputs.
+    x: B::Buf,
+    h: B::Buf,
+    hn: B::Buf,
+    y: B::Buf,
+    y2: B::Buf,
+    mix: B::Buf,
+    // KDA
+    q: B::Buf,
+    k: B::Buf,
+    v: B::Buf,
+    g: B::Buf,
+    z: B::Buf,
+    fa: B::Buf,
+    beta: B::Buf,
+    o: B::Buf,
+    o2: B::Buf,
+    // MLA and the indexer
+    q_lat_len: usize,
+    q_lat: B::Buf,
+    q_lat_n: B::Buf,
+    mq: B::Buf,
+    lat: B::Buf,
+    lat_n: B::Buf,
+    attn: B::Buf,
+    ik: B::Buf,
+    ik_n: B::Buf,
+    igs: B::Buf,
+    iq: B::Buf,
+    iw: B::Buf,
+    /// Pool ids chosen by the last `full` layer's indexer.
+    sel: B::Ids,
+    // FFN
+    router: B::Buf,
+    expert_ids: B::Ids,
+    expert_w: B::Buf,
+    ff_gate: B::Buf,
+    ff_up: B::Buf,
+    ff_act: B::Buf,
+    // Output rows
+    xl: B::Buf,
+    hl: B::Buf,
+    hl2: B::Buf,
+    logits: B::Buf,
 }
 
-fn load_kda(l: &mut Loader, i: usize, c: &Config) -> Result<LinearAttention> {
-    let (d, h, dk, kc) = (c.n_embd, c.kda_heads, c.kda_head_dim, c.conv_kernel);
-    let qkv = h * dk;
-    let n = |s: &str| format!("blk.{i}.{s}");
-    // Conv: three tensors {Kc, 1, qkv} (llama.cpp) or one {Kc, 1, 3·qkv}.
-    let conv = if l.find(&[&n("ssm_conv1d_q.weight")]).is_some() {
-        let mut w = Vec::with_capacity(3 * qkv * kc);
-        for p in ["q", "k", "v"] {
-            w.extend(l.values_any(
-                &[&n(&format!("ssm_conv1d_{p}.weight"))],
-                &[&[kc, 1, qkv], &[kc, qkv]],
-            )?);
-        }
-        w
-    } else {
-        l.values_any(
-            &[&n("ssm_conv1d.weight")],
-            &[&[kc, 1, 3 * qkv], &[kc, 3 * qkv]],
-        )?
-    };
-    // ssm_a holds −exp(A_log) (llama.cpp's kimi convention).
-    let ssm_a = l.vector(&[&n("ssm_a"), &n("ssm_a.weight")], h)?;
-    if let Some(bad) = ssm_a.iter().find(|v| v.is_nan() || **v >= 0.0) {
-        return Err(EngineError::Config(format!(
-            "tensor '{}' must hold −exp(A_log) (all negative), found {bad}",
-            n("ssm_a")
-        )));
-    }
-    Ok(LinearAttention {
-        q_proj: l.matrix(&[&n("attn_q.weight")], qkv, d)?,
-        k_proj: l.matrix(&[&n("attn_k.weight")], qkv, d)?,
-        v_proj: l.matrix(&[&n("attn_v.weight")], qkv, d)?,
-        conv,
-        f_a_proj: l.matrix(&[&n("ssm_f_a.weight")], dk, d)?,
-        f_b_proj: l.matrix(&[&n("ssm_f_b.weight")], qkv, dk)?,
-        dt_bias: l.vector(&[&n("ssm_dt.bias")], qkv)?,
-        decay_rate: ssm_a.iter().map(|v| -v).collect(),
-        b_proj: l.matrix(&[&n("ssm_beta.weight")], h, d)?,
-        g_a_proj: l.matrix(&[&n("ssm_g_a.weight")], dk, d)?,
-        g_b_proj: l.matrix(&[&n("ssm_g_b.weight")], qkv, dk)?,
-        o_norm: l.vector(&[&n("ssm_norm.weight")], dk)?,
-        o_proj: l.matrix(&[&n("attn_output.weight")], d, qkv)?,
-    })
-}
-
-fn load_mla(l: &mut Loader, i: usize, c: &Config, full: bool) -> Result<Attention> {
-    let (d, ha, rq, rkv, dn, dv) = (
-        c.n_embd,
-        c.mla_heads,
-        c.q_lora_rank,
-        c.kv_lora_rank,
-        c.qk_nope_dim,
-        c.v_head_dim,
-    );
-    let n = |s: &str| format!("blk.{i}.{s}");
-    let (k_b, v_b) = if l.find(&[&n("attn_k_b.weight")]).is_some() {
-        (
-            l.stacked(&[&n("attn_k_b.weight")], ha, rkv, dn, ha)?,
-            l.stacked(&[&n("attn_v_b.weight")], ha, dv, rkv, ha)?,
-        )
-    } else {
-        // Alias: the unsplit kv_b_proj {rkv, Ha·(dn+dv)}, re-laid-out per head.
-        let kv_b = l.matrix(&[&n("attn_kv_b.weight")], ha * (dn + dv), rkv)?;
-        let w = kv_b.to_f32();
-        let mut kb = Vec::with_capacity(ha);
-        let mut vb = Vec::with_capacity(ha);
-        for h in 0..ha {
-            let mut k = vec![0f32; rkv * dn];
-            for dd in 0..dn {
-                for cc in 0..rkv {
-                    k[cc * dn + dd] = w[(h * (dn + dv) + dd) * rkv + cc];
-                }
-            }
-            kb.push(Linear::from_f32(rkv, dn, &k));
-            let v = &w[(h * (dn + dv) + dn) * rkv..(h * (dn + dv) + dn + dv) * rkv];
-            vb.push(Linear::from_f32(dv, rkv, v));
-        }
-        (kb, vb)
-    };
-    let indexer = if full {
-        let (hi, di, p) = (c.index_heads, c.index_head_dim, c.index_kpool);
-        Some(Indexer {
-            wq_b: l.matrix(&[&n("indexer.attn_q_b.weight")], hi * di, rq)?,
-            wk: l.matrix(&[&n("indexer.attn_k.weight")], di, d)?,
-            k_norm_w: l.vector(&[&n("indexer.k_norm.weight")], di)?,
-            k_norm_b: l.vector(&[&n("indexer.k_norm.bias")], di)?,
-            weights_proj: l.matrix(&[&n("indexer.proj.weight")], hi, d)?,
-            gate: l.matrix(&[&n("indexer_compressor_gate.weight")], di, d)?,
-            ape: l.values_any(&[&n("indexer_compressor_ape.weight")], &[&[di, p]])?,
+impl<B: Backend> Scratch<B> {
+    fn new(b: &B, c: &Config) -> Result<Self> {
+        let p = PIECE;
+        let (d, n) = (c.n_embd, c.hc_mult);
+        let ff = c.n_ff.max(c.n_ff_shexp);
+        let per_q = c.index_topk / c.index_kpool.max(1);
+        Ok(Scratch {
+            x: b.buf(p * n * d)?,
+            h: b.buf(p * d)?,
+            hn: b.buf(p * d)?,
+            y: b.buf(p * d)?,
+            y2: b.buf(p * d)?,
+            mix: b.buf(p * (n + n * n))?,
+            q: b.buf(p * c.qkv())?,
+            k: b.buf(p * c.qkv())?,
+            v: b.buf(p * c.qkv())?,
+            g: b.buf(p * c.qkv())?,
+            z: b.buf(p * c.qkv())?,
+            fa: b.buf(p * c.kda_head_dim)?,
+            beta: b.buf(p * c.kda_heads)?,
+            o: b.buf(p * c.qkv())?,
+            o2: b.buf(p * c.qkv())?,
+            q_lat_len: c.q_lora_rank,
+            q_lat: b.buf(p * c.q_lora_rank)?,
+            q_lat_n: b.buf(p * c.q_lora_rank)?,
+            mq: b.buf(p * c.mla_heads * c.qk_nope_dim)?,
+            lat: b.buf(p * c.kv_lora_rank)?,
+            lat_n: b.buf(p * c.kv_lora_rank)?,
+            attn: b.buf(p * c.mla_heads * c.v_head_dim)?,
+            ik: b.buf(p * c.index_head_dim)?,
+            ik_n: b.buf(p * c.index_head_dim)?,
+            igs: b.buf(p * c.index_head_dim)?,
+            iq: b.buf(p * c.index_heads * c.index_head_dim)?,
+            iw: b.buf(p * c.index_heads)?,
+            sel: b.ids(p * per_q)?,
+            router: b.buf(p * c.n_expert)?,
+            expert_ids: b.ids(p * c.n_expert_used)?,
+            expert_w: b.buf(p * c.n_expert_used)?,
+            ff_gate: b.buf(p * ff)?,
+            ff_up: b.buf(p * ff)?,
+            ff_act: b.buf(p * ff)?,
+            xl: b.buf(LOGIT_ROWS * n * d)?,
+            hl: b.buf(LOGIT_ROWS * d)?,
+            hl2: b.buf(LOGIT_ROWS * d)?,
+            logits: b.buf(LOGIT_ROWS * c.n_vocab)?,
         })
-    } else {
-        None
-    };
-    Ok(Attention {
-        q_a_proj: l.matrix(&[&n("attn_q_a.weight")], rq, d)?,
-        q_a_norm: l.vector(&[&n("attn_q_a_norm.weight")], rq)?,
-        q_b_proj: l.matrix(&[&n("attn_q_b.weight")], ha * dn, rq)?,
-        kv_a_proj: l.matrix(&[&n("attn_kv_a_mqa.weight")], rkv, d)?,
-        kv_a_norm: l.vector(&[&n("attn_kv_a_norm.weight")], rkv)?,
-        k_b,
-        v_b,
-        o_proj: l.matrix(&[&n("attn_output.weight")], d, ha * dv)?,
-        indexer,
-    })
-}
+    }
 
-fn load_ffn(l: &mut Loader, i: usize, c: &Config, kind: MlpKind) -> Result<Ffn> {
-    let d = c.n_embd;
-    let n = |s: &str| format!("blk.{i}.{s}");
-    Ok(match kind {
-        MlpKind::Dense => Ffn::Dense(Mlp {
-            gate: l.matrix(&[&n("ffn_gate.weight")], c.n_ff, d)?,
-            up: l.matrix(&[&n("ffn_up.weight")], c.n_ff, d)?,
-            down: l.matrix(&[&n("ffn_down.weight")], d, c.n_ff)?,
-        }),
-        MlpKind::Moe => {
-            let (e, ff, k) = (c.n_expert, c.n_ff_exp, c.n_expert_used);
-            Ffn::Moe(Box::new(Moe {
-                router: l.matrix(&[&n("ffn_gate_inp.weight")], e, d)?,
-                bias: l.vector(&[&n("exp_probs_b.bias"), &n("ffn_exp_probs_b.bias")], e)?,
-                gate_exps: l.stacked(&[&n("ffn_gate_exps.weight")], e, ff, d, k)?,
-                up_exps: l.stacked(&[&n("ffn_up_exps.weight")], e, ff, d, k)?,
-                down_exps: l.stacked(&[&n("ffn_down_exps.weight")], e, d, ff, k)?,
-                shared: Mlp {
-                    gate: l.matrix(&[&n("ffn_gate_shexp.weight")], c.n_ff_shexp, d)?,
-                    up: l.matrix(&[&n("ffn_up_shexp.weight")], c.n_ff_shexp, d)?,
-                    down: l.matrix(&[&n("ffn_down_shexp.weight")], d, c.n_ff_shexp)?,
-                },
-            }))
-        }
-    })
+    /// Bytes of the buffers for config `c`.
+    fn bytes(c: &Config) -> u64 {
+        let (d, n, p) = (c.n_embd, c.hc_mult, PIECE);
+        let ff = c.n_ff.max(c.n_ff_shexp);
+        let per_tok = n * d
+            + 4 * d
+            + n * (n + 1)
+            + 7 * c.qkv()
+            + c.kda_head_dim
+            + c.kda_heads
+            + 2 * c.q_lora_rank
+            + c.mla_heads * (c.qk_nope_dim + c.v_head_dim)
+            + 2 * c.kv_lora_rank
+            + 3 * c.index_head_dim
+            + c.index_heads * (c.index_head_dim + 1)
+            + 2 * c.index_topk / c.index_kpool.max(1)
+            + c.n_expert
+            + 2 * c.n_expert_used
+            + 3 * ff;
+        4 * (p * per_tok + LOGIT_ROWS * (n * d + 2 * d + c.n_vocab)) as u64
+    }
 }
 
 /// A stable hash of the hyperparameters that shape the state (FNV-1a of their text).
@@ -291,80 +267,88 @@ fn fingerprint(c: &Config) -> u64 {
     })
 }
 
-impl Glm5Next {
-    /// Loads a `glm5_next` model from a GGUF file (`general.architecture` `glm5next` or
-    /// `glm5-next`).
+/// The precision policy of a model dtype (see the module header).
+fn prec(d: Dtype) -> Prec {
+    match d {
+        Dtype::F32 => Prec::F32,
+        Dtype::Bf16 => Prec::Bf16,
+    }
+}
+
+fn limit(x: f32) -> Option<f32> {
+    x.is_finite().then_some(x)
+}
+
+impl<B: Backend> Glm5Next<B> {
+    /// Loads a `glm5_next` model from a GGUF file (`general.architecture` `glm5-next` or
+    /// `glm5next`) onto `backend`.
     ///
     /// # Errors
     /// [`EngineError::Metadata`]/[`EngineError::Config`] for bad or unrunnable
     /// hyperparameters (see [`Config::from_gguf`]), [`EngineError::MissingTensor`],
     /// [`EngineError::TensorShape`] when a tensor contradicts the metadata,
     /// [`EngineError::UnsupportedTensorType`].
-    pub fn load(file: &Arc<GgufFile>, name: String) -> Result<Self> {
-        let arch = match file.get("general.architecture") {
-            Some(ds4_gguf::Value::String(a)) if ARCH_NAMES.contains(&a.as_str()) => a.clone(),
-            other => {
-                return Err(EngineError::Metadata {
-                    key: "general.architecture".into(),
-                    detail: format!(" (expected one of {ARCH_NAMES:?}, found {other:?})"),
-                });
-            }
-        };
-        let mut l = Loader::new(file);
+    pub fn load(backend: Arc<B>, file: &Arc<GgufFile>, name: String) -> Result<Self> {
+        let hp = Hparams::new(file)?;
+        if !ARCH_NAMES.contains(&hp.arch()) {
+            return Err(EngineError::Metadata {
+                key: "general.architecture".into(),
+                detail: format!(" (expected one of {ARCH_NAMES:?}, found {})", hp.arch()),
+            });
+        }
+        let mut l = TensorLoader::new(backend.clone(), file);
         let embd_ty = l
             .type_of("token_embd.weight")
             .ok_or_else(|| EngineError::MissingTensor("token_embd.weight".into()))?;
-        let n_embd = file
-            .get(&format!("{arch}.embedding_length"))
-            .and_then(|v| v.as_u64())
-            .unwrap_or(0) as usize;
-        let tok_embd = l.embedding("token_embd.weight", n_embd)?;
-        let n_vocab = tok_embd.rows;
         let dtype = if embd_ty == GgmlType::BF16 {
             Dtype::Bf16
         } else {
             Dtype::F32
         };
-        let cfg = Config::from_gguf(file, &arch, n_vocab, dtype)?;
+        crate::backend::require(&*backend, "glm5_next", OPS, prec(dtype))?;
+        let n_embd = hp.usize("embedding_length")?;
+        let tok_embd = l.embedding("token_embd.weight", n_embd)?;
+        let n_vocab = l.rows_of("token_embd.weight")?;
+        let cfg = Config::from_gguf(&hp, n_vocab, dtype)?;
         let d = cfg.n_embd;
-        let output_norm = l.vector(&["output_norm.weight"], d)?;
-        let output = l.matrix(&["output.weight"], n_vocab, d)?;
+        let output_norm = l.vector("output_norm.weight", d)?;
+        let output = l.matrix("output.weight", d, Some(n_vocab))?;
         let mut layers = Vec::with_capacity(cfg.n_layer());
         for (i, &(attn, mlp)) in cfg.layers.iter().enumerate() {
             let attn = match attn {
-                AttnKind::Kda => Attn::Kda(load_kda(&mut l, i, &cfg)?),
+                AttnKind::Kda => Attn::Kda(load::kda(&mut l, i, &cfg)?),
                 AttnKind::Mla { full_indexer } => {
-                    Attn::Mla(load_mla(&mut l, i, &cfg, full_indexer)?)
+                    Attn::Mla(load::mla(&mut l, i, &cfg, full_indexer)?)
                 }
             };
             layers.push(Layer {
-                attn_hc: hc(&mut l, i, "attn", cfg.hc_mult, d)?,
-                ffn_hc: hc(&mut l, i, "ffn", cfg.hc_mult, d)?,
-                attn_norm: l.vector(&[&format!("blk.{i}.attn_norm.weight")], d)?,
-                ffn_norm: l.vector(&[&format!("blk.{i}.ffn_norm.weight")], d)?,
+                attn_hc: load::hc(&mut l, i, "attn", &cfg)?,
+                ffn_hc: load::hc(&mut l, i, "ffn", &cfg)?,
+                attn_norm: l.vector(&format!("blk.{i}.attn_norm.weight"), d)?,
+                ffn_norm: l.vector(&format!("blk.{i}.ffn_norm.weight"), d)?,
                 attn,
-                ffn: load_ffn(&mut l, i, &cfg, mlp)?,
+                ffn: load::ffn(&mut l, i, &cfg, mlp)?,
             });
         }
         let info = ModelInfo {
-            architecture: arch,
+            architecture: hp.arch().to_string(),
             name,
             n_vocab,
             n_ctx_train: cfg.n_ctx_train,
             n_layer: cfg.n_layer(),
-            decode_weight_bytes: l.decode_bytes,
-            n_params: l.n_params,
-            backend: "cpu".into(),
+            decode_weight_bytes: l.decode_bytes(),
+            n_params: l.n_params(),
+            backend: backend.name().into(),
         };
         let fingerprint = fingerprint(&cfg);
         Ok(Glm5Next {
+            backend,
             cfg,
             info,
             tok_embd,
             output_norm,
             output,
             layers,
-            sw: Switches::default(),
             fingerprint,
         })
     }
@@ -374,14 +358,37 @@ impl Glm5Next {
         &self.cfg
     }
 
-    /// Turns one feature off for tests (see [`ablation`]); `None` restores the model.
-    pub fn set_ablation(&mut self, a: Option<Ablation>) {
-        self.sw = Switches(a);
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &Arc<B> {
+        &self.backend
     }
 
     /// A new empty cache of this model, as its concrete type.
-    pub fn new_glm_cache(&self, n_ctx: usize) -> Glm5NextCache {
-        Glm5NextCache::new(self.cache_shape(), n_ctx)
+    pub fn new_glm_cache(&self, n_ctx: usize) -> Result<Glm5NextCache<B>> {
+        let shape = self.cache_shape();
+        let bytes = Glm5NextCache::<B>::bytes(&shape, n_ctx) + Scratch::<B>::bytes(&self.cfg);
+        crate::model::check_memory(&*self.backend, bytes, n_ctx)?;
+        Glm5NextCache::new(self.backend.clone(), shape, n_ctx)
+    }
+
+    /// The precision policy (see the module header).
+    fn prec(&self) -> Prec {
+        prec(self.cfg.dtype)
+    }
+
+    fn delta_shape(&self) -> DeltaShape {
+        let c = &self.cfg;
+        DeltaShape {
+            k_heads: c.kda_heads,
+            k_dim: c.kda_head_dim,
+            v_heads: c.kda_heads,
+            v_dim: c.kda_head_dim,
+            kernel: c.conv_kernel,
+            gate: c.gate,
+            gate_channels: c.kda_head_dim,
+            out_gate: OutGate::Sigmoid,
+            eps: c.rms_eps,
+        }
     }
 
     fn cache_shape(&self) -> CacheShape {
@@ -391,14 +398,11 @@ impl Glm5Next {
                 .layers
                 .iter()
                 .map(|l| match l.0 {
-                    AttnKind::Kda => LayerShape::Kda {
-                        heads: c.kda_heads,
-                        head_dim: c.kda_head_dim,
-                        kernel: c.conv_kernel,
-                    },
+                    AttnKind::Kda => LayerShape::Kda,
                     AttnKind::Mla { full_indexer } => LayerShape::Mla { full_indexer },
                 })
                 .collect(),
+            delta: self.delta_shape(),
             rkv: c.kv_lora_rank,
             index_head_dim: c.index_head_dim,
             kpool: c.index_kpool,
@@ -406,194 +410,343 @@ impl Glm5Next {
         }
     }
 
-    fn prec(&self) -> Prec {
-        Prec(self.cfg.dtype)
-    }
-
-    fn hc_params(&self) -> HcParams {
+    fn hc_shape(&self) -> HcShape {
         let c = &self.cfg;
-        HcParams {
+        let mut iters = c.hc_sinkhorn_iters;
+        if crate::ablated!(self.backend, HcSinkhorn1) {
+            iters = 1;
+        }
+        if crate::ablated!(self.backend, HcSinkhorn19) {
+            iters = iters.saturating_sub(1).max(1);
+        }
+        HcShape {
             n: c.hc_mult,
             d: c.n_embd,
-            iters: c.hc_sinkhorn_iters,
-            eps: c.hc_eps,
-            rms_eps: c.rms_eps,
-            prec: self.prec(),
-            sw: self.sw,
+            iters,
+            eps: if crate::ablated!(self.backend, HcEps0) {
+                0.0
+            } else {
+                c.hc_eps
+            },
+            norm_eps: c.rms_eps,
         }
     }
 
-    /// Evaluates `tokens` on `cache` and returns the logits rows `want` asks for,
+    fn mla_shape(&self) -> MlaShape {
+        let c = &self.cfg;
+        let scale_dim = if crate::ablated!(self.backend, MlaScaleVHeadDim) {
+            c.v_head_dim
+        } else {
+            c.qk_nope_dim
+        };
+        MlaShape {
+            heads: c.mla_heads,
+            qk_dim: c.qk_nope_dim,
+            v_dim: c.v_head_dim,
+            rank: c.kv_lora_rank,
+            scale: (scale_dim as f32).powf(-0.5),
+            select: Some(PoolSelect {
+                pool: c.index_kpool,
+                per_query: c.index_topk / c.index_kpool,
+                tail: c.index_select_tail && !crate::ablated!(self.backend, DsaNoTail),
+            }),
+        }
+    }
+
+    fn select_shape(&self) -> SelectShape {
+        let c = &self.cfg;
+        SelectShape {
+            heads: c.index_heads,
+            dim: c.index_head_dim,
+            rate: c.index_kpool,
+            top_k: c.index_topk / c.index_kpool,
+            scale: (c.index_head_dim as f32).powf(-0.5),
+            weights_scale: (c.index_heads as f32).powf(-0.5),
+        }
+    }
+
+    fn routing(&self) -> Routing {
+        let c = &self.cfg;
+        Routing {
+            scoring: Scoring::Sigmoid,
+            n_expert: c.n_expert,
+            n_used: c.n_expert_used,
+            n_group: c.n_group,
+            topk_group: c.topk_group,
+            norm: c.norm_topk_prob != crate::ablated!(self.backend, MoeRenormFlipped),
+            scale: if crate::ablated!(self.backend, MoeRoutedScaling1) {
+                1.0
+            } else {
+                c.routed_scale
+            },
+        }
+    }
+
+    /// Evaluates `tokens` on `cache` and appends the logits rows `want` asks for,
     /// optionally recording per-layer outputs.
     fn forward_inner(
         &self,
-        cache: &mut Glm5NextCache,
+        cache: &mut Glm5NextCache<B>,
         tokens: &[u32],
         want: Logits,
         out: &mut Vec<f32>,
         mut trace: Option<&mut Trace>,
-    ) {
+    ) -> Result<()> {
         out.clear();
+        if cache.scratch.is_none() {
+            cache.scratch = Some(Scratch::new(&*self.backend, &self.cfg)?);
+        }
         let n_pieces = tokens.len().div_ceil(PIECE);
         for (pi, piece) in tokens.chunks(PIECE).enumerate() {
             let w = match want {
                 Logits::Last if pi + 1 < n_pieces => Logits::None,
                 other => other,
             };
-            self.forward_piece(cache, piece, w, out, trace.as_deref_mut());
+            let mut sc = cache.scratch.take().expect("allocated above");
+            let r = self
+                .backend
+                .run(|| self.forward_piece(cache, &mut sc, piece, w, out, trace.as_deref_mut()));
+            cache.scratch = Some(sc);
+            if r.is_err() {
+                // The state may be half-updated: only a reset is consistent.
+                let _ = cache.truncate(0);
+            }
+            r?;
         }
+        Ok(())
     }
 
     fn forward_piece(
         &self,
-        cache: &mut Glm5NextCache,
+        cache: &mut Glm5NextCache<B>,
+        sc: &mut Scratch<B>,
         tokens: &[u32],
         want: Logits,
         out: &mut Vec<f32>,
         mut trace: Option<&mut Trace>,
-    ) {
+    ) -> Result<()> {
         let _span =
             tracing::debug_span!("glm5_next_forward", tokens = tokens.len(), pos = cache.len)
                 .entered();
+        let b = &*self.backend;
         let c = &self.cfg;
         let s = tokens.len();
-        let (n, d) = (c.hc_mult, c.n_embd);
+        let d = c.n_embd;
         let p = self.prec();
-        let hp = self.hc_params();
+        let hcs = self.hc_shape();
+        let nd = hcs.n * d;
         let pos0 = cache.len;
         let decode = s == 1 && pos0 > 0;
         let plan = cache.plan(s, decode);
-        if let Plan::Fold(pos) = plan {
-            cache.fold(pos);
+        if let state::Plan::Fold(pos) = plan {
+            cache.fold(pos)?;
         }
-        let capture_at = match plan {
-            Plan::Capture(r) => Some(r),
-            _ => None,
-        };
-        let journal_from = cache.journal_from(plan);
-        // Embeddings copied into every stream.
-        let mut x = vec![0f32; s * n * d];
-        let mut row = Vec::with_capacity(d);
-        for (t, &tok) in tokens.iter().enumerate() {
-            self.tok_embd.row_f32(tok as usize, &mut row);
-            for k in 0..n {
-                x[(t * n + k) * d..(t * n + k + 1) * d].copy_from_slice(&row);
-            }
-            if let Some(tr) = trace.as_deref_mut() {
-                tr.embed.extend_from_slice(&row);
+        let step = b.step(tokens, pos0)?;
+        b.embed(&step, &self.tok_embd, hcs.n, p, &mut sc.x)?;
+        if let Some(tr) = trace.as_deref_mut() {
+            // Stream 0 of each token is its embedding.
+            for t in 0..s {
+                b.read(&sc.x, t * nd, d, &mut tr.embed)?;
             }
         }
-        let mut sel: Option<Vec<Selection>> = None;
+        let delta = self.delta_shape();
+        let (mla_shape, sel_shape) = (self.mla_shape(), self.select_shape());
+        // Whether `sc.sel` holds the previous layer's choice for a `shared` layer.
+        let mut passed = false;
         for (i, layer) in self.layers.iter().enumerate() {
             let _l = tracing::trace_span!("layer", i).entered();
-            let (mut h, mixes) = layer.attn_hc.pre(&x, s, &hp);
-            ops::rms_norm(&mut h, Some(&layer.attn_norm), c.rms_eps, d, p);
-            let y = match (&layer.attn, &mut cache.layers[i]) {
+            b.hc_pre(
+                &sc.x,
+                s,
+                &layer.attn_hc.weights(),
+                &hcs,
+                p,
+                &mut sc.h,
+                &mut sc.mix,
+            )?;
+            b.rms_norm(
+                &sc.h,
+                Some(&layer.attn_norm),
+                s,
+                d,
+                c.rms_eps,
+                p,
+                &mut sc.hn,
+            )?;
+            match (&layer.attn, &mut cache.layers[i]) {
                 (Attn::Kda(a), LayerState::Kda(st)) => {
-                    let kp = KdaParams {
-                        heads: c.kda_heads,
-                        head_dim: c.kda_head_dim,
-                        kernel: c.conv_kernel,
-                        gate: c.gate,
-                        rms_eps: c.rms_eps,
-                        prec: p,
-                        sw: self.sw,
+                    let call = KdaCall {
+                        step: &step,
+                        s,
+                        decode,
+                        plan,
+                        shape: &delta,
+                        p,
                     };
-                    let cap = Capture {
-                        at: capture_at,
-                        base: &mut st.base,
-                        from: journal_from,
-                        journal: &mut st.journal,
-                    };
-                    sel = None;
-                    a.forward(&h, s, &mut st.live, decode, cap, &kp)
+                    a.forward(b, sc, st, &call)?;
                 }
                 (Attn::Mla(a), LayerState::Mla(st)) => {
-                    let mp = self.mla_params();
-                    let (y, this_sel) = a.forward(&h, s, pos0, st, sel.as_deref(), &mp);
-                    if let Some(tr) = trace.as_deref_mut()
-                        && a.indexer.is_some()
-                    {
-                        tr.selections.push((i, this_sel.clone()));
+                    let full = a.indexer.is_some();
+                    let all_dense = crate::ablated!(self.backend, DsaDense);
+                    let shared_dense = crate::ablated!(self.backend, DsaSharedDense);
+                    let dense = all_dense || (shared_dense && !full);
+                    let selection = match (full, passed) {
+                        _ if dense => Selection::Dense,
+                        (true, _) => Selection::Own,
+                        (false, true) => Selection::Shared,
+                        (false, false) => Selection::Dense,
+                    };
+                    let call = MlaCall {
+                        step: &step,
+                        s,
+                        n_ctx: cache.n_ctx,
+                        rms_eps: c.rms_eps,
+                        ln_eps: c.ln_eps,
+                        shape: &mla_shape,
+                        select: &sel_shape,
+                        p,
+                        selection,
+                        k_norm: !crate::ablated!(self.backend, DsaKNormOff),
+                        q_a_norm: !crate::ablated!(self.backend, MlaQANormOff),
+                        kv_a_norm: !crate::ablated!(self.backend, MlaKvANormOff),
+                    };
+                    a.forward(b, sc, st, &call)?;
+                    if let (Some(tr), true) = (trace.as_deref_mut(), full) {
+                        tr.selections.push((
+                            i,
+                            self.traced_selection(sc, selection, pos0, s, &mla_shape)?,
+                        ));
                     }
-                    sel = c.passes_selection(i).then_some(this_sel);
-                    y
+                    passed = selection == Selection::Own && c.passes_selection(i);
                 }
                 _ => unreachable!("cache layers are built from the same config"),
-            };
-            HyperConnection::post(&mut x, &y, &mixes, &hp);
-            if let Some(tr) = trace.as_deref_mut() {
-                tr.attn_out.push(y);
             }
-            let (mut h, mixes) = layer.ffn_hc.pre(&x, s, &hp);
-            ops::rms_norm(&mut h, Some(&layer.ffn_norm), c.rms_eps, d, p);
-            let y = match &layer.ffn {
-                Ffn::Dense(m) => m.forward(&Acts::new(&h, s, d), c.swiglu_shexp[i], p, self.sw),
-                Ffn::Moe(m) => m.forward(&h, s, &self.moe_params(i)),
-            };
-            HyperConnection::post(&mut x, &y, &mixes, &hp);
+            b.hc_post(&mut sc.x, &sc.y, &sc.mix, s, &hcs, p)?;
             if let Some(tr) = trace.as_deref_mut() {
-                tr.mlp_out.push(y);
-                tr.streams.push(x.clone());
+                let mut v = Vec::new();
+                b.read(&sc.y, 0, s * d, &mut v)?;
+                tr.attn_out.push(v);
+            }
+            b.hc_pre(
+                &sc.x,
+                s,
+                &layer.ffn_hc.weights(),
+                &hcs,
+                p,
+                &mut sc.h,
+                &mut sc.mix,
+            )?;
+            b.rms_norm(&sc.h, Some(&layer.ffn_norm), s, d, c.rms_eps, p, &mut sc.hn)?;
+            match &layer.ffn {
+                Ffn::Dense(m) => m.forward(
+                    b,
+                    &sc.hn,
+                    s,
+                    limit(c.swiglu_shexp[i]),
+                    p,
+                    [&mut sc.ff_gate, &mut sc.ff_up, &mut sc.ff_act],
+                    &mut sc.y,
+                )?,
+                Ffn::Moe(m) => {
+                    let call = MoeCall {
+                        step: &step,
+                        s,
+                        d,
+                        routing: self.routing(),
+                        limit_exp: if crate::ablated!(self.backend, SwigluClampOff) {
+                            None
+                        } else {
+                            limit(c.swiglu_exp[i])
+                        },
+                        limit_shexp: limit(c.swiglu_shexp[i]),
+                        p,
+                        shared: !crate::ablated!(self.backend, MoeSharedExpertOff),
+                    };
+                    m.forward(b, sc, &call)?;
+                }
+            }
+            b.hc_post(&mut sc.x, &sc.y, &sc.mix, s, &hcs, p)?;
+            if let Some(tr) = trace.as_deref_mut() {
+                let mut v = Vec::new();
+                b.read(&sc.y, 0, s * d, &mut v)?;
+                tr.mlp_out.push(v);
+                let mut v = Vec::new();
+                b.read(&sc.x, 0, s * nd, &mut v)?;
+                tr.streams.push(v);
             }
         }
         cache.len += s;
-        if let Some(r) = capture_at {
-            cache.after_capture(pos0, r);
+        if let state::Plan::Capture(r) = plan {
+            cache.base = pos0 + r;
         }
         let first = match want {
-            Logits::None => return,
+            Logits::None => return Ok(()),
             Logits::Last => s - 1,
             Logits::All => 0,
         };
-        let rows = s - first;
-        let mut h = mhc::head(&x[first * n * d..], rows, &hp);
-        if !self.sw.on(Ablation::FinalNormOff) {
-            ops::rms_norm(&mut h, Some(&self.output_norm), c.rms_eps, d, p);
+        let mut row = first;
+        while row < s {
+            let rows = (s - row).min(LOGIT_ROWS);
+            b.copy(&sc.x, row * nd, &mut sc.xl, 0, rows * nd)?;
+            b.hc_head(&sc.xl, rows, None, &hcs, p, &mut sc.hl)?;
+            let normed = if crate::ablated!(self.backend, FinalNormOff) {
+                &sc.hl
+            } else {
+                b.rms_norm(
+                    &sc.hl,
+                    Some(&self.output_norm),
+                    rows,
+                    d,
+                    c.rms_eps,
+                    p,
+                    &mut sc.hl2,
+                )?;
+                &sc.hl2
+            };
+            b.matmul(&self.output, None, normed, rows, p, &mut sc.logits)?;
+            b.read(&sc.logits, 0, rows * c.n_vocab, out)?;
+            row += rows;
         }
-        let v = c.n_vocab;
-        let start = out.len();
-        out.resize(start + rows * v, 0.0);
-        self.output.forward(&h, rows, &mut out[start..]);
-        p.cast(&mut out[start..]);
+        Ok(())
     }
 
-    fn mla_params(&self) -> MlaParams {
-        let c = &self.cfg;
-        MlaParams {
-            heads: c.mla_heads,
-            qk_nope_dim: c.qk_nope_dim,
-            v_head_dim: c.v_head_dim,
-            kv_lora_rank: c.kv_lora_rank,
-            rms_eps: c.rms_eps,
-            prec: self.prec(),
-            sw: self.sw,
-            index: IndexerParams {
-                heads: c.index_heads,
-                head_dim: c.index_head_dim,
-                kpool: c.index_kpool,
-                topk: c.index_topk,
-                select_tail: c.index_select_tail,
-                ln_eps: c.ln_eps,
-                prec: self.prec(),
-                sw: self.sw,
-            },
-        }
-    }
-
-    fn moe_params(&self, i: usize) -> MoeParams {
-        let c = &self.cfg;
-        MoeParams {
-            n_used: c.n_expert_used,
-            n_group: c.n_group,
-            topk_group: c.topk_group,
-            norm_topk_prob: c.norm_topk_prob,
-            routed_scale: c.routed_scale,
-            limit_exp: c.swiglu_exp[i],
-            limit_shexp: c.swiglu_shexp[i],
-            prec: self.prec(),
-            sw: self.sw,
-        }
+    /// The attended tokens of each query of a `full` layer, for [`Trace`].
+    fn traced_selection(
+        &self,
+        sc: &Scratch<B>,
+        selection: Selection,
+        pos0: usize,
+        s: usize,
+        shape: &MlaShape,
+    ) -> Result<Vec<Vec<usize>>> {
+        let per_q = shape.select.map_or(0, |p| p.per_query);
+        let ids = match selection {
+            Selection::Own | Selection::Shared => {
+                let mut v = Vec::new();
+                self.backend.read_ids(&sc.sel, 0, s * per_q, &mut v)?;
+                Some(v)
+            }
+            Selection::Dense => None,
+        };
+        Ok((0..s)
+            .map(|t| {
+                let pos = pos0 + t;
+                match (&ids, shape.select) {
+                    (Some(ids), Some(ps)) => {
+                        let mut toks: Vec<usize> = ids[t * per_q..(t + 1) * per_q]
+                            .iter()
+                            .filter(|&&x| x >= 0)
+                            .flat_map(|&x| x as usize * ps.pool..(x as usize + 1) * ps.pool)
+                            .collect();
+                        if ps.tail {
+                            toks.extend(ps.pool * ((pos + 1) / ps.pool)..pos + 1);
+                        }
+                        toks
+                    }
+                    _ => (0..=pos).collect(),
+                }
+            })
+            .collect())
     }
 
     fn check(&self, cache: &dyn Cache, tokens: &[u32]) -> Result<()> {
@@ -612,10 +765,10 @@ impl Glm5Next {
         Ok(())
     }
 
-    fn downcast<'c>(&self, cache: &'c mut dyn Cache) -> Result<&'c mut Glm5NextCache> {
+    fn downcast<'c>(&self, cache: &'c mut dyn Cache) -> Result<&'c mut Glm5NextCache<B>> {
         let c = cache
             .as_any_mut()
-            .downcast_mut::<Glm5NextCache>()
+            .downcast_mut::<Glm5NextCache<B>>()
             .ok_or_else(|| EngineError::Config("cache belongs to another model family".into()))?;
         if c.shape.fingerprint != self.fingerprint {
             return Err(EngineError::Config(
@@ -638,23 +791,18 @@ impl Glm5Next {
         self.check(cache, tokens)?;
         let c = self.downcast(cache)?;
         let mut out = Vec::new();
-        self.forward_inner(c, tokens, Logits::All, &mut out, Some(trace));
+        self.forward_inner(c, tokens, Logits::All, &mut out, Some(trace))?;
         Ok(out)
-    }
-
-    /// The forget-gate form in use (for diagnostics).
-    pub fn gate(&self) -> Gate {
-        self.cfg.gate
     }
 }
 
-impl Model for Glm5Next {
+impl<B: Backend> Model for Glm5Next<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
     }
 
     fn new_cache(&self, n_ctx: usize) -> Result<Box<dyn Cache>> {
-        Ok(Box::new(self.new_glm_cache(n_ctx)))
+        Ok(Box::new(self.new_glm_cache(n_ctx)?))
     }
 
     fn forward(
@@ -670,11 +818,11 @@ impl Model for Glm5Next {
             out.clear();
             return Ok(());
         }
-        self.forward_inner(c, tokens, logits, out, None);
+        self.forward_inner(c, tokens, logits, out, None)?;
         // A prefill (not a verification block, which asks for every row) leaves a rewind
         // anchor: the next chat turn usually diverges a few tokens before its end.
         if tokens.len() > 1 && logits != Logits::All {
-            c.push_anchor();
+            c.push_anchor()?;
         }
         Ok(())
     }

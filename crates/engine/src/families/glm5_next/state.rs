@@ -1,189 +1,63 @@
-//! One sequence's state for a `glm5_next` model (doc §11) and how it rewinds.
+//! One sequence's state for a `glm5_next` model (doc §11), held in backend buffers, and
+//! how it rewinds.
 //!
 //! | layer | state | truncatable |
 //! | --- | --- | --- |
 //! | KDA | conv rows `[Kc−1, 3·qkv]` (model dtype) + recurrent state `[Hk, dk, dv]` f32 | no: restored |
-//! | MLA `full` | normalised latents `[T, rkv]`, indexer rows `k`, `gs` `[T, di]`, pooled keys `[T/P, di]` | yes |
-//! | MLA `shared` | normalised latents `[T, rkv]` | yes |
+//! | MLA `full` | normalised latents `[n_ctx, rkv]`, indexer rows `k`, `gs` `[n_ctx, di]`, pooled keys `[n_ctx/P, di]` | yes |
+//! | MLA `shared` | normalised latents `[n_ctx, rkv]` | yes |
 //!
 //! **Rewinding KDA.** The recurrence cannot be undone, so every KDA layer keeps its
-//! state at a *base* position `b` plus a *journal* of the per-token kernel inputs since
-//! then (pre-conv row, normalised `k`, `v`, log decay `g`, `beta`): about
-//! `6·qkv` floats per token and layer. Truncating to any `n` with `b ≤ n ≤ len` restores
-//! the base and replays `n − b` recurrent steps — no model evaluation, so a speculative
+//! state at a *base* position `b` plus a *journal*: a ring of the per-token kernel
+//! inputs (pre-conv row, normalised `k`, `v`, log decay `g`, `beta`; about `6·qkv`
+//! floats per token and layer), slot `pos mod cap`. Truncating to any `n` with
+//! `b ≤ n ≤ len` restores the base and replays `n − b` recurrent steps
+//! ([`crate::backend::Backend::delta_replay`]) — no model evaluation, so a speculative
 //! decoder can roll back one or several tokens cheaply. The base advances as the
 //! sequence grows so that the journal holds between `window` and `2·window` tokens
 //! (`window` = [`DEFAULT_REWIND_WINDOW`], settable): in a prefill call the base is taken
-//! at a 64-token chunk boundary of the call (the chunked kernel's state there is exact),
-//! in decode by replaying journal entries into the base every `window` tokens.
+//! at a 64-token chunk boundary of the call (the family splits the chunked kernel
+//! there, which changes nothing), in decode by replaying journal entries into the base
+//! every `window` tokens.
 //!
 //! **Anchors.** At the end of every prefill call (a multi-token call that does not ask
 //! for every row) the base and journal are also kept as an [`Anchor`] (the last
 //! [`DEFAULT_ANCHORS`]): a chat's next turn usually diverges a few tokens before the
 //! previous prompt's end (the template renders the last assistant turn differently), and
-//! such a position stays reachable after hundreds of generated tokens.
-//! Truncating elsewhere below `b` fails with [`EngineError::Rewind`] naming the
-//! reachable positions; [`Cache::rewind_point`] gives the nearest one below, from
-//! which the caller re-evaluates (or it restores a snapshot).
+//! such a position stays reachable after hundreds of generated tokens. Truncating
+//! elsewhere below `b` fails with [`EngineError::Rewind`] naming the reachable
+//! positions; [`Cache::rewind_point`] gives the nearest one below, from which the
+//! caller re-evaluates (or it restores a snapshot).
 //!
 //! Replayed states use the recurrent form; the original may have used the chunked form.
 //! The two agree to float rounding (doc §4.6), so rewind-then-replay reproduces the
 //! logits within the f32 tolerance.
 
 use std::any::Any;
+use std::sync::Arc;
 
-use super::kda::{KernelInputs, delta_step};
+use super::kda::CHUNK;
+use crate::backend::{Backend, DeltaJournal, DeltaShape, DeltaState};
 use crate::model::Cache;
 use crate::{EngineError, Result};
 
 /// Tokens of KDA rewind the cache guarantees by default (see the module header).
 pub const DEFAULT_REWIND_WINDOW: usize = 16;
+/// Prefill-end anchors kept by default.
+pub const DEFAULT_ANCHORS: usize = 2;
 
-/// A KDA layer's state at one position.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KdaState {
-    /// The last `Kc − 1` pre-conv rows `[Kc−1, 3·qkv]`, oldest first (zeros before the
-    /// first token).
-    pub conv: Vec<f32>,
-    /// `[Hk, dk, dv]`, f32.
-    pub s: Vec<f32>,
-}
-
-impl KdaState {
-    fn new(conv_len: usize, s_len: usize) -> Self {
-        KdaState {
-            conv: vec![0.0; conv_len],
-            s: vec![0.0; s_len],
-        }
-    }
-
-    /// Copies `other` into `self` (same shapes).
-    pub fn copy_from(&mut self, other: &KdaState) {
-        self.conv.copy_from_slice(&other.conv);
-        self.s.copy_from_slice(&other.s);
-    }
-
-    fn zero(&mut self) {
-        self.conv.iter_mut().for_each(|v| *v = 0.0);
-        self.s.iter_mut().for_each(|v| *v = 0.0);
-    }
-}
-
-/// Per-token KDA kernel inputs since the base position (see the module header).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Journal {
-    /// Pre-conv rows `[n, 3·qkv]`.
-    pub pre: Vec<f32>,
-    /// Normalised keys, values and log decays `[n, qkv]`.
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
-    pub g: Vec<f32>,
-    /// `[n, Hk]`.
-    pub beta: Vec<f32>,
-}
-
-impl Journal {
-    /// Appends token `t` of a call's kernel inputs.
-    pub fn push(&mut self, pre: &[f32], ki: &KernelInputs, t: usize, qkv: usize, heads: usize) {
-        self.pre.extend_from_slice(pre);
-        self.k.extend_from_slice(&ki.k[t * qkv..(t + 1) * qkv]);
-        self.v.extend_from_slice(&ki.v[t * qkv..(t + 1) * qkv]);
-        self.g.extend_from_slice(&ki.g[t * qkv..(t + 1) * qkv]);
-        self.beta
-            .extend_from_slice(&ki.beta[t * heads..(t + 1) * heads]);
-    }
-
-    /// Applies entries `range` to `st` (conv rows shift in, one delta step per head).
-    fn replay(
-        &self,
-        st: &mut KdaState,
-        range: std::ops::Range<usize>,
-        heads: usize,
-        head_dim: usize,
-    ) {
-        let qkv = heads * head_dim;
-        let c = 3 * qkv;
-        for t in range {
-            if !st.conv.is_empty() {
-                st.conv.rotate_left(c);
-                let n = st.conv.len();
-                st.conv[n - c..].copy_from_slice(&self.pre[t * c..(t + 1) * c]);
-            }
-            for h in 0..heads {
-                let r = t * qkv + h * head_dim..t * qkv + (h + 1) * head_dim;
-                let sh = &mut st.s[h * head_dim * head_dim..(h + 1) * head_dim * head_dim];
-                delta_step(
-                    sh,
-                    &self.k[r.clone()],
-                    &self.v[r.clone()],
-                    &self.g[r],
-                    self.beta[t * heads + h],
-                );
-            }
-        }
-    }
-
-    /// Drops the first `n` entries.
-    fn drop_front(&mut self, n: usize, heads: usize, qkv: usize) {
-        self.pre.drain(..n * 3 * qkv);
-        self.k.drain(..n * qkv);
-        self.v.drain(..n * qkv);
-        self.g.drain(..n * qkv);
-        self.beta.drain(..n * heads);
-    }
-
-    /// Keeps the first `n` entries.
-    fn truncate(&mut self, n: usize, heads: usize, qkv: usize) {
-        self.pre.truncate(n * 3 * qkv);
-        self.k.truncate(n * qkv);
-        self.v.truncate(n * qkv);
-        self.g.truncate(n * qkv);
-        self.beta.truncate(n * heads);
-    }
-}
-
-/// A KDA layer: live state, base state, journal.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KdaLayer {
-    pub live: KdaState,
-    pub base: KdaState,
-    pub journal: Journal,
-    pub heads: usize,
-    pub head_dim: usize,
-}
-
-/// The DSA indexer's cached rows of a `full` layer.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct IndexerState {
-    /// `k_norm(wk x)` per token `[T, di]`.
-    pub k: Vec<f32>,
-    /// `gate x` per token `[T, di]`.
-    pub gs: Vec<f32>,
-    /// Keys of the complete pools `[⌊T/P⌋, di]` (a complete pool's key never changes).
-    pub pooled: Vec<f32>,
-}
-
-/// An MLA layer: latents and, for `full` layers, the indexer rows.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct MlaLayer {
-    /// Normalised latents `[T, rkv]` (stored after `kv_a_layernorm`).
-    pub latent: Vec<f32>,
-    pub indexer: Option<IndexerState>,
-}
-
-/// One layer's state.
-#[derive(Clone, Debug, PartialEq)]
-pub enum LayerState {
-    Kda(KdaLayer),
-    Mla(MlaLayer),
+/// Journal slots for a rewind window: the journal holds at most `2·window` tokens after
+/// a call, or `window` plus less than one chunk when the base is captured in a prefill.
+pub fn journal_cap(window: usize) -> usize {
+    (2 * window).max(window + CHUNK)
 }
 
 /// Shapes the cache needs from the model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CacheShape {
-    /// Per layer: `Some((heads, head_dim, conv_rows))` for KDA, `None` for MLA with
-    /// `has_indexer` in the second tuple.
     pub layers: Vec<LayerShape>,
+    /// The KDA layers' shape.
+    pub delta: DeltaShape,
     pub rkv: usize,
     pub index_head_dim: usize,
     pub kpool: usize,
@@ -194,75 +68,191 @@ pub struct CacheShape {
 /// The shape of one layer's state.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LayerShape {
-    Kda {
-        heads: usize,
-        head_dim: usize,
-        kernel: usize,
-    },
-    Mla {
-        full_indexer: bool,
-    },
+    Kda,
+    Mla { full_indexer: bool },
+}
+
+/// A KDA layer's state at one position.
+pub struct KdaState<B: Backend> {
+    /// The last `Kc − 1` pre-conv rows `[Kc−1, 3·qkv]`, oldest first.
+    pub conv: B::Buf,
+    /// `[Hk, dk, dv]`, f32.
+    pub s: B::Buf,
+}
+
+/// A KDA layer: live state, base state, journal.
+pub struct KdaLayer<B: Backend> {
+    pub live: KdaState<B>,
+    pub base: KdaState<B>,
+    pub journal: DeltaJournal<B>,
+}
+
+/// The DSA indexer's cached rows of a `full` layer.
+pub struct IndexerState<B: Backend> {
+    /// `k_norm(wk x)` and `gate x` per token `[n_ctx, di]`.
+    pub k: B::Buf,
+    pub gs: B::Buf,
+    /// Keys of the complete pools `[n_ctx/P, di]` (a complete pool's key never changes).
+    pub pooled: B::Buf,
+}
+
+/// An MLA layer: latents and, for `full` layers, the indexer rows.
+pub struct MlaLayer<B: Backend> {
+    /// Normalised latents `[n_ctx, rkv]` (stored after `kv_a_layernorm`).
+    pub latent: B::Buf,
+    pub indexer: Option<IndexerState<B>>,
+}
+
+/// One layer's state.
+pub enum LayerState<B: Backend> {
+    Kda(KdaLayer<B>),
+    Mla(MlaLayer<B>),
+}
+
+/// The KDA base states and journals of all KDA layers as they were at the end of a
+/// prefill call: positions `base..=end` stay reachable after the live journal has moved
+/// on (see the module header).
+pub struct Anchor<B: Backend> {
+    pub base: usize,
+    pub end: usize,
+    /// Per KDA layer, in layer order.
+    pub states: Vec<KdaState<B>>,
+    pub journals: Vec<DeltaJournal<B>>,
+}
+
+/// Where the KDA base goes during a call (see [`Glm5NextCache::plan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plan {
+    Keep,
+    /// Capture the base after this many tokens of the call (a multiple of 64 or the
+    /// call's length).
+    Capture(usize),
+    /// Replay the journal up to this position first.
+    Fold(usize),
 }
 
 /// The cache of a `glm5_next` sequence (see the module header).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Glm5NextCache {
+pub struct Glm5NextCache<B: Backend> {
+    pub(crate) backend: Arc<B>,
     pub(crate) shape: CacheShape,
-    pub(crate) layers: Vec<LayerState>,
+    pub(crate) layers: Vec<LayerState<B>>,
     pub(crate) len: usize,
     pub(crate) n_ctx: usize,
     /// Position of every KDA layer's base state.
     pub(crate) base: usize,
     pub(crate) window: usize,
     /// Rewind points kept from the ends of earlier prefill calls, oldest first.
-    pub(crate) anchors: Vec<Anchor>,
+    pub(crate) anchors: Vec<Anchor<B>>,
+    /// The forward pass's activation buffers (allocated at the first call).
+    pub(crate) scratch: Option<super::Scratch<B>>,
 }
 
-/// The KDA base states and journals of all KDA layers as they were at the end of a
-/// prefill call: positions `base..=end` stay reachable after the live journal has moved
-/// on (a chat's next turn usually diverges a few tokens before the previous prompt's
-/// end, where the template renders the last assistant turn differently).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Anchor {
-    pub base: usize,
-    pub end: usize,
-    /// Per KDA layer, in layer order.
-    pub states: Vec<KdaState>,
-    pub journals: Vec<Journal>,
+fn kda_state<B: Backend>(b: &B, d: &DeltaShape) -> Result<KdaState<B>> {
+    Ok(KdaState {
+        conv: b.buf(d.conv_len())?,
+        s: b.buf(d.state_len())?,
+    })
 }
 
-/// Prefill-end anchors kept by default.
-pub const DEFAULT_ANCHORS: usize = 2;
+fn journal<B: Backend>(b: &B, d: &DeltaShape, cap: usize) -> Result<DeltaJournal<B>> {
+    Ok(DeltaJournal {
+        cap,
+        pre: b.buf(cap * (2 * d.qk_len() + d.v_len()))?,
+        k: b.buf(cap * d.qk_len())?,
+        v: b.buf(cap * d.v_len())?,
+        g: b.buf(cap * d.g_len())?,
+        beta: b.buf(cap * d.v_heads)?,
+    })
+}
 
-impl Glm5NextCache {
-    /// An empty cache of `n_ctx` tokens.
-    pub fn new(shape: CacheShape, n_ctx: usize) -> Self {
-        let layers = shape
-            .layers
-            .iter()
-            .map(|l| match *l {
-                LayerShape::Kda {
-                    heads,
-                    head_dim,
-                    kernel,
-                } => {
-                    let conv = (kernel - 1) * 3 * heads * head_dim;
-                    let s = heads * head_dim * head_dim;
-                    LayerState::Kda(KdaLayer {
-                        live: KdaState::new(conv, s),
-                        base: KdaState::new(conv, s),
-                        journal: Journal::default(),
-                        heads,
-                        head_dim,
+/// Values per journal slot `(pre, k, v, g, beta)`.
+pub(crate) fn journal_widths(d: &DeltaShape) -> [usize; 5] {
+    [
+        2 * d.qk_len() + d.v_len(),
+        d.qk_len(),
+        d.v_len(),
+        d.g_len(),
+        d.v_heads,
+    ]
+}
+
+fn journal_bufs<B: Backend>(j: &DeltaJournal<B>) -> [&B::Buf; 5] {
+    [&j.pre, &j.k, &j.v, &j.g, &j.beta]
+}
+
+fn journal_bufs_mut<B: Backend>(j: &mut DeltaJournal<B>) -> [&mut B::Buf; 5] {
+    [&mut j.pre, &mut j.k, &mut j.v, &mut j.g, &mut j.beta]
+}
+
+impl<B: Backend> KdaState<B> {
+    fn copy_from(&mut self, b: &B, o: &KdaState<B>, d: &DeltaShape) -> Result<()> {
+        b.copy(&o.conv, 0, &mut self.conv, 0, d.conv_len())?;
+        b.copy(&o.s, 0, &mut self.s, 0, d.state_len())
+    }
+
+    fn zero(&mut self, b: &B, d: &DeltaShape) -> Result<()> {
+        b.fill(&mut self.conv, 0, d.conv_len(), 0.0)?;
+        b.fill(&mut self.s, 0, d.state_len(), 0.0)
+    }
+
+    pub(crate) fn as_delta(&mut self) -> DeltaState<'_, B> {
+        DeltaState {
+            conv: &mut self.conv,
+            s: &mut self.s,
+        }
+    }
+}
+
+/// Copies every slot of `src` to `dst` (same capacity; a few large copies rather than
+/// one per position).
+fn copy_journal<B: Backend>(
+    b: &B,
+    src: &DeltaJournal<B>,
+    dst: &mut DeltaJournal<B>,
+    d: &DeltaShape,
+) -> Result<()> {
+    for ((s, t), w) in journal_bufs(src)
+        .into_iter()
+        .zip(journal_bufs_mut(dst))
+        .zip(journal_widths(d))
+    {
+        b.copy(s, 0, t, 0, src.cap * w)?;
+    }
+    Ok(())
+}
+
+impl<B: Backend> Glm5NextCache<B> {
+    /// An empty cache of `n_ctx` tokens with the default rewind window.
+    pub fn new(backend: Arc<B>, shape: CacheShape, n_ctx: usize) -> Result<Self> {
+        let b = &*backend;
+        let cap = journal_cap(DEFAULT_REWIND_WINDOW);
+        let mut layers = Vec::with_capacity(shape.layers.len());
+        for l in &shape.layers {
+            layers.push(match *l {
+                LayerShape::Kda => LayerState::Kda(KdaLayer {
+                    live: kda_state(b, &shape.delta)?,
+                    base: kda_state(b, &shape.delta)?,
+                    journal: journal(b, &shape.delta, cap)?,
+                }),
+                LayerShape::Mla { full_indexer } => {
+                    let di = shape.index_head_dim;
+                    LayerState::Mla(MlaLayer {
+                        latent: b.buf(n_ctx * shape.rkv)?,
+                        indexer: if full_indexer {
+                            Some(IndexerState {
+                                k: b.buf(n_ctx * di)?,
+                                gs: b.buf(n_ctx * di)?,
+                                pooled: b.buf((n_ctx / shape.kpool.max(1) + 1) * di)?,
+                            })
+                        } else {
+                            None
+                        },
                     })
                 }
-                LayerShape::Mla { full_indexer } => LayerState::Mla(MlaLayer {
-                    latent: Vec::new(),
-                    indexer: full_indexer.then(IndexerState::default),
-                }),
-            })
-            .collect();
-        Glm5NextCache {
+            });
+        }
+        Ok(Glm5NextCache {
+            backend,
             shape,
             layers,
             len: 0,
@@ -270,13 +260,55 @@ impl Glm5NextCache {
             base: 0,
             window: DEFAULT_REWIND_WINDOW,
             anchors: Vec::new(),
-        }
+            scratch: None,
+        })
+    }
+
+    /// Bytes of a cache of `n_ctx` tokens (with its anchors, without the activation
+    /// buffers).
+    pub fn bytes(shape: &CacheShape, n_ctx: usize) -> u64 {
+        let d = &shape.delta;
+        let cap = journal_cap(DEFAULT_REWIND_WINDOW);
+        let state = d.conv_len() + d.state_len();
+        let journal: usize = journal_widths(d).iter().sum::<usize>() * cap;
+        let kda = 2 * state + journal + DEFAULT_ANCHORS * (state + journal);
+        let di = shape.index_head_dim;
+        let per_layer: usize = shape
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerShape::Kda => kda,
+                LayerShape::Mla { full_indexer } => {
+                    n_ctx * shape.rkv
+                        + if *full_indexer {
+                            2 * n_ctx * di + (n_ctx / shape.kpool.max(1) + 1) * di
+                        } else {
+                            0
+                        }
+                }
+            })
+            .sum();
+        4 * per_layer as u64
     }
 
     /// Sets how many tokens of KDA rewind are guaranteed (the journal holds up to twice
-    /// as many). 0 keeps no journal: only the current length is reachable.
-    pub fn set_rewind_window(&mut self, window: usize) {
+    /// as many). 0 keeps no journal: only the current length is reachable. The journals
+    /// are reallocated, so this is possible only while the cache is empty.
+    pub fn set_rewind_window(&mut self, window: usize) -> Result<()> {
+        if self.len > 0 {
+            return Err(EngineError::Config(
+                "the rewind window can only be set on an empty cache".into(),
+            ));
+        }
+        let cap = journal_cap(window);
+        for l in &mut self.layers {
+            if let LayerState::Kda(kl) = l {
+                kl.journal = journal(&*self.backend, &self.shape.delta, cap)?;
+            }
+        }
+        self.anchors.clear();
         self.window = window;
+        Ok(())
     }
 
     /// The earliest length [`Cache::truncate`] can reach through the live journal
@@ -290,52 +322,60 @@ impl Glm5NextCache {
         self.anchors.iter().map(|a| a.base..=a.end).collect()
     }
 
-    /// KDA heads and head size (every KDA layer of a model has the same).
-    fn kda_dims(&self) -> (usize, usize) {
-        self.shape
-            .layers
-            .iter()
-            .find_map(|l| match *l {
-                LayerShape::Kda {
-                    heads, head_dim, ..
-                } => Some((heads, head_dim)),
-                LayerShape::Mla { .. } => None,
-            })
-            .unwrap_or((0, 0))
-    }
-
-    fn has_kda(&self) -> bool {
+    pub(crate) fn has_kda(&self) -> bool {
         self.layers.iter().any(|l| matches!(l, LayerState::Kda(_)))
     }
 
     /// Records the current KDA base and journal as an anchor (after a prefill call).
-    pub(crate) fn push_anchor(&mut self) {
+    pub(crate) fn push_anchor(&mut self) -> Result<()> {
         if !self.has_kda() {
-            return;
-        }
-        let (mut states, mut journals) = (Vec::new(), Vec::new());
-        for l in &self.layers {
-            if let LayerState::Kda(kl) = l {
-                states.push(kl.base.clone());
-                journals.push(kl.journal.clone());
-            }
+            return Ok(());
         }
         let end = self.len;
         self.anchors.retain(|a| a.end != end);
-        self.anchors.push(Anchor {
-            base: self.base,
-            end,
-            states,
-            journals,
+        let b = &*self.backend;
+        let d = &self.shape.delta;
+        // Reuse the oldest anchor's buffers when the list is full.
+        let mut anchor = if self.anchors.len() >= DEFAULT_ANCHORS {
+            self.anchors.remove(0)
+        } else {
+            let n_kda = self
+                .layers
+                .iter()
+                .filter(|l| matches!(l, LayerState::Kda(_)))
+                .count();
+            let cap = journal_cap(self.window);
+            Anchor {
+                base: 0,
+                end: 0,
+                states: (0..n_kda).map(|_| kda_state(b, d)).collect::<Result<_>>()?,
+                journals: (0..n_kda)
+                    .map(|_| journal(b, d, cap))
+                    .collect::<Result<_>>()?,
+            }
+        };
+        let kdas = self.layers.iter().filter_map(|l| match l {
+            LayerState::Kda(k) => Some(k),
+            LayerState::Mla(_) => None,
         });
-        let excess = self.anchors.len().saturating_sub(DEFAULT_ANCHORS);
-        self.anchors.drain(..excess);
+        for ((st, j), kl) in anchor
+            .states
+            .iter_mut()
+            .zip(anchor.journals.iter_mut())
+            .zip(kdas)
+        {
+            st.copy_from(b, &kl.base, d)?;
+            copy_journal(b, &kl.journal, j, d)?;
+        }
+        anchor.base = self.base;
+        anchor.end = end;
+        self.anchors.push(anchor);
+        Ok(())
     }
 
     /// Decides, before a call of `s` tokens at the current length, where the KDA base
-    /// will be afterwards: `Plan::Keep`, `Plan::Capture(r)` (after `r` tokens of the
-    /// call: a multiple of 64 or `s`), or `Plan::Fold(pos)` (replay the journal up to
-    /// `pos ≤ len` first). `decode` calls can only capture after their token.
+    /// will be afterwards (see [`Plan`]). `decode` calls can only capture after their
+    /// token.
     pub(crate) fn plan(&self, s: usize, decode: bool) -> Plan {
         let e = self.len + s;
         let w = self.window;
@@ -349,12 +389,12 @@ impl Glm5NextCache {
                 best = Some(1);
             }
         } else {
-            let mut r = super::kda::CHUNK;
+            let mut r = CHUNK;
             while r < s {
                 if self.len + r <= target {
                     best = Some(r);
                 }
-                r += super::kda::CHUNK;
+                r += CHUNK;
             }
             if e <= target {
                 best = Some(s);
@@ -366,91 +406,96 @@ impl Glm5NextCache {
         }
     }
 
-    /// Replays every KDA journal up to position `pos` into the base and drops those
-    /// entries (the base moves to `pos`).
-    pub(crate) fn fold(&mut self, pos: usize) {
-        let k = pos.saturating_sub(self.base);
-        if k == 0 {
-            return;
+    /// Replays every KDA journal up to position `pos` into the base (the base moves to
+    /// `pos`).
+    pub(crate) fn fold(&mut self, pos: usize) -> Result<()> {
+        if pos <= self.base {
+            return Ok(());
         }
+        let (b, d) = (&*self.backend, &self.shape.delta);
         for l in &mut self.layers {
             if let LayerState::Kda(kl) = l {
-                kl.journal.replay(&mut kl.base, 0..k, kl.heads, kl.head_dim);
-                kl.journal.drop_front(k, kl.heads, kl.heads * kl.head_dim);
+                b.delta_replay(&kl.journal, self.base..pos, d, &mut kl.base.as_delta())?;
             }
         }
         self.base = pos;
+        Ok(())
     }
 
-    /// After a call that started at `s0` and captured the base after `r` of its tokens:
-    /// the journal entries from before the call are dropped (the call recorded only
-    /// its tokens from `r` on) and the base moves to `s0 + r`.
-    pub(crate) fn after_capture(&mut self, s0: usize, r: usize) {
-        let old = s0 - self.base;
+    fn reset(&mut self) -> Result<()> {
+        let (b, d) = (&*self.backend, &self.shape.delta);
         for l in &mut self.layers {
             if let LayerState::Kda(kl) = l {
-                kl.journal.drop_front(old, kl.heads, kl.heads * kl.head_dim);
-            }
-        }
-        self.base = s0 + r;
-    }
-
-    /// The first relative token of a call starting now that the journal must record,
-    /// given the plan.
-    pub(crate) fn journal_from(&self, plan: Plan) -> usize {
-        match plan {
-            Plan::Capture(r) => r,
-            _ => 0,
-        }
-    }
-
-    fn reset(&mut self) {
-        for l in &mut self.layers {
-            match l {
-                LayerState::Kda(kl) => {
-                    kl.live.zero();
-                    kl.base.zero();
-                    kl.journal = Journal::default();
-                }
-                LayerState::Mla(m) => {
-                    m.latent.clear();
-                    if let Some(ix) = &mut m.indexer {
-                        *ix = IndexerState::default();
-                    }
-                }
+                kl.live.zero(b, d)?;
+                kl.base.zero(b, d)?;
             }
         }
         self.len = 0;
         self.base = 0;
         self.anchors.clear();
+        Ok(())
     }
 
-    fn truncate_rows(&mut self, n: usize) {
-        let rkv = self.shape.rkv;
-        let di = self.shape.index_head_dim;
-        let p = self.shape.kpool;
-        for l in &mut self.layers {
-            if let LayerState::Mla(m) = l {
-                m.latent.truncate(n * rkv);
-                if let Some(ix) = &mut m.indexer {
-                    ix.k.truncate(n * di);
-                    ix.gs.truncate(n * di);
-                    ix.pooled.truncate((n / p) * di);
+    /// A new cache with copies of this one's buffers (the used parts).
+    fn deep_copy(&self) -> Result<Self> {
+        let mut c = Glm5NextCache::new(self.backend.clone(), self.shape.clone(), self.n_ctx)?;
+        if self.window != c.window {
+            c.set_rewind_window(self.window)?;
+        }
+        c.copy_state_from(self)?;
+        Ok(c)
+    }
+
+    /// Copies `o`'s state (same shape and rewind window) into this cache's buffers.
+    fn copy_state_from(&mut self, o: &Glm5NextCache<B>) -> Result<()> {
+        let b = &*self.backend;
+        let sh = &self.shape;
+        let d = &sh.delta;
+        let (len, di) = (o.len, sh.index_head_dim);
+        for (l, ol) in self.layers.iter_mut().zip(&o.layers) {
+            match (l, ol) {
+                (LayerState::Kda(k), LayerState::Kda(ok)) => {
+                    k.live.copy_from(b, &ok.live, d)?;
+                    k.base.copy_from(b, &ok.base, d)?;
+                    copy_journal(b, &ok.journal, &mut k.journal, d)?;
                 }
+                (LayerState::Mla(m), LayerState::Mla(om)) => {
+                    b.copy(&om.latent, 0, &mut m.latent, 0, len * sh.rkv)?;
+                    if let (Some(ix), Some(oix)) = (&mut m.indexer, &om.indexer) {
+                        b.copy(&oix.k, 0, &mut ix.k, 0, len * di)?;
+                        b.copy(&oix.gs, 0, &mut ix.gs, 0, len * di)?;
+                        b.copy(&oix.pooled, 0, &mut ix.pooled, 0, len / sh.kpool * di)?;
+                    }
+                }
+                _ => unreachable!("caches of one shape"),
             }
         }
+        self.anchors.clear();
+        for a in &o.anchors {
+            let mut states = Vec::with_capacity(a.states.len());
+            let mut journals = Vec::with_capacity(a.journals.len());
+            for (s, j) in a.states.iter().zip(&a.journals) {
+                let mut ns = kda_state(b, d)?;
+                ns.copy_from(b, s, d)?;
+                let mut nj = journal(b, d, j.cap)?;
+                copy_journal(b, j, &mut nj, d)?;
+                states.push(ns);
+                journals.push(nj);
+            }
+            self.anchors.push(Anchor {
+                base: a.base,
+                end: a.end,
+                states,
+                journals,
+            });
+        }
+        self.len = o.len;
+        self.base = o.base;
+        Ok(())
     }
 }
 
-/// Where the KDA base goes during a call (see [`Glm5NextCache::plan`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Plan {
-    Keep,
-    Capture(usize),
-    Fold(usize),
-}
-
-impl Cache for Glm5NextCache {
+impl<B: Backend> Cache for Glm5NextCache<B> {
     fn len(&self) -> usize {
         self.len
     }
@@ -485,9 +530,10 @@ impl Cache for Glm5NextCache {
             return Ok(());
         }
         if n == 0 {
-            self.reset();
-            return Ok(());
+            return self.reset();
         }
+        let b = self.backend.clone();
+        let d = self.shape.delta;
         if n < self.base {
             // Back to the anchor that reaches n, if any: its base and journal become live.
             let Some(i) = self.anchors.iter().rposition(|a| a.base <= n && n <= a.end) else {
@@ -503,48 +549,40 @@ impl Cache for Glm5NextCache {
                     ),
                 });
             };
-            let a = self.anchors[i].clone();
-            let mut k = 0;
-            for l in &mut self.layers {
-                if let LayerState::Kda(kl) = l {
-                    kl.base = a.states[k].clone();
-                    kl.journal = a.journals[k].clone();
-                    k += 1;
-                }
+            let a = &self.anchors[i];
+            let kdas = self.layers.iter_mut().filter_map(|l| match l {
+                LayerState::Kda(k) => Some(k),
+                LayerState::Mla(_) => None,
+            });
+            for ((st, j), kl) in a.states.iter().zip(&a.journals).zip(kdas) {
+                kl.base.copy_from(&*b, st, &d)?;
+                copy_journal(&*b, j, &mut kl.journal, &d)?;
             }
             self.base = a.base;
         }
         self.anchors.retain(|a| a.base <= n);
-        let (heads, head_dim) = self.kda_dims();
         for a in &mut self.anchors {
-            if a.end > n {
-                for j in &mut a.journals {
-                    j.truncate(n - a.base, heads, heads * head_dim);
-                }
-                a.end = n;
-            }
+            a.end = a.end.min(n);
         }
-        let k = n - self.base;
         for l in &mut self.layers {
             if let LayerState::Kda(kl) = l {
-                kl.live.copy_from(&kl.base);
-                kl.journal.replay(&mut kl.live, 0..k, kl.heads, kl.head_dim);
-                kl.journal.truncate(k, kl.heads, kl.heads * kl.head_dim);
+                kl.live.copy_from(&*b, &kl.base, &d)?;
+                b.delta_replay(&kl.journal, self.base..n, &d, &mut kl.live.as_delta())?;
             }
         }
-        self.truncate_rows(n);
+        // MLA rows and pooled keys past `n` are overwritten as the sequence regrows.
         self.len = n;
         Ok(())
     }
 
-    fn snapshot(&self) -> Box<dyn Cache> {
-        Box::new(self.clone())
+    fn snapshot(&self) -> Result<Box<dyn Cache>> {
+        Ok(Box::new(self.deep_copy()?))
     }
 
     fn restore(&mut self, from: &dyn Cache) -> Result<()> {
         let from = from
             .as_any()
-            .downcast_ref::<Glm5NextCache>()
+            .downcast_ref::<Glm5NextCache<B>>()
             .ok_or_else(|| {
                 EngineError::Config("snapshot belongs to another model family".into())
             })?;
@@ -553,10 +591,17 @@ impl Cache for Glm5NextCache {
                 "snapshot belongs to a glm5_next model of another shape".into(),
             ));
         }
-        let n_ctx = self.n_ctx;
-        *self = from.clone();
-        self.n_ctx = n_ctx.max(from.len);
-        Ok(())
+        if from.len > self.n_ctx {
+            return Err(EngineError::ContextFull {
+                needed: from.len,
+                n_ctx: self.n_ctx,
+            });
+        }
+        if from.window != self.window {
+            self.len = 0;
+            self.set_rewind_window(from.window)?;
+        }
+        self.copy_state_from(from)
     }
 
     fn as_any(&self) -> &dyn Any {

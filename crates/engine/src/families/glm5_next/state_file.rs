@@ -1,30 +1,37 @@
 //! A `glm5_next` sequence state on disk: a versioned little-endian file holding
 //! everything [`Glm5NextCache`] holds (latents, indexer rows, pooled keys, KDA live and
 //! base states and the rewind journal), so a restored cache rewinds exactly as the
-//! saved one would.
+//! saved one would. Buffers are read from and written to the backend.
 //!
-//! Layout, version 1:
+//! Layout, version 2:
 //!
 //! ```text
-//! b"DS4GLMST"  u32 version=1  u64 model fingerprint
+//! b"DS4GLMST"  u32 version=2  u64 model fingerprint
 //! u64 len  u64 n_ctx  u64 base  u64 window  u32 n_layers
 //! per layer: u8 tag (0 KDA, 1 MLA)
-//!   KDA: f32 arrays live.conv, live.s, base.conv, base.s, journal.{pre,k,v,g,beta}
-//!   MLA: f32 array latent, u8 has_indexer, [f32 arrays k, gs, pooled]
+//!   KDA: f32 arrays live.conv, live.s, base.conv, base.s, then the journal entries of
+//!        positions base..len in order: f32 arrays pre, k, v, g, beta
+//!   MLA: f32 array latent (len rows), u8 has_indexer, [f32 arrays k, gs (len rows),
+//!        pooled (len / P rows)]
 //! u32 n_anchors; per anchor: u64 base, u64 end, per KDA layer: f32 arrays
-//!   conv, s, journal.{pre,k,v,g,beta}
+//!   conv, s, then journal entries of positions base..end: pre, k, v, g, beta
 //! f32 array = u64 count, then count × f32
 //! ```
+//!
+//! Version 1 (the CPU-only cache before the backend interface) is not read: its
+//! journal layout differs.
 
 use std::io::{Read, Write};
 use std::path::Path;
 
 use super::Glm5Next;
-use super::state::{Anchor, Glm5NextCache, IndexerState, Journal, KdaState, LayerState, MlaLayer};
+use super::state::{Glm5NextCache, LayerState, journal_widths};
+use crate::EngineError;
+use crate::backend::{Backend, DeltaJournal};
 
 const MAGIC: &[u8; 8] = b"DS4GLMST";
 /// The version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Errors reading or writing a state file.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +49,8 @@ pub enum StateFileError {
     Version { path: String, found: u32 },
     #[error("{path}: the state belongs to another model ({detail})")]
     Mismatch { path: String, detail: String },
+    #[error("{path}: {source}")]
+    Engine { path: String, source: EngineError },
 }
 
 struct W<'a, T: Write>(&'a mut T);
@@ -100,40 +109,78 @@ impl<T: Read> R<'_, T> {
     }
 }
 
+/// `len` values of `buf` from the backend.
+fn fetch<B: Backend>(b: &B, buf: &B::Buf, len: usize) -> std::io::Result<Vec<f32>> {
+    let mut v = Vec::with_capacity(len);
+    b.read(buf, 0, len, &mut v)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(v)
+}
+
+/// The journal entries of positions `range`, per buffer, in position order.
+fn journal_entries<B: Backend>(
+    b: &B,
+    j: &DeltaJournal<B>,
+    widths: [usize; 5],
+    range: std::ops::Range<usize>,
+) -> std::io::Result<Vec<Vec<f32>>> {
+    let bufs = [&j.pre, &j.k, &j.v, &j.g, &j.beta];
+    let mut out = Vec::with_capacity(5);
+    for (buf, w) in bufs.into_iter().zip(widths) {
+        let ring = fetch(b, buf, j.cap * w)?;
+        let mut e = Vec::with_capacity(range.len() * w);
+        for pos in range.clone() {
+            let slot = pos % j.cap;
+            e.extend_from_slice(&ring[slot * w..(slot + 1) * w]);
+        }
+        out.push(e);
+    }
+    Ok(out)
+}
+
 /// Writes `cache` to `out` in the format of the module header.
 ///
 /// # Errors
-/// I/O errors of `out`.
-pub fn write_state<T: Write>(cache: &Glm5NextCache, out: &mut T) -> std::io::Result<()> {
+/// I/O errors of `out`, or the backend failing to read a buffer.
+pub fn write_state<B: Backend, T: Write>(
+    cache: &Glm5NextCache<B>,
+    out: &mut T,
+) -> std::io::Result<()> {
+    let b = &*cache.backend;
+    let sh = &cache.shape;
+    let d = &sh.delta;
+    let widths = journal_widths(d);
     let mut w = W(out);
     w.0.write_all(MAGIC)?;
     w.u32(VERSION)?;
-    w.u64(cache.shape.fingerprint)?;
+    w.u64(sh.fingerprint)?;
     for v in [cache.len, cache.n_ctx, cache.base, cache.window] {
         w.u64(v as u64)?;
     }
     w.u32(cache.layers.len() as u32)?;
+    let len = cache.len;
     for l in &cache.layers {
         match l {
             LayerState::Kda(k) => {
                 w.u8(0)?;
-                for a in [&k.live.conv, &k.live.s, &k.base.conv, &k.base.s] {
-                    w.arr(a)?;
+                for st in [&k.live, &k.base] {
+                    w.arr(&fetch(b, &st.conv, d.conv_len())?)?;
+                    w.arr(&fetch(b, &st.s, d.state_len())?)?;
                 }
-                let j = &k.journal;
-                for a in [&j.pre, &j.k, &j.v, &j.g, &j.beta] {
-                    w.arr(a)?;
+                for a in journal_entries(b, &k.journal, widths, cache.base..len)? {
+                    w.arr(&a)?;
                 }
             }
             LayerState::Mla(m) => {
                 w.u8(1)?;
-                w.arr(&m.latent)?;
+                w.arr(&fetch(b, &m.latent, len * sh.rkv)?)?;
                 match &m.indexer {
                     Some(ix) => {
                         w.u8(1)?;
-                        for a in [&ix.k, &ix.gs, &ix.pooled] {
-                            w.arr(a)?;
-                        }
+                        let di = sh.index_head_dim;
+                        w.arr(&fetch(b, &ix.k, len * di)?)?;
+                        w.arr(&fetch(b, &ix.gs, len * di)?)?;
+                        w.arr(&fetch(b, &ix.pooled, len / sh.kpool * di)?)?;
                     }
                     None => w.u8(0)?,
                 }
@@ -145,8 +192,10 @@ pub fn write_state<T: Write>(cache: &Glm5NextCache, out: &mut T) -> std::io::Res
         w.u64(a.base as u64)?;
         w.u64(a.end as u64)?;
         for (st, j) in a.states.iter().zip(&a.journals) {
-            for arr in [&st.conv, &st.s, &j.pre, &j.k, &j.v, &j.g, &j.beta] {
-                w.arr(arr)?;
+            w.arr(&fetch(b, &st.conv, d.conv_len())?)?;
+            w.arr(&fetch(b, &st.s, d.state_len())?)?;
+            for e in journal_entries(b, j, widths, a.base..a.end)? {
+                w.arr(&e)?;
             }
         }
     }
@@ -158,12 +207,12 @@ pub fn write_state<T: Write>(cache: &Glm5NextCache, out: &mut T) -> std::io::Res
 ///
 /// # Errors
 /// [`StateFileError`]: bad magic, another version, a state of another model (different
-/// fingerprint or shapes), truncated or malformed data.
-pub fn read_state<T: Read>(
-    model: &Glm5Next,
+/// fingerprint or shapes), truncated or malformed data, the backend failing.
+pub fn read_state<B: Backend, T: Read>(
+    model: &Glm5Next<B>,
     input: &mut T,
     label: &str,
-) -> Result<Glm5NextCache, StateFileError> {
+) -> Result<Glm5NextCache<B>, StateFileError> {
     let io = |source| StateFileError::Io {
         path: label.to_string(),
         source,
@@ -171,6 +220,10 @@ pub fn read_state<T: Read>(
     let mismatch = |detail: String| StateFileError::Mismatch {
         path: label.to_string(),
         detail,
+    };
+    let engine = |source| StateFileError::Engine {
+        path: label.to_string(),
+        source,
     };
     let mut r = R(input);
     let magic: [u8; 8] = r.bytes().map_err(io)?;
@@ -186,169 +239,134 @@ pub fn read_state<T: Read>(
             found: version,
         });
     }
-    let mut cache = model.new_glm_cache(0);
     let fp = r.u64().map_err(io)?;
-    if fp != cache.shape.fingerprint {
-        return Err(mismatch(format!(
-            "fingerprint {fp:#x}, model {:#x}",
-            cache.shape.fingerprint
-        )));
-    }
     let len = r.u64().map_err(io)? as usize;
     let n_ctx = r.u64().map_err(io)? as usize;
     let base = r.u64().map_err(io)? as usize;
     let window = r.u64().map_err(io)? as usize;
     let n_layers = r.u32().map_err(io)? as usize;
-    if n_layers != cache.layers.len() || base > len || len > n_ctx {
+    let cfg = model.config();
+    if fp != model.fingerprint {
+        return Err(mismatch(format!(
+            "fingerprint {fp:#x}, model {:#x}",
+            model.fingerprint
+        )));
+    }
+    if n_layers != cfg.n_layer() || base > len || len > n_ctx || n_ctx > cfg.n_ctx_train.max(1) {
         return Err(mismatch(format!(
             "{n_layers} layers, len {len}, base {base}, n_ctx {n_ctx}"
         )));
     }
-    // Upper bound of any array: the largest per-token row times the context, plus states.
-    let cfg = model.config();
-    let row = (6 * cfg.qkv())
-        .max(cfg.kv_lora_rank)
-        .max(cfg.index_head_dim)
-        .max(1);
-    let max =
-        (n_ctx + 1) * row + cfg.qkv() * cfg.kda_head_dim.max(1) + 3 * cfg.qkv() * cfg.conv_kernel;
+    let mut cache = model.new_glm_cache(n_ctx).map_err(engine)?;
+    cache.set_rewind_window(window).map_err(engine)?;
+    if len - base > cache_journal_cap(&cache) {
+        return Err(mismatch(format!("a journal of {} entries", len - base)));
+    }
+    let b = cache.backend.clone();
+    let sh = cache.shape.clone();
+    let d = sh.delta;
+    let widths = journal_widths(&d);
+    // Reads an array that must hold exactly `n` values.
+    let exact = |r: &mut R<T>, n: usize, what: &str| -> Result<Vec<f32>, StateFileError> {
+        let v = r.arr(n).map_err(io)?;
+        if v.len() != n {
+            return Err(mismatch(format!(
+                "{what}: {} values, expected {n}",
+                v.len()
+            )));
+        }
+        Ok(v)
+    };
+    // Fills journal slots of positions `range` from arrays in position order.
+    let put_journal = |r: &mut R<T>,
+                       j: &mut DeltaJournal<B>,
+                       range: std::ops::Range<usize>,
+                       what: &str|
+     -> Result<(), StateFileError> {
+        let bufs = [&mut j.pre, &mut j.k, &mut j.v, &mut j.g, &mut j.beta];
+        for (buf, w) in bufs.into_iter().zip(widths) {
+            let e = exact(r, range.len() * w, what)?;
+            for (k, pos) in range.clone().enumerate() {
+                let slot = pos % j.cap;
+                b.write(buf, slot * w, &e[k * w..(k + 1) * w])
+                    .map_err(engine)?;
+            }
+        }
+        Ok(())
+    };
     for (i, l) in cache.layers.iter_mut().enumerate() {
         let tag = r.u8().map_err(io)?;
+        let what = format!("layer {i}");
         match (l, tag) {
             (LayerState::Kda(k), 0) => {
-                let mut arrs = Vec::with_capacity(9);
-                for _ in 0..9 {
-                    arrs.push(r.arr(max).map_err(io)?);
+                for st in [&mut k.live, &mut k.base] {
+                    let conv = exact(&mut r, d.conv_len(), &what)?;
+                    b.write(&mut st.conv, 0, &conv).map_err(engine)?;
+                    let s = exact(&mut r, d.state_len(), &what)?;
+                    b.write(&mut st.s, 0, &s).map_err(engine)?;
                 }
-                let mut it = arrs.into_iter();
-                let mut next = || it.next().unwrap_or_default();
-                let live = KdaState {
-                    conv: next(),
-                    s: next(),
-                };
-                let basest = KdaState {
-                    conv: next(),
-                    s: next(),
-                };
-                if live.conv.len() != k.live.conv.len()
-                    || live.s.len() != k.live.s.len()
-                    || basest.conv.len() != k.base.conv.len()
-                    || basest.s.len() != k.base.s.len()
-                {
-                    return Err(mismatch(format!("layer {i}: KDA state sizes")));
-                }
-                k.live = live;
-                k.base = basest;
-                k.journal = Journal {
-                    pre: next(),
-                    k: next(),
-                    v: next(),
-                    g: next(),
-                    beta: next(),
-                };
-                if k.journal.beta.len() != (len - base) * k.heads {
-                    return Err(mismatch(format!(
-                        "layer {i}: journal of {} entries",
-                        k.journal.beta.len()
-                    )));
-                }
+                put_journal(&mut r, &mut k.journal, base..len, &what)?;
             }
             (LayerState::Mla(m), 1) => {
-                let latent = r.arr(max).map_err(io)?;
+                let latent = exact(&mut r, len * sh.rkv, &what)?;
+                b.write(&mut m.latent, 0, &latent).map_err(engine)?;
                 let has = r.u8().map_err(io)? != 0;
-                if has != m.indexer.is_some() || latent.len() != len * cfg.kv_lora_rank {
-                    return Err(mismatch(format!("layer {i}: MLA state")));
+                if has != m.indexer.is_some() {
+                    return Err(mismatch(format!("layer {i}: indexer")));
                 }
-                let indexer = if has {
-                    let (k, gs, pooled) = (
-                        r.arr(max).map_err(io)?,
-                        r.arr(max).map_err(io)?,
-                        r.arr(max).map_err(io)?,
-                    );
-                    Some(IndexerState { k, gs, pooled })
-                } else {
-                    None
-                };
-                *m = MlaLayer { latent, indexer };
+                if let Some(ix) = &mut m.indexer {
+                    let di = sh.index_head_dim;
+                    let k = exact(&mut r, len * di, &what)?;
+                    b.write(&mut ix.k, 0, &k).map_err(engine)?;
+                    let gs = exact(&mut r, len * di, &what)?;
+                    b.write(&mut ix.gs, 0, &gs).map_err(engine)?;
+                    let pooled = exact(&mut r, len / sh.kpool * di, &what)?;
+                    b.write(&mut ix.pooled, 0, &pooled).map_err(engine)?;
+                }
             }
             _ => return Err(mismatch(format!("layer {i}: kind tag {tag}"))),
         }
     }
-    let n_kda = cache
-        .layers
-        .iter()
-        .filter(|l| matches!(l, LayerState::Kda(_)))
-        .count();
     let n_anchors = r.u32().map_err(io)? as usize;
-    if n_anchors > 64 {
+    if n_anchors > super::DEFAULT_ANCHORS {
         return Err(mismatch(format!("{n_anchors} anchors")));
     }
     for _ in 0..n_anchors {
         let (a_base, a_end) = (r.u64().map_err(io)? as usize, r.u64().map_err(io)? as usize);
-        if a_base > a_end || a_end > len {
+        if a_base > a_end || a_end > len || a_end - a_base > cache_journal_cap(&cache) {
             return Err(mismatch(format!("anchor {a_base}..={a_end}")));
         }
-        let (mut states, mut journals) = (Vec::new(), Vec::new());
-        for _ in 0..n_kda {
-            let mut v = Vec::with_capacity(7);
-            for _ in 0..7 {
-                v.push(r.arr(max).map_err(io)?);
-            }
-            let mut it = v.into_iter();
-            let mut next = || it.next().unwrap_or_default();
-            states.push(KdaState {
-                conv: next(),
-                s: next(),
-            });
-            journals.push(Journal {
-                pre: next(),
-                k: next(),
-                v: next(),
-                g: next(),
-                beta: next(),
-            });
+        // Record the live base as an anchor to get buffers, then overwrite them.
+        let (saved_base, saved_len) = (cache.base, cache.len);
+        cache.base = a_base;
+        cache.len = a_end;
+        cache.anchors.retain(|a| a.end != a_end);
+        cache.push_anchor().map_err(engine)?;
+        cache.base = saved_base;
+        cache.len = saved_len;
+        let a = cache.anchors.last_mut().expect("just pushed");
+        for (st, j) in a.states.iter_mut().zip(a.journals.iter_mut()) {
+            let conv = exact(&mut r, d.conv_len(), "anchor")?;
+            b.write(&mut st.conv, 0, &conv).map_err(engine)?;
+            let s = exact(&mut r, d.state_len(), "anchor")?;
+            b.write(&mut st.s, 0, &s).map_err(engine)?;
+            put_journal(&mut r, j, a_base..a_end, "anchor")?;
         }
-        let live: Vec<&KdaState> = cache
-            .layers
-            .iter()
-            .filter_map(|l| {
-                if let LayerState::Kda(k) = l {
-                    Some(&k.live)
-                } else {
-                    None
-                }
-            })
-            .collect();
-        let heads = cfg.kda_heads.max(1);
-        let ok = states
-            .iter()
-            .zip(&live)
-            .all(|(s, l)| s.conv.len() == l.conv.len() && s.s.len() == l.s.len())
-            && journals
-                .iter()
-                .all(|j| j.beta.len() == (a_end - a_base) * heads);
-        if !ok {
-            return Err(mismatch(format!("anchor {a_base}..={a_end}: state sizes")));
-        }
-        cache.anchors.push(Anchor {
-            base: a_base,
-            end: a_end,
-            states,
-            journals,
-        });
     }
     cache.len = len;
-    cache.n_ctx = n_ctx;
     cache.base = base;
-    cache.window = window;
     Ok(cache)
+}
+
+fn cache_journal_cap<B: Backend>(c: &Glm5NextCache<B>) -> usize {
+    super::state::journal_cap(c.window)
 }
 
 /// Saves `cache` to `path` (created or truncated).
 ///
 /// # Errors
 /// [`StateFileError::Io`].
-pub fn save(cache: &Glm5NextCache, path: &Path) -> Result<(), StateFileError> {
+pub fn save<B: Backend>(cache: &Glm5NextCache<B>, path: &Path) -> Result<(), StateFileError> {
     let label = path.display().to_string();
     let io = |source| StateFileError::Io {
         path: label.clone(),
@@ -364,7 +382,10 @@ pub fn save(cache: &Glm5NextCache, path: &Path) -> Result<(), StateFileError> {
 ///
 /// # Errors
 /// As [`read_state`].
-pub fn load(model: &Glm5Next, path: &Path) -> Result<Glm5NextCache, StateFileError> {
+pub fn load<B: Backend>(
+    model: &Glm5Next<B>,
+    path: &Path,
+) -> Result<Glm5NextCache<B>, StateFileError> {
     let label = path.display().to_string();
     let f = std::fs::File::open(path).map_err(|source| StateFileError::Io {
         path: label.clone(),

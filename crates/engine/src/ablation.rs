@@ -1,7 +1,9 @@
-//! Test switches: one feature of the model turned off or changed at a time, named as the
-//! sensitivity table of `tools/reference/README.md` names the same perturbation of the
-//! reference. Tests show that each broken variant fails the fixture comparison by about
-//! the margin the reference itself moves; normal use never sets one.
+//! Test switches (test builds only): one feature turned off or changed at a time, named
+//! as the sensitivity tables of `tools/reference/README.md` name the same perturbation
+//! of the reference. Tests show that each broken variant fails the fixture comparison
+//! by about the margin the reference itself moves. The CPU backend's operations and the
+//! families check the switch with [`crate::ablated!`], which is `false` outside tests,
+//! so release builds carry none of it.
 
 /// One deliberate deviation from the reference (see the module header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,17 +147,5 @@ impl Ablation {
             .iter()
             .find(|(a, _)| *a == self)
             .map_or("?", |(_, n)| n)
-    }
-}
-
-/// The switch in force (none in normal use).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Switches(pub Option<Ablation>);
-
-impl Switches {
-    /// Whether `a` is on.
-    #[inline]
-    pub fn on(self, a: Ablation) -> bool {
-        self.0 == Some(a)
     }
 }

@@ -6,16 +6,11 @@
 //! only matrices with 64-wide rows are quantized (the rest stay F32); the `small`
 //! synthetic model (hidden 256, every row whole 256-blocks) measures every type.
 
-mod common;
-
-use std::sync::Arc;
-
-use common::*;
 use ds4_convert::synth::{self, Preset};
 use ds4_convert::{Options, OutType};
-use ds4_engine::families::glm5_next::Glm5Next;
-use ds4_engine::model::{Logits, Model};
-use ds4_gguf::{GgufFile, GgufWriter};
+use ds4_gguf::GgufWriter;
+
+use super::*;
 
 struct Stats {
     worst: f64,
@@ -44,7 +39,7 @@ fn stats(ours: &[f32], base: &[f32], v: usize) -> Stats {
 }
 
 /// Prefill logits of every prompt row, then 32 teacher-forced decode steps.
-fn logits(m: &Glm5Next, prompt: &[u32], feed: &[u32]) -> Vec<f32> {
+fn logits(m: &Cpu, prompt: &[u32], feed: &[u32]) -> Vec<f32> {
     let mut cache = m.new_cache(4096).unwrap();
     let mut all = Vec::new();
     m.forward(&mut *cache, prompt, Logits::All, &mut all)
@@ -58,7 +53,7 @@ fn logits(m: &Glm5Next, prompt: &[u32], feed: &[u32]) -> Vec<f32> {
     all
 }
 
-fn synth_model(outtype: OutType, expert: Option<OutType>) -> Glm5Next {
+fn synth_model(outtype: OutType, expert: Option<OutType>) -> Cpu {
     let (cfg, src) = synth::model(Preset::Small, None, 7).unwrap();
     let mut w = GgufWriter::new();
     let opts = Options {
@@ -67,17 +62,13 @@ fn synth_model(outtype: OutType, expert: Option<OutType>) -> Glm5Next {
         name: "small".into(),
     };
     ds4_convert::glm5_next::convert(&src, &cfg, &opts, &mut w).unwrap();
-    Glm5Next::load(
-        &Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap()),
-        "small".into(),
-    )
-    .unwrap()
+    load(w.to_bytes())
 }
 
 #[test]
 fn fixture_types_against_reference() {
     for name in ["lowerbound_sparse_f32", "softplus_dense_f32"] {
-        let Some(dir) = fixture(name) else { return };
+        let dir = dir(name);
         let g = golden(&dir);
         let base: Vec<f32> = g.prefill.iter().chain(&g.decode).copied().collect();
         let mut medians = Vec::new();

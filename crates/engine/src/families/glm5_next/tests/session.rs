@@ -3,26 +3,26 @@
 //! tolerance), rewind-then-replay reproduces them, a speculative block can be verified
 //! and partly accepted, snapshots restore exactly, and the state file round-trips.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use ds4_convert::OutType;
-use ds4_engine::families::glm5_next::{Glm5Next, Glm5NextCache, state_file};
-use ds4_engine::model::{Cache, Logits, Model};
-use ds4_engine::{EngineError, Session};
+
+use super::*;
+use crate::backend::cpu::CpuBackend;
+use crate::families::glm5_next::{Glm5NextCache, state_file};
+use crate::model::Cache;
+use crate::{EngineError, Session};
 
 const TOL: f64 = 1e-4;
 
-fn setup(name: &str) -> Option<(Glm5Next, Golden)> {
-    let dir = fixture(name)?;
-    Some((model(&dir, OutType::F32), golden(&dir)))
+fn setup(name: &str) -> (Cpu, Golden) {
+    let dir = dir(name);
+    (model(&dir, OutType::F32), golden(&dir))
 }
 
 /// Runs the prompt in pieces of `piece` tokens (every row of logits), then the 32
 /// decode steps; returns (prefill rows, decode rows).
-fn split_run(m: &Glm5Next, g: &Golden, piece: usize) -> (Vec<f32>, Vec<f32>) {
+fn split_run(m: &Cpu, g: &Golden, piece: usize) -> (Vec<f32>, Vec<f32>) {
     let mut cache = m.new_cache(4096).unwrap();
     let mut pre = Vec::new();
     let mut out = Vec::new();
@@ -42,7 +42,7 @@ fn split_run(m: &Glm5Next, g: &Golden, piece: usize) -> (Vec<f32>, Vec<f32>) {
 #[test]
 fn prompt_split_does_not_matter() {
     for name in ["lowerbound_sparse_f32", "softplus_dense_f32"] {
-        let Some((m, g)) = setup(name) else { return };
+        let (m, g) = setup(name);
         for piece in [64, 37, 1] {
             let (pre, dec) = split_run(&m, &g, piece);
             let (e_pre, e_dec) = (
@@ -58,17 +58,17 @@ fn prompt_split_does_not_matter() {
     }
 }
 
-fn downcast(c: &mut dyn Cache) -> &mut Glm5NextCache {
-    c.as_any_mut().downcast_mut::<Glm5NextCache>().unwrap()
+fn downcast(c: &mut dyn Cache) -> &mut Glm5NextCache<CpuBackend> {
+    c.as_any_mut()
+        .downcast_mut::<Glm5NextCache<CpuBackend>>()
+        .unwrap()
 }
 
 /// Rewinding by 1..=window tokens and replaying reproduces the reference's decode
 /// logits; rewinding past the journal and the anchors fails with a clear error.
 #[test]
 fn rewind_then_replay() {
-    let Some((m, g)) = setup("lowerbound_sparse_f32") else {
-        return;
-    };
+    let (m, g) = setup("lowerbound_sparse_f32");
     let v = g.vocab;
     let mut cache = m.new_cache(4096).unwrap();
     let mut out = Vec::new();
@@ -80,7 +80,7 @@ fn rewind_then_replay() {
             .unwrap();
     }
     let earliest = downcast(&mut *cache).earliest_rewind();
-    assert!(s + 20 - earliest >= ds4_engine::families::glm5_next::DEFAULT_REWIND_WINDOW);
+    assert!(s + 20 - earliest >= crate::families::glm5_next::DEFAULT_REWIND_WINDOW);
     // The sequence so far: the prompt, then decode_tokens[..20]; the logits after token
     // at position p are the reference's prefill row p or decode row p − s.
     let seq: Vec<u32> = g
@@ -121,12 +121,10 @@ fn rewind_then_replay() {
 /// 64-token chunk boundary of the prompt call).
 #[test]
 fn rewind_into_prefill_with_a_wide_window() {
-    let Some((m, g)) = setup("softplus_dense_f32") else {
-        return;
-    };
+    let (m, g) = setup("softplus_dense_f32");
     let v = g.vocab;
-    let mut cache = m.new_glm_cache(4096);
-    cache.set_rewind_window(100);
+    let mut cache = m.new_glm_cache(4096).unwrap();
+    cache.set_rewind_window(100).unwrap();
     let mut out = Vec::new();
     m.forward(&mut cache, &g.prompt, Logits::Last, &mut out)
         .unwrap();
@@ -149,9 +147,7 @@ fn rewind_into_prefill_with_a_wide_window() {
 /// accepted, the rest rolled back, decoding continues.
 #[test]
 fn speculative_block_partly_accepted() {
-    let Some((m, g)) = setup("lowerbound_sparse_f32") else {
-        return;
-    };
+    let (m, g) = setup("lowerbound_sparse_f32");
     let v = g.vocab;
     let mut cache = m.new_cache(4096).unwrap();
     let mut out = Vec::new();
@@ -175,13 +171,11 @@ fn speculative_block_partly_accepted() {
 /// Session snapshots restore bit for bit; Session::rewind uses the cache's journal.
 #[test]
 fn session_snapshot_and_rewind() {
-    let Some((m, g)) = setup("softplus_dense_f32") else {
-        return;
-    };
+    let (m, g) = setup("softplus_dense_f32");
     let m: Arc<dyn Model> = Arc::new(m);
     let mut sess = Session::new(m, 4096).unwrap();
     sess.prefill(&g.prompt, &mut |_, _| {}).unwrap();
-    let snap = sess.snapshot();
+    let snap = sess.snapshot().unwrap();
     let a: Vec<Vec<f32>> = (0..6)
         .map(|i| sess.decode(g.decode_tokens[i]).unwrap().to_vec())
         .collect();
@@ -200,10 +194,8 @@ fn session_snapshot_and_rewind() {
 /// the saved one; bad files give clear errors.
 #[test]
 fn state_file_round_trip() {
-    let Some((m, g)) = setup("lowerbound_sparse_f32") else {
-        return;
-    };
-    let mut cache = m.new_glm_cache(4096);
+    let (m, g) = setup("lowerbound_sparse_f32");
+    let mut cache = m.new_glm_cache(4096).unwrap();
     let mut out = Vec::new();
     m.forward(&mut cache, &g.prompt, Logits::Last, &mut out)
         .unwrap();
@@ -211,12 +203,21 @@ fn state_file_round_trip() {
         m.forward(&mut cache, &[g.decode_tokens[i]], Logits::Last, &mut out)
             .unwrap();
     }
-    let dir = std::env::temp_dir().join(format!("glm5_state_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("state.bin");
+    let tmp = std::env::temp_dir().join(format!("glm5_state_{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let path = tmp.join("state.bin");
     state_file::save(&cache, &path).unwrap();
     let mut loaded = state_file::load(&m, &path).unwrap();
-    assert_eq!(loaded, cache);
+    let bytes_of = |c: &Glm5NextCache<CpuBackend>| {
+        let mut v = Vec::new();
+        state_file::write_state(c, &mut v).unwrap();
+        v
+    };
+    assert_eq!(
+        bytes_of(&loaded),
+        bytes_of(&cache),
+        "the loaded state differs"
+    );
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for i in 3..6 {
         m.forward(&mut cache, &[g.decode_tokens[i]], Logits::Last, &mut a)
@@ -233,18 +234,26 @@ fn state_file_round_trip() {
     let bytes = std::fs::read(&path).unwrap();
     let mut bad = bytes.clone();
     bad[0] = b'X';
-    let e = state_file::read_state(&m, &mut &bad[..], "bad").unwrap_err();
+    let e = state_file::read_state(&m, &mut &bad[..], "bad")
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("bad magic"), "{e}");
     let mut v2 = bytes.clone();
-    v2[8] = 2;
-    let e = state_file::read_state(&m, &mut &v2[..], "v2").unwrap_err();
-    assert!(e.to_string().contains("version 2"), "{e}");
-    let other = model(&fixture("softplus_dense_f32").unwrap(), OutType::F32);
-    let e = state_file::read_state(&other, &mut &bytes[..], "other").unwrap_err();
+    v2[8] = 3;
+    let e = state_file::read_state(&m, &mut &v2[..], "v2")
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("version 3"), "{e}");
+    let other = model(&dir("softplus_dense_f32"), OutType::F32);
+    let e = state_file::read_state(&other, &mut &bytes[..], "other")
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("another model"), "{e}");
-    let e = state_file::read_state(&m, &mut &bytes[..bytes.len() / 2], "cut").unwrap_err();
+    let e = state_file::read_state(&m, &mut &bytes[..bytes.len() / 2], "cut")
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("cut"), "{e}");
-    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(&tmp).ok();
 }
 
 /// A chat's next turn diverges just before the previous prompt's end (the template
@@ -252,9 +261,7 @@ fn state_file_round_trip() {
 /// moved on, but the prefill-end anchor still reaches that position.
 #[test]
 fn next_turn_rewinds_through_the_prefill_anchor() {
-    let Some((m, g)) = setup("softplus_dense_f32") else {
-        return;
-    };
+    let (m, g) = setup("softplus_dense_f32");
     let v = g.vocab;
     let m: Arc<dyn Model> = Arc::new(m);
     let mut sess = Session::new(m.clone(), 4096).unwrap();

@@ -4,15 +4,14 @@
 //! tolerance, and by the same margin (ours broken vs the reference intact ≈ the
 //! reference broken vs intact, within 5%).
 
-mod common;
-
-use common::*;
 use ds4_convert::OutType;
-use ds4_engine::families::glm5_next::ablation::Ablation;
+
+use super::*;
+use crate::ablation::Ablation;
 
 fn check(name: &str) {
-    let Some(dir) = fixture(name) else { return };
-    let mut m = model(&dir, OutType::F32);
+    let dir = dir(name);
+    let m = model(&dir, OutType::F32);
     let g = golden(&dir);
     let sens = manifest(&dir)["sensitivity"].clone();
     let mut failed_as_expected = 0;
@@ -25,7 +24,7 @@ fn check(name: &str) {
             s["prefill_rel_err"].as_f64().unwrap(),
             s["decode_rel_err"].as_f64().unwrap(),
         );
-        m.set_ablation(Some(a));
+        m.backend().set_ablation(Some(a));
         let (pre, dec) = run_protocol(&m, &g);
         let (ep, ed) = (
             max_err(&pre, &g.prefill, g.vocab),
@@ -50,7 +49,7 @@ fn check(name: &str) {
             }
         }
     }
-    m.set_ablation(None);
+    m.backend().set_ablation(None);
     let (pre, _) = run_protocol(&m, &g);
     assert!(max_err(&pre, &g.prefill, g.vocab) <= 1e-4);
     eprintln!("{name}: {failed_as_expected} broken variants detected");

@@ -3,12 +3,10 @@
 //! prompt positions 0..7, S−2, S−1), to locate a mismatch layer by layer. f32 fixtures
 //! must agree to 1e-4 relative at every layer; bf16 differences are printed.
 
-mod common;
-
-use common::*;
 use ds4_convert::OutType;
-use ds4_engine::families::glm5_next::Trace;
-use ds4_engine::model::Model;
+
+use super::*;
+use crate::families::glm5_next::Trace;
 
 /// Max |a−b| / max(1, max|b|) over the fixture positions of one per-layer array.
 fn cmp(ours: &[f32], theirs: &[f32], pos: &[usize], width: usize) -> f64 {
@@ -28,7 +26,7 @@ fn cmp(ours: &[f32], theirs: &[f32], pos: &[usize], width: usize) -> f64 {
 }
 
 fn layers(name: &str, outtype: OutType, bound: Option<f64>) {
-    let Some(dir) = fixture(name) else { return };
+    let dir = dir(name);
     let m = model(&dir, outtype);
     let g = golden(&dir);
     let pos: Vec<usize> = npy_i32(&dir.join("hidden_positions.npy"))
@@ -119,7 +117,7 @@ fn reference_sets(path: &std::path::Path) -> Vec<Vec<usize>> {
 /// Every query's selected tokens equal the reference's (as sets), in the one-call
 /// prefill and in each decode step.
 fn selections(name: &str) {
-    let Some(dir) = fixture(name) else { return };
+    let dir = dir(name);
     let m = model(&dir, OutType::F32);
     let g = golden(&dir);
     let mut cache = m.new_cache(4096).unwrap();
@@ -136,15 +134,13 @@ fn selections(name: &str) {
     for (li, sel) in &tr.selections {
         let want = reference_sets(&dir.join(format!("indexer_topk_layer{li}.npy")));
         for (q, (ours, theirs)) in sel.iter().zip(&want).enumerate() {
-            let ours: Vec<usize> = ours.iter().flat_map(|r| r.clone()).collect();
-            assert_eq!(&ours, theirs, "{name}: layer {li}, prefill query {q}");
+            assert_eq!(ours, theirs, "{name}: layer {li}, prefill query {q}");
         }
         let want_dec = reference_sets(&dir.join(format!("indexer_topk_layer{li}_decode.npy")));
         for (step, t) in dec.iter().enumerate() {
-            let s = &t.selections.iter().find(|(l, _)| l == li).unwrap().1[0];
-            let ours: Vec<usize> = s.iter().flat_map(|r| r.clone()).collect();
+            let ours = &t.selections.iter().find(|(l, _)| l == li).unwrap().1[0];
             assert_eq!(
-                ours, want_dec[step],
+                ours, &want_dec[step],
                 "{name}: layer {li}, decode step {step}"
             );
         }
