@@ -204,6 +204,79 @@ def prepare_glm5_next(src: Path, dst: Path, cfg: dict) -> dict:
 
 
 # --------------------------------------------------------------------------
+# read-back check: every GGUF tensor equals the checkpoint tensor docs/deepseek4_gguf.md maps it to
+
+DS4_ROOT = {"embed.weight": "token_embd.weight", "head.weight": "output.weight", "norm.weight": "output_norm.weight",
+            "hc_head_fn": "output_hc_fn.weight", "hc_head_base": "output_hc_base.weight",
+            "hc_head_scale": "output_hc_scale.weight"}
+DS4_LAYER = {
+    "attn.attn_sink": "attn_sinks.weight", "attn.wq_a.weight": "attn_q_a.weight",
+    "attn.q_norm.weight": "attn_q_a_norm.weight", "attn.wq_b.weight": "attn_q_b.weight",
+    "attn.wkv.weight": "attn_kv.weight", "attn.kv_norm.weight": "attn_kv_a_norm.weight",
+    "attn.wo_a.weight": "attn_output_a.weight", "attn.wo_b.weight": "attn_output_b.weight",
+    "attn.compressor.ape": "attn_compressor_ape.weight", "attn.compressor.wkv.weight": "attn_compressor_kv.weight",
+    "attn.compressor.wgate.weight": "attn_compressor_gate.weight",
+    "attn.compressor.norm.weight": "attn_compressor_norm.weight",
+    "attn.indexer.wq_b.weight": "indexer.attn_q_b.weight", "attn.indexer.weights_proj.weight": "indexer.proj.weight",
+    "attn.indexer.compressor.ape": "indexer_compressor_ape.weight",
+    "attn.indexer.compressor.wkv.weight": "indexer_compressor_kv.weight",
+    "attn.indexer.compressor.wgate.weight": "indexer_compressor_gate.weight",
+    "attn.indexer.compressor.norm.weight": "indexer_compressor_norm.weight",
+    "attn_norm.weight": "attn_norm.weight", "ffn_norm.weight": "ffn_norm.weight",
+    "ffn.gate.weight": "ffn_gate_inp.weight", "ffn.gate.bias": "exp_probs_b.bias",
+    "ffn.gate.tid2eid": "ffn_gate_tid2eid.weight",
+    "ffn.shared_experts.w1.weight": "ffn_gate_shexp.weight", "ffn.shared_experts.w2.weight": "ffn_down_shexp.weight",
+    "ffn.shared_experts.w3.weight": "ffn_up_shexp.weight",
+    "hc_attn_fn": "hc_attn_fn.weight", "hc_attn_base": "hc_attn_base.weight", "hc_attn_scale": "hc_attn_scale.weight",
+    "hc_ffn_fn": "hc_ffn_fn.weight", "hc_ffn_base": "hc_ffn_base.weight", "hc_ffn_scale": "hc_ffn_scale.weight",
+}
+DS4_EXPERTS = {"w1": "ffn_gate_exps.weight", "w2": "ffn_down_exps.weight", "w3": "ffn_up_exps.weight"}
+
+
+def verify_deepseek4(fixture: Path, gguf_path: Path) -> dict:
+    import re
+
+    import gguf  # the llama.cpp tree's gguf-py (on sys.path after run_converter)
+    import numpy as np
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    got = {}
+    types = {}
+    for t in reader.tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type) if t.tensor_type.name == "MXFP4" else np.array(t.data)
+        got[t.name] = data.reshape([int(d) for d in reversed(list(t.shape))])
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    want: dict = {}
+    experts: dict = {}
+    with safe_open(str(fixture / "model.safetensors"), "np") as f:
+        for k in f.keys():
+            v = f.get_tensor(k)
+            if k in DS4_ROOT:
+                want[DS4_ROOT[k]] = v
+                continue
+            m = re.match(r"layers\.(\d+)\.(.+)$", k)
+            i, rest = m.group(1), m.group(2)
+            if (e := re.match(r"ffn\.experts\.(\d+)\.(w[123])\.weight$", rest)) is not None:
+                experts.setdefault((i, e.group(2)), {})[int(e.group(1))] = v
+            else:
+                want[f"blk.{i}.{DS4_LAYER[rest]}"] = v
+    for (i, w), per in experts.items():
+        want[f"blk.{i}.{DS4_EXPERTS[w]}"] = np.stack([per[e] for e in sorted(per)])
+    missing = sorted(set(want) ^ set(got))
+    if missing:
+        raise ValueError(f"GGUF and checkpoint tensor sets differ: {missing}")
+    worst = 0.0
+    for name, v in want.items():
+        g = got[name]
+        if g.shape != v.shape:
+            raise ValueError(f"{name}: GGUF shape {g.shape} (numpy order) != checkpoint {v.shape}")
+        worst = max(worst, float(np.abs(g.astype(np.float64) - v.astype(np.float64)).max()))
+    if worst != 0.0:
+        raise ValueError(f"GGUF values differ from the checkpoint by up to {worst}")
+    return dict(tensors=len(got), types=types, max_abs_diff_vs_checkpoint=worst)
+
+
+# --------------------------------------------------------------------------
 
 
 def run_converter(llama_cpp: Path, model_dir: Path, out: Path, family: str) -> None:
@@ -252,6 +325,8 @@ def convert(fixture: Path, llama_cpp: Path) -> dict:
         tmp_out = Path(tmp) / "out.gguf"
         run_converter(llama_cpp, work, tmp_out, family)
         shutil.move(str(tmp_out), out)
+    if family == "deepseek_v4":
+        info["read_back"] = verify_deepseek4(fixture, out)
     info.update(file=out.name, bytes=out.stat().st_size, sha256=hashlib.sha256(out.read_bytes()).hexdigest(),
                 converter=f"{llama_cpp}/convert_hf_to_gguf.py --outtype f32 (llama.cpp {LLAMA_CPP_COMMIT})",
                 patched="conversion.base.TextModel.get_vocab_base_pre: unknown pre-tokenizer hash -> "
