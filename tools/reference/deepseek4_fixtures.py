@@ -144,7 +144,7 @@ FIXTURES = [
             "(sliding, sliding, CSA, HCA, CSA), num_hash_layers 3",
             "the real compress rates 4 and 128 (the only ones llama.cpp's loader accepts): the prompt of 300 "
             "closes 2 HCA windows (at 127 and 255) and 75 CSA windows; decode (300..331) closes 8 CSA windows, "
-            "the HCA buffer stays partially filled (44..75 tokens)",
+            "the HCA buffer stays partially filled (44..76 tokens)",
             "sliding_window 128 (real) < prompt",
             "lightning indexer with index_topk 32 < compressed entries (75..83), 16 heads of 16",
             "Flash's hyper-parameters where they are not sizes: hc 4 streams / 20 Sinkhorn iterations, "
