@@ -66,7 +66,7 @@ fn metadata_contradicting_shapes() {
             &[],
             |_, _| {},
         ),
-        &["blk.0.", "shape"],
+        &["blk.0.attn_q.weight", "kda.head_dim", "kda.head_count"],
     );
     expect_err(
         rewritten(

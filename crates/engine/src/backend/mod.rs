@@ -229,10 +229,10 @@ pub trait Backend: Buffers + Send + Sync + 'static {
         p: Prec,
         out: &mut Self::Buf,
     ) -> Result<()>;
-    /// RMSNorm of `rows` rows of `cols` values: `y = x · rsqrt(mean(x²) + eps)` (sum of
-    /// squares in f64), times `w` when given. ggml/llama: `(x·r)·w` in f32. Reference
-    /// (`*RMSNorm` of GLM-5.3): `round(round(x·r)·w)` (`Prec::F32` gives the same as
-    /// ggml).
+    /// RMSNorm of `rows` rows of `cols` values: `y = x · rsqrt(mean(x²) + eps)`, times `w`
+    /// when given. ggml (`Prec::Ggml`): squares in f32 summed in f64, `(x·r)·w` in f32.
+    /// Reference (`*RMSNorm` of GLM-5.3): squares and sum in f64,
+    /// `round(round(x·r)·w)`.
     #[allow(clippy::too_many_arguments)]
     fn rms_norm(
         &self,

@@ -262,7 +262,13 @@ impl Backend for CpuBackend {
         let x = span(x, 0, rows * cols, "rms_norm")?;
         let out = span_mut(out, 0, rows * cols, "rms_norm")?;
         out.copy_from_slice(x);
-        let work = |row: &mut [f32]| torch_math::rms_norm_row(row, w, eps, p);
+        let work = |row: &mut [f32]| {
+            if p == Prec::Ggml {
+                ggml_math::rms_norm_row(row, w, eps)
+            } else {
+                torch_math::rms_norm_row(row, w, eps, p)
+            }
+        };
         if rows >= 16 {
             use rayon::prelude::*;
             out.par_chunks_mut(cols).for_each(work);

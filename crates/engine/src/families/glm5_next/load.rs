@@ -60,15 +60,12 @@ fn check_kda_width<B: Backend>(l: &TensorLoader<B>, i: usize, c: &Config) -> Res
     if let Some(info) = l.find(&[&n(i, "attn_q.weight")])
         && info.dims.get(1).is_some_and(|&r| r as usize != qkv)
     {
-        return Err(EngineError::Metadata {
-            key: "kda.head_count".into(),
-            detail: format!(
-                " (blk.{i}.attn_q.weight has {} rows, but the KDA width is {} heads × {} \
-                 (kda.head_dim) = {qkv}; the head count is `{{arch}}.kda.head_count`, or \
-                 `{{arch}}.attention.head_count` when absent, as llama.cpp reads it)",
-                info.dims[1], c.kda_heads, c.kda_head_dim
-            ),
-        });
+        return Err(EngineError::Config(format!(
+            "tensor 'blk.{i}.attn_q.weight' has {} rows, but the metadata give a KDA width of \
+             {} heads × {} (kda.head_dim) = {qkv}; the head count is `kda.head_count`, or \
+             `attention.head_count` when absent, as llama.cpp reads it",
+            info.dims[1], c.kda_heads, c.kda_head_dim
+        )));
     }
     Ok(())
 }
