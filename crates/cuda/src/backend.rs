@@ -992,6 +992,10 @@ impl Backend for CudaBackend {
         Err(unsupported("read_ids"))
     }
 
+    fn write_ids(&self, _ids: &mut CudaBuf, _off: usize, _data: &[i32]) -> EngineResult<()> {
+        Err(unsupported("write_ids"))
+    }
+
     fn store_rows(
         &self,
         _step: &CudaStep,

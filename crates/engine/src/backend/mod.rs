@@ -22,7 +22,7 @@
 //!
 //! | area | operations |
 //! | --- | --- |
-//! | memory | [`buf`](Backend::buf), [`ids`](Backend::ids), [`copy`](Backend::copy), [`fill`](Backend::fill), [`read`](Backend::read), [`write`](Backend::write), [`read_ids`](Backend::read_ids), [`store_rows`](Backend::store_rows) |
+//! | memory | [`buf`](Backend::buf), [`ids`](Backend::ids), [`copy`](Backend::copy), [`fill`](Backend::fill), [`read`](Backend::read), [`write`](Backend::write), [`read_ids`](Backend::read_ids), [`write_ids`](Backend::write_ids), [`store_rows`](Backend::store_rows) |
 //! | dense | [`embed`](Backend::embed), [`rms_norm`](Backend::rms_norm), [`layer_norm`](Backend::layer_norm), [`matmul`](Backend::matmul), [`matmul_grouped`](Backend::matmul_grouped), [`rope`](Backend::rope), [`attention`](Backend::attention), [`swiglu`](Backend::swiglu), [`add`](Backend::add), [`scale_sigmoid`](Backend::scale_sigmoid) |
 //! | MoE | [`moe_route`](Backend::moe_route), [`moe_experts`](Backend::moe_experts) |
 //! | mHC | [`hc_pre`](Backend::hc_pre), [`hc_post`](Backend::hc_post), [`hc_head`](Backend::hc_head) |
@@ -194,6 +194,8 @@ pub trait Backend: Buffers + Send + Sync + 'static {
     fn write(&self, buf: &mut Self::Buf, off: usize, data: &[f32]) -> Result<()>;
     /// Reads `len` ids from `ids[off..]`, appending to `out`.
     fn read_ids(&self, ids: &Self::Ids, off: usize, len: usize, out: &mut Vec<i32>) -> Result<()>;
+    /// Writes host ids into `ids[off..off + data.len()]`.
+    fn write_ids(&self, ids: &mut Self::Ids, off: usize, data: &[i32]) -> Result<()>;
     /// Stores the step's rows: `dst[(pos0 + i) mod cap] = src[i]` for `i < rows`, rows of
     /// `row_len` values (a latent or indexer cache with `cap = n_ctx`, or a ring).
     fn store_rows(

@@ -197,6 +197,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn write_ids(&self, ids: &mut Vec<i32>, off: usize, data: &[i32]) -> Result<()> {
+        ids.get_mut(off..off + data.len())
+            .ok_or_else(|| EngineError::Backend("write_ids out of range".into()))?
+            .copy_from_slice(data);
+        Ok(())
+    }
+
     fn store_rows(
         &self,
         step: &CpuStep,
