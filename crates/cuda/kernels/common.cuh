@@ -28,6 +28,7 @@ typedef long long i64;
 #define T_Q4_1 3
 #define T_Q5_0 6
 #define T_Q8_0 8
+#define T_Q2_K 10
 #define T_Q4_K 12
 #define T_Q5_K 13
 #define T_Q6_K 14
@@ -35,6 +36,10 @@ typedef long long i64;
 #define T_BF16 30
 
 #define MAX_PLANES 4
+
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
 
 // A quantized matrix on the GPU: one pointer per field plane (see src/layout.rs).
 struct Planes {
@@ -62,6 +67,23 @@ __device__ __forceinline__ u16 f2bf(float f) {
     return h;
 }
 
+// bf16 bits to f32.
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float((u32)h << 16); }
+
+// `x` rounded to bf16 (round to nearest even) when `rb`, else `x`: the reference's cast
+// points of a bf16 model (`Prec::Bf16`).
+__device__ __forceinline__ float rnd(float x, int rb) { return rb ? bf2f(f2bf(x)) : x; }
+
+// Programmatic dependent launch: wait for the previous kernel before reading its results
+// (every kernel run inside a step calls this first), and let the next one start early.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+__device__ __forceinline__ float sigmoidf_ref(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+__device__ __forceinline__ float siluf_ref(float x) { return __fmul_rn(x, sigmoidf_ref(x)); }
+// PyTorch's softplus (threshold 20), as written (not log1p).
+__device__ __forceinline__ float softplusf_ref(float x) { return x > 20.f ? x : logf(__fadd_rn(1.0f, expf(x))); }
+
 __device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
 __device__ __forceinline__ u32 ld_u32(const u8* p) { return *(const u32*)p; }
 
@@ -81,6 +103,32 @@ __device__ __forceinline__ int warp_sum_i(int v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+// Block-wide sum of a double (blockDim.x a multiple of 32, at most 1024 threads);
+// `red` is shared scratch of 32 doubles. Every thread gets the total.
+__device__ __forceinline__ double block_sum_d(double v, double* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int k = 0; k < (int)(blockDim.x >> 5); ++k) t += red[k];
+    return t;
+}
+
+// Block-wide max of a float; `red` as above (floats).
+__device__ __forceinline__ float block_max_f(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = red[0];
+    for (int k = 1; k < (int)(blockDim.x >> 5); ++k) t = fmaxf(t, red[k]);
+    return t;
 }
 
 // Spreads the 4 low bits of `b` to bit 0 of each byte (bit i -> byte i).
@@ -252,6 +300,21 @@ __device__ void dequant_chunk(int ty, const Planes& w, i64 blk, int c, float* y)
             const int q = (((l4[l] >> lshift) & 0xF) | (((qh[32 * n + l] >> hshift) & 3) << 4)) - 32;
             const float ds = __fmul_rn(d, (float)sc[8 * n + 2 * g + l / 16]);
             y[l] = __fmul_rn(ds, (float)q);
+        }
+        break;
+    }
+    case T_Q2_K: {
+        // Chunk c: half n = c/4, pair j = c%4 (bits 2j of qs[32n..32n+32)); scales
+        // 8n+2j (elements 0..15) and 8n+2j+1 (16..31): low nibble scale, high min.
+        const int n = c >> 2, j = c & 3;
+        const float d = h2f(ld_u16(w.p[2] + blk * 4));
+        const float dmin = h2f(ld_u16(w.p[2] + blk * 4 + 2));
+        const u8* sc = w.p[0] + blk * 16 + 8 * n + 2 * j;
+        const u8* q = w.p[1] + blk * 64 + 32 * n;
+        for (int h = 0; h < 2; ++h) {
+            const float dl = __fmul_rn(d, (float)(sc[h] & 0xF)), ml = __fmul_rn(dmin, (float)(sc[h] >> 4));
+            for (int l = 0; l < 16; ++l)
+                y[16 * h + l] = __fsub_rn(__fmul_rn(dl, (float)((q[16 * h + l] >> (2 * j)) & 3)), ml);
         }
         break;
     }

@@ -47,6 +47,10 @@ pub const SOURCES: &[Source] = &[
             "gemv_q6_k_pair",
             "gemv_iq2_xxs",
             "gemv_iq2_xxs_pair",
+            "gemv_q2_k",
+            "gemv_q2_k_pair",
+            "gemv_experts_gate_up",
+            "gemv_experts_down",
         ],
     },
     Source {
@@ -59,12 +63,22 @@ pub const SOURCES: &[Source] = &[
             "add_bias_rows",
             "f32_to_bf16",
             "copy_f32",
+            "fill_f32",
+            "swiglu_ref",
+            "add_round",
+            "scale_sigmoid",
         ],
     },
     Source {
         file: "dequant.cu",
         text: include_str!("../kernels/dequant.cu"),
-        kernels: &["split_plane", "synth_blocks", "embed_rows", "dequant_bf16"],
+        kernels: &[
+            "split_plane",
+            "synth_blocks",
+            "embed_rows",
+            "dequant_bf16",
+            "embed_streams",
+        ],
     },
     Source {
         file: "rope.cu",
@@ -82,6 +96,48 @@ pub const SOURCES: &[Source] = &[
             "attn_decode_fused_128",
             "attn_prefill_64",
             "attn_prefill_128",
+        ],
+    },
+    Source {
+        file: "norm.cu",
+        text: include_str!("../kernels/norm.cu"),
+        kernels: &["rms_norm_ref", "layer_norm_ref", "gated_norm"],
+    },
+    Source {
+        file: "float_gemv.cu",
+        text: include_str!("../kernels/float_gemv.cu"),
+        kernels: &["gemv_float", "gemv_float_experts"],
+    },
+    Source {
+        file: "moe.cu",
+        text: include_str!("../kernels/moe.cu"),
+        kernels: &["moe_route", "moe_reduce"],
+    },
+    Source {
+        file: "mhc.cu",
+        text: include_str!("../kernels/mhc.cu"),
+        kernels: &["hc_mixes", "hc_pre_finish", "hc_post", "hc_head"],
+    },
+    Source {
+        file: "delta.cu",
+        text: include_str!("../kernels/delta.cu"),
+        kernels: &[
+            "delta_conv",
+            "delta_inputs",
+            "delta_conv_state",
+            "delta_recurrent_64",
+            "delta_recurrent_128",
+        ],
+    },
+    Source {
+        file: "sparse.cu",
+        text: include_str!("../kernels/sparse.cu"),
+        kernels: &[
+            "store_rows",
+            "compress_windows",
+            "dsa_scores",
+            "dsa_topk",
+            "mla_attend",
         ],
     },
 ];

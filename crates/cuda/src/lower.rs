@@ -833,6 +833,15 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
                 bytes: 0,
             }));
         }
+        Op::Kernel(k) => cmds.push(Cmd::Launch(Launch {
+            f: k.f,
+            grid: k.grid,
+            block: k.block,
+            smem: k.smem,
+            args: k.args.to_args(),
+            label: k.label,
+            bytes: 0,
+        })),
     }
     Ok(())
 }

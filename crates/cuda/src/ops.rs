@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use ds4_gguf::GgmlType;
 
-use crate::driver::{DPtr, DevMem};
+use crate::driver::{Args, DPtr, DevMem, Func};
 
 /// A quantized matrix on the device: planes (see [`crate::layout`]), type and shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +36,9 @@ pub struct RopeArgs {
 }
 
 /// One recorded operation (the `Backend` trait's operations, with device pointers).
+/// `Kernel` is the large variant; a step holds a few thousand ops in one vector, so the
+/// padding costs little and keeps ops `Copy` and comparable (graph keys).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Op {
     Embed {
@@ -91,6 +94,71 @@ pub enum Op {
         dst: DPtr,
         len: u32,
     },
+    /// A launch recorded as is (the MoE families' operations, `crate::moe_ops`).
+    Kernel(KernelOp),
+}
+
+/// A kernel launch recorded ready to enqueue: function, shape, arguments.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KernelOp {
+    pub f: Func,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub smem: u32,
+    pub args: KArgs,
+    pub label: &'static str,
+}
+
+/// Kernel arguments of fixed capacity (so that ops stay `Copy` and comparable): each
+/// argument in 8-byte slots, as [`Args`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KArgs {
+    words: [u64; 72],
+    offs: [u16; 16],
+    n_words: u16,
+    n: u8,
+}
+
+impl Default for KArgs {
+    fn default() -> Self {
+        KArgs {
+            words: [0; 72],
+            offs: [0; 16],
+            n_words: 0,
+            n: 0,
+        }
+    }
+}
+
+impl KArgs {
+    /// Appends one argument (a scalar, a pointer or a `#[repr(C)]` struct).
+    ///
+    /// # Panics
+    /// When the arguments exceed the capacity (a programming error: every kernel's
+    /// parameters are fixed).
+    pub fn push<T: Copy>(&mut self, v: T) -> &mut Self {
+        let n = std::mem::size_of::<T>().div_ceil(8).max(1);
+        let off = self.n_words as usize;
+        assert!(
+            off + n <= self.words.len() && (self.n as usize) < self.offs.len(),
+            "kernel arguments exceed {} words",
+            self.words.len()
+        );
+        // SAFETY: the slots hold at least size_of::<T>() bytes, u64-aligned.
+        unsafe { std::ptr::write_unaligned(self.words.as_mut_ptr().add(off) as *mut T, v) };
+        self.offs[self.n as usize] = off as u16;
+        self.n += 1;
+        self.n_words += n as u16;
+        self
+    }
+
+    /// The arguments in the driver's form.
+    pub fn to_args(&self) -> Args {
+        Args::from_slots(
+            &self.words[..self.n_words as usize],
+            &self.offs[..self.n as usize],
+        )
+    }
 }
 
 /// The pending operations of one step of one thread.

@@ -18,7 +18,7 @@ use ds4_gguf::{GgufFile, GgufWriter};
 use super::Glm5Next;
 use crate::backend::cpu::CpuBackend;
 use crate::model::{Logits, Model};
-pub use crate::test_support::*;
+pub use crate::fixtures::*;
 
 pub type Cpu = Glm5Next<CpuBackend>;
 
