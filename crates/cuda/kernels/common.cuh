@@ -74,6 +74,13 @@ __device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float((u32)h << 
 // points of a bf16 model (`Prec::Bf16`).
 __device__ __forceinline__ float rnd(float x, int rb) { return rb ? bf2f(f2bf(x)) : x; }
 
+// Element i of a float weight of ggml type ty (F32, F16 or BF16).
+__device__ __forceinline__ float wval(const u8* w, int ty, i64 i) {
+    if (ty == T_F32) return ((const float*)w)[i];
+    if (ty == T_F16) return h2f(((const u16*)w)[i]);
+    return bf2f(((const u16*)w)[i]);
+}
+
 // Programmatic dependent launch: wait for the previous kernel before reading its results
 // (every kernel run inside a step calls this first), and let the next one start early.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }

@@ -207,5 +207,7 @@ __device__ __forceinline__ void recurrent_body(const DeltaParams& P) {
         for (int i = 0; i < DK; ++i) Sh[(i64)i * P.dv + j] = s[i];
 }
 
+extern "C" __global__ void delta_recurrent_16(const DeltaParams P) { recurrent_body<16>(P); }
+extern "C" __global__ void delta_recurrent_32(const DeltaParams P) { recurrent_body<32>(P); }
 extern "C" __global__ void delta_recurrent_64(const DeltaParams P) { recurrent_body<64>(P); }
 extern "C" __global__ void delta_recurrent_128(const DeltaParams P) { recurrent_body<128>(P); }

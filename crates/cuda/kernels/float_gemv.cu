@@ -9,12 +9,6 @@
 
 #define FG_TOK 4
 
-__device__ __forceinline__ float wval(const u8* w, int ty, i64 i) {
-    if (ty == T_F32) return ((const float*)w)[i];
-    if (ty == T_F16) return h2f(((const u16*)w)[i]);
-    return bf2f(((const u16*)w)[i]);
-}
-
 struct FloatGemv {
     const u8* w;      // group 0's matrix, n_out × n_in
     i64 w_gstride;    // elements between groups' matrices

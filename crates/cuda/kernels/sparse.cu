@@ -214,21 +214,31 @@ extern "C" __global__ void dsa_topk(const SelectParams P) {
 
 struct MlaParams {
     const StepInfo* step;
-    const float* qt;      // absorbed queries [rows, heads, rank]
-    const float* latent;  // [n_ctx, rank]
-    const i32* sel;       // optional pool ids [rows, per_q]
-    float* scores;        // scratch [rows·heads, max_tok]
-    float* ctx;           // [rows, heads, rank]
-    i32 rows, heads, rank, pool, per_q, tail, max_tok;
+    const float* q;     // queries [rows, heads, kdim]
+    const float* keys;  // token j, head h at keys + j·k_ts + h·k_hs (kdim values)
+    const float* vals;  // token j, head h at vals + j·v_ts + h·v_hs (vdim values)
+    const i32* sel;     // optional pool ids [rows, per_q]
+    float* out;         // [rows, heads, vdim]
+    i64 k_ts, v_ts;
+    i32 k_hs, v_hs, kdim, vdim;
+    i32 rows, heads, pool, per_q, tail, rb;
     float scale;
 };
 
+#define MLA_TILE 128
+#define MLA_CH 4     // value channels per thread: vdim ≤ MLA_CH · blockDim
+#define MLA_QMAX 1024
+
 // One block per (query, head): the attended tokens (the selected pools' tokens then the
-// tail, kept in dynamic shared memory; or 0..t without a selection), scores over their
-// latents (one warp per token), softmax (f64 sum), then ctx = Σ p_j c_j (one thread per
-// latent channel).
+// tail, kept in dynamic shared memory; or 0..t without a selection) in tiles of
+// MLA_TILE: scores (one warp per token), then an online softmax — the running maximum,
+// the f64 running sum and each thread's MLA_CH value channels rescaled when the
+// maximum grows — so no score buffer of the context's length is needed. Absorbed
+// (keys = values = the latents, q the absorbed queries) or expanded (per-head keys and
+// values) by the strides.
 extern "C" __global__ void mla_attend(const MlaParams P) {
     extern __shared__ int toks[];
+    __shared__ float qs[MLA_QMAX], sc[MLA_TILE];
     __shared__ float redf[32];
     __shared__ double redd[32];
     __shared__ int n_sh;
@@ -250,36 +260,83 @@ extern "C" __global__ void mla_attend(const MlaParams P) {
                 for (int k = P.pool * ((t + 1) / P.pool); k <= t; ++k) toks[n++] = k;
             n_sh = n;
         }
+    }
+    const float* q = P.q + ((i64)i * P.heads + h) * P.kdim;
+    for (int x = threadIdx.x; x < P.kdim; x += blockDim.x) qs[x] = q[x];
+    __syncthreads();
+    const int n = P.sel ? n_sh : t + 1;
+    float m = -INFINITY;
+    double l = 0.0;
+    float acc[MLA_CH];
+#pragma unroll
+    for (int c = 0; c < MLA_CH; ++c) acc[c] = 0.f;
+    for (int base = 0; base < n; base += MLA_TILE) {
+        const int nt = min(MLA_TILE, n - base);
+        for (int k = warp; k < nt; k += nw) {
+            const int tok = P.sel ? toks[base + k] : base + k;
+            const float* kr = P.keys + (i64)tok * P.k_ts + (i64)h * P.k_hs;
+            float d = 0.f;
+            for (int x = lane; x < P.kdim; x += 32) d = __fadd_rn(d, __fmul_rn(qs[x], kr[x]));
+            d = warp_sum(d);
+            if (lane == 0) sc[k] = __fmul_rn(d, P.scale);
+        }
+        __syncthreads();
+        float tm = -INFINITY;
+        for (int k = threadIdx.x; k < nt; k += blockDim.x) tm = fmaxf(tm, sc[k]);
+        const float nm = fmaxf(m, block_max_f(tm, redf));
+        const float corr = expf(__fsub_rn(m, nm));
+        double z = 0.0;
+        for (int k = threadIdx.x; k < nt; k += blockDim.x) {
+            const float e = expf(__fsub_rn(sc[k], nm));
+            sc[k] = e;
+            z += (double)e;
+        }
+        l = l * (double)corr + block_sum_d(z, redd);
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < MLA_CH; ++c) {
+            const int x = threadIdx.x + c * blockDim.x;
+            if (x >= P.vdim) break;
+            float a = __fmul_rn(acc[c], corr);
+            for (int k = 0; k < nt; ++k) {
+                const int tok = P.sel ? toks[base + k] : base + k;
+                a = __fadd_rn(a, __fmul_rn(sc[k], P.vals[(i64)tok * P.v_ts + (i64)h * P.v_hs + x]));
+            }
+            acc[c] = a;
+        }
+        m = nm;
         __syncthreads();
     }
-    const int n = P.sel ? n_sh : t + 1;
-    const float* q = P.qt + ((i64)i * P.heads + h) * P.rank;
-    float* sc = P.scores + (i64)blockIdx.x * P.max_tok;
-    for (int k = warp; k < n; k += nw) {
-        const float* c = P.latent + (i64)(P.sel ? toks[k] : k) * P.rank;
-        float d = 0.f;
-        for (int x = lane; x < P.rank; x += 32) d = __fadd_rn(d, __fmul_rn(q[x], c[x]));
-        d = warp_sum(d);
-        if (lane == 0) sc[k] = __fmul_rn(d, P.scale);
+    const float inv = n ? (float)(1.0 / l) : 0.f;
+    float* o = P.out + ((i64)i * P.heads + h) * P.vdim;
+#pragma unroll
+    for (int c = 0; c < MLA_CH; ++c) {
+        const int x = threadIdx.x + c * blockDim.x;
+        if (x < P.vdim) o[x] = rnd(__fmul_rn(acc[c], inv), P.rb);
     }
-    __syncthreads();
-    float mx = -INFINITY;
-    for (int k = threadIdx.x; k < n; k += blockDim.x) mx = fmaxf(mx, sc[k]);
-    mx = block_max_f(mx, redf);
-    double z = 0.0;
-    for (int k = threadIdx.x; k < n; k += blockDim.x) {
-        const float e = expf(__fsub_rn(sc[k], mx));
-        sc[k] = e;
-        z += (double)e;
+}
+
+// The bf16 reference's keys and values, expanded from the latents of every cached
+// token: k[j, h] = round(k_b[h]ᵀ c_j), v[j, h] = round(v_b[h] c_j) (f32 products of
+// the upcast weights). Grid (capacity, heads); tokens past the step's end exit. Parity
+// arithmetic only (bf16 models): it recomputes the whole cache each call.
+extern "C" __global__ void mla_expand(const StepInfo* step, const float* latent, const u8* kb, const u8* vb,
+                                      i32 wty, float* kexp, float* vexp, i32 heads, i32 rank, i32 dn, i32 dv) {
+    pdl_wait();
+    pdl_trigger();
+    const int j = blockIdx.x, h = blockIdx.y;
+    if (j >= step->pos0 + step->n_tok) return;
+    const float* c = latent + (i64)j * rank;
+    for (int d = threadIdx.x; d < dn; d += blockDim.x) {
+        float a = 0.f;
+        for (int cc = 0; cc < rank; ++cc)
+            a = __fadd_rn(a, __fmul_rn(wval(kb, wty, ((i64)h * rank + cc) * dn + d), c[cc]));
+        kexp[((i64)j * heads + h) * dn + d] = bf2f(f2bf(a));
     }
-    z = block_sum_d(z, redd);
-    const float inv = (float)(1.0 / z);
-    __syncthreads();
-    float* out = P.ctx + ((i64)i * P.heads + h) * P.rank;
-    for (int x = threadIdx.x; x < P.rank; x += blockDim.x) {
-        float acc = 0.f;
-        for (int k = 0; k < n; ++k)
-            acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(sc[k], inv), P.latent[(i64)(P.sel ? toks[k] : k) * P.rank + x]));
-        out[x] = acc;
+    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+        float a = 0.f;
+        for (int cc = 0; cc < rank; ++cc)
+            a = __fadd_rn(a, __fmul_rn(wval(vb, wty, ((i64)h * dv + e) * rank + cc), c[cc]));
+        vexp[((i64)j * heads + h) * dv + e] = bf2f(f2bf(a));
     }
 }

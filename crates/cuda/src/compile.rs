@@ -125,6 +125,8 @@ pub const SOURCES: &[Source] = &[
             "delta_conv",
             "delta_inputs",
             "delta_conv_state",
+            "delta_recurrent_16",
+            "delta_recurrent_32",
             "delta_recurrent_64",
             "delta_recurrent_128",
         ],
@@ -138,6 +140,7 @@ pub const SOURCES: &[Source] = &[
             "dsa_scores",
             "dsa_topk",
             "mla_attend",
+            "mla_expand",
         ],
     },
 ];

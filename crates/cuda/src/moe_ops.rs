@@ -209,20 +209,29 @@ struct SelectParams {
 #[derive(Clone, Copy)]
 struct MlaParams {
     step: DPtr,
-    qt: DPtr,
-    latent: DPtr,
+    q: DPtr,
+    keys: DPtr,
+    vals: DPtr,
     sel: DPtr,
-    scores: DPtr,
-    ctx: DPtr,
+    out: DPtr,
+    k_ts: i64,
+    v_ts: i64,
+    k_hs: i32,
+    v_hs: i32,
+    kdim: i32,
+    vdim: i32,
     rows: i32,
     heads: i32,
-    rank: i32,
     pool: i32,
     per_q: i32,
     tail: i32,
-    max_tok: i32,
+    rb: i32,
     scale: f32,
 }
+
+/// `mla_attend`'s limits (kernels/sparse.cu): query length and value channels per block.
+const MLA_QMAX: usize = 1024;
+const MLA_VMAX: usize = 4 * 256;
 
 /// A float matrix stack as the float kernels take it: pointer, type, rows, cols, count.
 fn float_mat(w: &CudaWeight) -> Result<(&Arc<DevMem>, GgmlType, usize, usize, usize)> {
@@ -956,11 +965,13 @@ impl CudaBackend {
 
     fn delta_recurrent_fn(&self, dk: usize) -> Result<Func> {
         match dk {
+            16 => Ok(self.k.delta_recurrent_16),
+            32 => Ok(self.k.delta_recurrent_32),
             64 => Ok(self.k.delta_recurrent_64),
             128 => Ok(self.k.delta_recurrent_128),
             _ => Err(EngineError::Unsupported {
                 backend: "cuda",
-                what: format!("delta-rule heads of {dk} (64 or 128 are compiled)"),
+                what: format!("delta-rule heads of {dk} (16, 32, 64 or 128 are compiled)"),
             }),
         }
     }
@@ -1335,6 +1346,10 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Multi-head latent attention. F32 and ggml arithmetic absorb `k_b` into the query
+    /// and `v_b` into the output (q̃_h = k_b[h] q_h, attention over the latents, then
+    /// v_b[h] ctx_h); the bf16 reference's arithmetic expands every cached latent into
+    /// rounded per-head keys and values first (`mla_expand`), as the CPU backend does.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn mla_op(
         &self,
@@ -1348,7 +1363,107 @@ impl CudaBackend {
         p: Prec,
         out: &CudaBuf,
     ) -> Result<()> {
-        let (ha, rkv) = (sh.heads, sh.rank);
+        let (ha, rkv, dn, dv) = (sh.heads, sh.rank, sh.qk_dim, sh.v_dim);
+        if rkv.max(dn) > MLA_QMAX || rkv.max(dv) > MLA_VMAX {
+            return Err(bad(format!(
+                "mla_attention: rank {rkv}, key {dn} and value {dv} must be at most {MLA_QMAX}"
+            )));
+        }
+        let ps = sh.select;
+        let max_tok = match (sel, ps) {
+            (Some(_), Some(s)) => s.per_query * s.pool + s.pool,
+            _ => 0,
+        };
+        let cap = latent.len / rkv;
+        let mut keep = vec![&latent.mem];
+        let sp = match sel {
+            Some(s) => {
+                keep.push(&s.mem);
+                s.ptr()
+            }
+            None => 0,
+        };
+        let common = MlaParams {
+            step: self.step_ptr(),
+            q: 0,
+            keys: 0,
+            vals: 0,
+            sel: sp,
+            out: 0,
+            k_ts: 0,
+            v_ts: 0,
+            k_hs: 0,
+            v_hs: 0,
+            kdim: 0,
+            vdim: 0,
+            rows: rows as i32,
+            heads: ha as i32,
+            pool: ps.map_or(1, |s| s.pool as i32),
+            per_q: ps.map_or(0, |s| s.per_query as i32),
+            tail: ps.is_some_and(|s| s.tail) as i32,
+            rb: 0,
+            scale: sh.scale,
+        };
+        let attend = |prm: MlaParams, keep: Vec<&Arc<DevMem>>| {
+            self.launch_op(Launch {
+                f: self.k.mla_attend,
+                grid: ((rows * ha) as u32, 1, 1),
+                block: 256,
+                smem: (max_tok * 4) as u32,
+                args: Self::args(prm),
+                label: "mla_attend",
+                keep,
+            })
+        };
+        if p == Prec::Bf16 {
+            let (kbm, kty, ..) = float_mat(k_b)?;
+            let (vbm, vty, ..) = float_mat(v_b)?;
+            if kty != vty {
+                return Err(bad("mla_attention: k_b and v_b of different types"));
+            }
+            let kexp = self.scratch_mem("mla_kexp", cap * ha * dn * 4)?;
+            let vexp = self.scratch_mem("mla_vexp", cap * ha * dv * 4)?;
+            let mut a = KArgs::default();
+            a.push(self.step_ptr())
+                .push(latent.ptr())
+                .push(kbm.ptr())
+                .push(vbm.ptr())
+                .push(kty as i32)
+                .push(kexp.ptr())
+                .push(vexp.ptr())
+                .push(ha as i32)
+                .push(rkv as i32)
+                .push(dn as i32)
+                .push(dv as i32);
+            self.launch_op(Launch {
+                f: self.k.mla_expand,
+                grid: (cap as u32, ha as u32, 1),
+                block: 128,
+                smem: 0,
+                args: a,
+                label: "mla_expand",
+                keep: vec![&latent.mem, kbm, vbm, &kexp, &vexp],
+            });
+            keep.extend([&q.mem, &kexp, &vexp, &out.mem]);
+            attend(
+                MlaParams {
+                    q: self.buf_of(q, rows * ha * dn, "mla_attention q")?,
+                    keys: kexp.ptr(),
+                    vals: vexp.ptr(),
+                    out: self.buf_of(out, rows * ha * dv, "mla_attention out")?,
+                    k_ts: (ha * dn) as i64,
+                    v_ts: (ha * dv) as i64,
+                    k_hs: dn as i32,
+                    v_hs: dv as i32,
+                    kdim: dn as i32,
+                    vdim: dv as i32,
+                    rb: 1,
+                    ..common
+                },
+                keep,
+            );
+            return Ok(());
+        }
         let qt = self.scratch_mem("mla_qt", rows * ha * rkv * 4)?;
         let ctx = self.scratch_mem("mla_ctx", rows * ha * rkv * 4)?;
         let qt_buf = CudaBuf {
@@ -1359,47 +1474,22 @@ impl CudaBackend {
             mem: ctx.clone(),
             len: rows * ha * rkv,
         };
-        // q̃_h = k_b[h] q_h (f32), attention over the latents, then v_b[h] (rounded).
         self.float_matmul(k_b, None, q, rows, ha, Prec::F32, &qt_buf)?;
-        let ps = sh.select;
-        let max_tok = match (sel, ps) {
-            (Some(_), Some(s)) => s.per_query * s.pool + s.pool,
-            _ => latent.len / rkv,
-        };
-        let scores = self.scratch_mem("mla_scores", rows * ha * max_tok * 4)?;
-        let mut keep = vec![&qt, &latent.mem, &scores, &ctx];
-        let sp = match sel {
-            Some(s) => {
-                keep.push(&s.mem);
-                s.ptr()
-            }
-            None => 0,
-        };
-        let prm = MlaParams {
-            step: self.step_ptr(),
-            qt: qt.ptr(),
-            latent: latent.ptr(),
-            sel: sp,
-            scores: scores.ptr(),
-            ctx: ctx.ptr(),
-            rows: rows as i32,
-            heads: ha as i32,
-            rank: rkv as i32,
-            pool: ps.map_or(1, |s| s.pool as i32),
-            per_q: ps.map_or(0, |s| s.per_query as i32),
-            tail: ps.is_some_and(|s| s.tail) as i32,
-            max_tok: max_tok as i32,
-            scale: sh.scale,
-        };
-        self.launch_op(Launch {
-            f: self.k.mla_attend,
-            grid: ((rows * ha) as u32, 1, 1),
-            block: 256,
-            smem: if sel.is_some() { (max_tok * 4) as u32 } else { 0 },
-            args: Self::args(prm),
-            label: "mla_attend",
+        keep.extend([&qt, &ctx]);
+        attend(
+            MlaParams {
+                q: qt.ptr(),
+                keys: latent.ptr(),
+                vals: latent.ptr(),
+                out: ctx.ptr(),
+                k_ts: rkv as i64,
+                v_ts: rkv as i64,
+                kdim: rkv as i32,
+                vdim: rkv as i32,
+                ..common
+            },
             keep,
-        });
+        );
         self.float_matmul(v_b, None, &ctx_buf, rows, ha, p, out)
     }
 }
