@@ -178,7 +178,7 @@ FIXTURES = [
     # converted by llama.cpp (tools/reference/llamacpp_convert.py -> llamacpp.gguf).
     dict(
         name="real_layout",
-        seed=3001,
+        seed=3004,
         prompt_len=150,
         covers=[
             "GLM-5.3-Flash's layer schedule (the config defaults): KDA where i % 4 != 3, MLA + DSA where "
