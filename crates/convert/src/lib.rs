@@ -132,7 +132,7 @@ pub fn run(args: &ConvertArgs) -> Result<ConvertReport, ConvertError> {
             name: args
                 .name
                 .clone()
-                .unwrap_or_else(|| format!("glm5next-synthetic-{}", preset.name())),
+                .unwrap_or_else(|| format!("glm5-next-synthetic-{}", preset.name())),
         };
         glm5_next::convert(&src, &cfg, &opts, &mut w)?
     } else {
@@ -142,7 +142,7 @@ pub fn run(args: &ConvertArgs) -> Result<ConvertReport, ConvertError> {
         let name = args.name.clone().unwrap_or_else(|| {
             dir.file_name()
                 .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "glm5next".into())
+                .unwrap_or_else(|| "glm5-next".into())
         });
         let opts = Options {
             outtype: args.outtype,

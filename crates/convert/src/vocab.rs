@@ -1,9 +1,10 @@
 //! Tokenizer metadata: copied from another GGUF file (every `tokenizer.*` key), or built
 //! from a checkpoint's Hugging Face `tokenizer.json` (byte-level BPE) the way llama.cpp's
 //! converter does for GLM-4.5 and later (`tokenizer.ggml.model = gpt2`, pre-tokenizer
-//! `glm4`, special tokens `<|endoftext|>` (EOS, padding), `<|user|>` (end of turn) and
-//! `<|observation|>` (end of message), no BOS added, the chat template of
-//! `tokenizer_config.json` or `chat_template.jinja`).
+//! `glm4`, special tokens `<|endoftext|>` (EOS, padding, unknown), `[gMASK]` (BOS, which
+//! llama.cpp's `glm4` pre-tokenizer never adds), `<|user|>` (end of turn) and
+//! `<|observation|>` (end of message), `add_{bos,eos}_token` as gguf-py's `SpecialVocab`
+//! reads them, the chat template of `tokenizer_config.json` or `chat_template.jinja`).
 
 use std::path::Path;
 
@@ -158,6 +159,7 @@ pub fn from_hf(dir: &Path, n_vocab: usize) -> Result<Option<Vec<(String, Value)>
         ("eos_token_id", "<|endoftext|>"),
         ("padding_token_id", "<|endoftext|>"),
         ("eot_token_id", "<|user|>"),
+        ("unknown_token_id", "<|endoftext|>"),
         ("eom_token_id", "<|observation|>"),
         ("bos_token_id", "[gMASK]"),
     ] {
@@ -165,11 +167,35 @@ pub fn from_hf(dir: &Path, n_vocab: usize) -> Result<Option<Vec<(String, Value)>
             kv.push((format!("tokenizer.ggml.{key}"), id));
         }
     }
-    kv.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)));
+    let config = read_json(&dir.join("tokenizer_config.json"))?;
+    // add_{bos,eos}_token as llama.cpp's converter (gguf-py SpecialVocab) sets them:
+    // from tokenizer_config.json, else false when tokenizer.json's post-processor is a
+    // ByteLevel one, else not written.
+    let byte_level_post = tok.get("post_processor").is_some_and(|pp| {
+        std::iter::once(pp)
+            .chain(
+                pp.get("processors")
+                    .and_then(Json::as_array)
+                    .into_iter()
+                    .flatten(),
+            )
+            .any(|p| p.get("type").and_then(Json::as_str) == Some("ByteLevel"))
+    });
+    for which in ["bos", "eos"] {
+        let key = format!("add_{which}_token");
+        let set = config
+            .as_ref()
+            .and_then(|c| c.get(&key))
+            .and_then(Json::as_bool)
+            .or(byte_level_post.then_some(false));
+        if let Some(b) = set {
+            kv.push((format!("tokenizer.ggml.{key}"), Value::Bool(b)));
+        }
+    }
     kv.push(("tokenizer.ggml.tokens".into(), Value::Array(texts)));
     kv.push(("tokenizer.ggml.token_type".into(), Value::Array(types)));
     kv.push(("tokenizer.ggml.merges".into(), Value::Array(merges)));
-    let template = match read_json(&dir.join("tokenizer_config.json"))?.and_then(|c| {
+    let template = match config.and_then(|c| {
         c.get("chat_template")
             .and_then(Json::as_str)
             .map(str::to_string)

@@ -4,6 +4,7 @@
 //! that the ablation switches, compiled only into test builds, are reachable.
 
 mod ablation;
+mod compat;
 mod hidden;
 mod parity;
 mod quant;
