@@ -67,7 +67,7 @@ fn route_reference(
     (chosen, w.iter().map(|v| v * r.scale as f64).collect())
 }
 
-/// (label, D, I, experts, k, gate/up type, down type, clamp, tolerance)
+/// (label, D, I, experts, k, gate/up type, down type, clamp, rows, tolerance)
 type ExpertCase = (
     &'static str,
     usize,
@@ -77,6 +77,7 @@ type ExpertCase = (
     GgmlType,
     GgmlType,
     Option<f32>,
+    usize,
     f64,
 );
 
@@ -187,7 +188,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             Ok((mismatched as f64 + rel_err(&got_w, &want_w), 1e-6))
         });
     }
-    // (label, D, I, experts, k, gate/up type, down type, clamp, tolerance)
+    // Steps of many rows take a backend's multi-token path (grouped by expert on CUDA).
     let experts: &[ExpertCase] = &[
         (
             "GLM-5.3 q2 mix",
@@ -198,6 +199,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             GgmlType::IQ2_XXS,
             GgmlType::Q2_K,
             Some(10.0),
+            2,
             EXPERT_TOL,
         ),
         (
@@ -209,6 +211,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             GgmlType::Q4_K,
             GgmlType::Q4_K,
             Some(10.0),
+            2,
             EXPERT_TOL,
         ),
         (
@@ -220,6 +223,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             GgmlType::Q8_0,
             GgmlType::Q8_0,
             None,
+            2,
             EXPERT_TOL,
         ),
         (
@@ -231,13 +235,50 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             GgmlType::F32,
             GgmlType::F32,
             Some(1.0),
+            2,
             FLOAT_TOL,
         ),
+        (
+            "GLM-5.3 q2 mix",
+            1024,
+            512,
+            16,
+            4,
+            GgmlType::IQ2_XXS,
+            GgmlType::Q2_K,
+            Some(10.0),
+            48,
+            EXPERT_TOL,
+        ),
+        (
+            "DeepSeek-V4 Q4_K",
+            1024,
+            512,
+            16,
+            6,
+            GgmlType::Q4_K,
+            GgmlType::Q4_K,
+            Some(10.0),
+            40,
+            EXPERT_TOL,
+        ),
+        (
+            "Qwen3.5 Q8_0",
+            1024,
+            256,
+            32,
+            8,
+            GgmlType::Q8_0,
+            GgmlType::Q8_0,
+            None,
+            33,
+            EXPERT_TOL,
+        ),
     ];
-    for &(what, d, ff, n_exp, k, gu_ty, down_ty, limit, tol) in experts {
+    for &(what, d, ff, n_exp, k, gu_ty, down_ty, limit, rows, tol) in experts {
         r.check(
             "moe_experts",
-            format!("{what}: {n_exp} experts {ff}×{d}, top-{k}, 2 rows"),
+            format!("{what}: {n_exp} experts {ff}×{d}, top-{k}, {rows} rows"),
             |b, rng| {
                 let (gate, gv) =
                     weight(b, rng, "ffn_gate_exps.weight", &[d, ff, n_exp], gu_ty, 0.03)?;
@@ -250,7 +291,6 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
                     down_ty,
                     0.03,
                 )?;
-                let rows = 2;
                 let x = rng.normal(rows * d, 1.0);
                 let mut ids = Vec::new();
                 for _ in 0..rows {
@@ -285,7 +325,8 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
                         logits[t * n_exp + ids[t * k + j] as usize] = (w / (1.0 - w)).ln();
                     }
                 }
-                let step = b.step(&[0, 1], 0)?;
+                let tokens: Vec<u32> = (0..rows as u32).collect();
+                let step = b.step(&tokens, 0)?;
                 let mut idb = b.ids(rows * k)?;
                 let mut wb = b.buf(rows * k)?;
                 b.moe_route(

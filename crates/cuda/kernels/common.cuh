@@ -223,6 +223,14 @@ __device__ const u64 IQ2XXS_GRID[256] = {
 // ggml ksigns_iq2xs[i]: the 7 stored sign bits plus an eighth that makes the parity even.
 __device__ __forceinline__ u32 iq2_signs(u32 i) { return i | ((__popc(i) & 1u) << 7); }
 
+// Matrix `e` of a stack of quantized matrices: plane i starts e·stride[i] bytes on.
+__device__ __forceinline__ Planes expert_planes(const Planes& w, const i64* stride, int e) {
+    Planes p;
+#pragma unroll
+    for (int i = 0; i < MAX_PLANES; ++i) p.p[i] = w.p[i] ? w.p[i] + e * stride[i] : nullptr;
+    return p;
+}
+
 // Elements per block of a type.
 __device__ __forceinline__ int block_elems(int ty) {
     return (ty == T_Q4_0 || ty == T_Q4_1 || ty == T_Q5_0 || ty == T_Q8_0) ? 32 : 256;

@@ -721,13 +721,6 @@ struct ExpertGemv {
     float* out;         // gate/up: (token, slot) × rows of silu(gate)·up; down: (token, slot) × rows
 };
 
-__device__ __forceinline__ Planes expert_planes(const Planes& w, const i64* stride, int e) {
-    Planes p;
-#pragma unroll
-    for (int i = 0; i < MAX_PLANES; ++i) p.p[i] = w.p[i] ? w.p[i] + e * stride[i] : nullptr;
-    return p;
-}
-
 // Pair mode (gate/up): blockIdx.y = t·k + j; each warp computes rows of the chosen
 // expert's gate and up for token t and writes round(round(silu(min(g, lim)))·clamp(u)).
 // Down mode (`w2` unused): the activation is row t·k + j of `x` and the output its

@@ -869,7 +869,9 @@ impl Backend for CudaBackend {
             return self.float_matmul(w, bias, x, rows, 1, p, out);
         }
         if p == Prec::Bf16 {
-            return Err(unsupported("products of quantized weights with bf16 rounding"));
+            return Err(unsupported(
+                "products of quantized weights with bf16 rounding",
+            ));
         }
         let (wm, m) = w.mat().map_err(engine_err)?;
         let xp = self.buf_of(x, rows * m.cols as usize, "matmul input")?;

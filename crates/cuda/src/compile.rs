@@ -114,6 +114,11 @@ pub const SOURCES: &[Source] = &[
         kernels: &["moe_route", "moe_reduce"],
     },
     Source {
+        file: "moe_mma.cu",
+        text: include_str!("../kernels/moe_mma.cu"),
+        kernels: &["moe_sort", "moe_mma_gate_up", "moe_mma_down"],
+    },
+    Source {
         file: "mhc.cu",
         text: include_str!("../kernels/mhc.cu"),
         kernels: &["hc_mixes", "hc_pre_finish", "hc_post", "hc_head"],

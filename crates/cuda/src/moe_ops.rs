@@ -14,9 +14,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use ds4_engine::backend::{
-    CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaShape, DeltaState, DeltaWeights,
-    Experts, Gate, HcShape, HcWeights, MlaShape, OutGate, Prec, Rope, Routing, Scoring,
-    SelectShape,
+    CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaShape, DeltaState, DeltaWeights, Experts,
+    Gate, HcShape, HcWeights, MlaShape, OutGate, Prec, Rope, Routing, Scoring, SelectShape,
 };
 use ds4_engine::{EngineError, Result};
 use ds4_gguf::GgmlType;
@@ -24,7 +23,7 @@ use ds4_gguf::GgmlType;
 use crate::backend::{CudaBackend, CudaBuf, CudaStep};
 use crate::driver::{DPtr, DevMem, Func};
 use crate::layout::uses_q8k;
-use crate::ops::{KArgs, KernelOp, Op};
+use crate::ops::{KArgs, KernelOp, MatRef, Op};
 use crate::weights::CudaWeight;
 
 /// `1` when `p` rounds to bf16 at the operation's cast points.
@@ -102,6 +101,45 @@ struct ExpertGemv {
     lim: f32,
     out: DPtr,
 }
+
+/// `MoeSorted` of kernels/moe_mma.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MoeSorted {
+    offs: DPtr,
+    tiles: DPtr,
+    perm: DPtr,
+}
+
+/// `MoeMma` of kernels/moe_mma.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MoeMma {
+    w: [DPtr; 4],
+    w2: [DPtr; 4],
+    estride: [i64; 4],
+    estride2: [i64; 4],
+    ty: i32,
+    ty2: i32,
+    x: DPtr,
+    s: MoeSorted,
+    out: DPtr,
+    k: i32,
+    n_expert: i32,
+    n_in: i32,
+    rows: i32,
+    rb: i32,
+    lim: f32,
+}
+
+/// `moe_mma.cu`'s tile sizes (pairs × matrix rows) and its expert limit.
+const MM_TM: usize = 64;
+const MM_TN: usize = 64;
+const MM_MAX_E: usize = 1024;
+
+/// Steps of at least this many tokens run quantized experts on tensor cores, grouped by
+/// expert; shorter ones one GEMV per (token, expert) pair.
+const MMA_MIN_ROWS: usize = 16;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -310,7 +348,9 @@ impl CudaBackend {
     ) -> Result<()> {
         let (wm, ty, n_out, n_in, n) = float_mat(w)?;
         if groups != 1 && n != groups {
-            return Err(bad(format!("grouped product of {n} matrices over {groups} groups")));
+            return Err(bad(format!(
+                "grouped product of {n} matrices over {groups} groups"
+            )));
         }
         let xp = self.buf_of(x, rows * groups * n_in, "matmul input")?;
         let op = self.buf_of(out, rows * groups * n_out, "matmul output")?;
@@ -354,7 +394,14 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn elementwise(&self, f: Func, n: u64, args: KArgs, label: &'static str, keep: Vec<&Arc<DevMem>>) {
+    fn elementwise(
+        &self,
+        f: Func,
+        n: u64,
+        args: KArgs,
+        label: &'static str,
+        keep: Vec<&Arc<DevMem>>,
+    ) {
         self.launch_op(Launch {
             f,
             grid: (blocks(n, 256).min(self.gpu.n_sm * 16), 1, 1),
@@ -565,7 +612,9 @@ impl CudaBackend {
         weights: &CudaBuf,
     ) -> Result<()> {
         if r.n_expert > 1024 || r.n_used > 32 || r.n_group > 64 {
-            return Err(bad("moe_route: at most 1024 experts, 32 per token, 64 groups"));
+            return Err(bad(
+                "moe_route: at most 1024 experts, 32 per token, 64 groups",
+            ));
         }
         let mut keep = vec![&logits.mem, &ids.mem, &weights.mem];
         let bp = match bias {
@@ -640,7 +689,11 @@ impl CudaBackend {
                 (m.rows as usize, md.rows as usize)
             }
             (CudaWeight::Float { rows, cols, .. }, CudaWeight::Float { .. }) => (*rows, *cols),
-            _ => return Err(bad("moe_experts: gate and down must both be quantized or float")),
+            _ => {
+                return Err(bad(
+                    "moe_experts: gate and down must both be quantized or float",
+                ));
+            }
         };
         let pairs = rows * k;
         let h = self.scratch_mem("moe_h", pairs * ff * 4)?;
@@ -653,7 +706,7 @@ impl CudaBackend {
                     mem: gm,
                     m: g,
                     estride: gs,
-                    ..
+                    n: n_expert,
                 },
                 CudaWeight::Matrix {
                     mem: um,
@@ -668,6 +721,71 @@ impl CudaBackend {
                     ..
                 },
             ) => {
+                let n_expert = *n_expert as usize;
+                if rows >= MMA_MIN_ROWS && n_expert <= MM_MAX_E && d % 32 == 0 && ff % 32 == 0 {
+                    let sorted =
+                        self.scratch_mem("moe_sorted", (2 * (n_expert + 1) + pairs) * 4)?;
+                    let s = MoeSorted {
+                        offs: sorted.ptr(),
+                        tiles: sorted.ptr() + 4 * (n_expert as u64 + 1),
+                        perm: sorted.ptr() + 8 * (n_expert as u64 + 1),
+                    };
+                    let mut a = KArgs::default();
+                    a.push(idp).push(pairs as i32).push(n_expert as i32).push(s);
+                    self.launch_op(Launch {
+                        f: self.k.moe_sort,
+                        grid: (1, 1, 1),
+                        block: 1024,
+                        smem: 0,
+                        args: a,
+                        label: "experts_sort",
+                        keep: vec![&ids.mem, &sorted],
+                    });
+                    let tiles = (pairs.div_ceil(MM_TM) + n_expert) as u32;
+                    let mm = |w: &MatRef,
+                              ws: &[u64; 4],
+                              w2: &MatRef,
+                              ws2: &[u64; 4],
+                              x,
+                              out,
+                              n_in,
+                              n_out| MoeMma {
+                        w: w.planes,
+                        w2: w2.planes,
+                        estride: ws.map(|v| v as i64),
+                        estride2: ws2.map(|v| v as i64),
+                        ty: w.ty as i32,
+                        ty2: w2.ty as i32,
+                        x,
+                        s,
+                        out,
+                        k: k as i32,
+                        n_expert: n_expert as i32,
+                        n_in: n_in as i32,
+                        rows: n_out as i32,
+                        rb: rb(p),
+                        lim,
+                    };
+                    self.launch_op(Launch {
+                        f: self.k.moe_mma_gate_up,
+                        grid: (ff.div_ceil(MM_TN) as u32, tiles, 1),
+                        block: 128,
+                        smem: 0,
+                        args: Self::args(mm(g, gs, u, us, xp, h.ptr(), d, ff)),
+                        label: "experts_gate_up_mma",
+                        keep: vec![gm, um, &x.mem, &sorted, &h],
+                    });
+                    self.launch_op(Launch {
+                        f: self.k.moe_mma_down,
+                        grid: (d.div_ceil(MM_TN) as u32, tiles, 1),
+                        block: 128,
+                        smem: 0,
+                        args: Self::args(mm(dmat, ds, dmat, ds, h.ptr(), y.ptr(), ff, d)),
+                        label: "experts_down_mma",
+                        keep: vec![dm, &sorted, &h, &y],
+                    });
+                    return self.moe_reduce(&y, ids, weights, rows, k, d, p, out);
+                }
                 let need = |ty| if uses_q8k(ty) { 2 } else { 1 };
                 let gu = ExpertGemv {
                     w: g.planes,
@@ -786,6 +904,24 @@ impl CudaBackend {
             }
             _ => return Err(bad("moe_experts: mixed quantized and float experts")),
         }
+        self.moe_reduce(&y, ids, weights, rows, k, d, p, out)
+    }
+
+    /// `out[t] = Σ_j w[t, j]·y[t, j]` over the token's experts in expert-id order.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_reduce(
+        &self,
+        y: &Arc<DevMem>,
+        ids: &CudaBuf,
+        weights: &CudaBuf,
+        rows: usize,
+        k: usize,
+        d: usize,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let pairs = rows * k;
+        let idp = self.buf_of(ids, pairs, "moe_experts ids")?;
         let mut a = KArgs::default();
         a.push(y.ptr())
             .push(idp)
@@ -802,7 +938,7 @@ impl CudaBackend {
             smem: 0,
             args: a,
             label: "experts_sum",
-            keep: vec![&y, &ids.mem, &weights.mem, &out.mem],
+            keep: vec![y, &ids.mem, &weights.mem, &out.mem],
         });
         Ok(())
     }
@@ -1082,12 +1218,36 @@ impl CudaBackend {
             prm.cap = j.cap as i32;
             keep.extend([&j.pre.mem, &j.k.mem, &j.v.mem, &j.g.mem, &j.beta.mem]);
         }
-        let threads = (sh.k_dim.max(sh.v_dim).max(sh.gate_channels).next_multiple_of(32)) as u32;
+        let threads = (sh
+            .k_dim
+            .max(sh.v_dim)
+            .max(sh.gate_channels)
+            .next_multiple_of(32)) as u32;
         let launches = [
-            (self.k.delta_conv, (n as u32, blocks(c as u64, 256), 1), 256, "delta_conv"),
-            (self.k.delta_inputs, (n as u32, sh.v_heads as u32, 1), threads, "delta_inputs"),
-            (self.k.delta_conv_state, (blocks(c as u64, 256), 1, 1), 256, "delta_conv_state"),
-            (recurrent, (sh.v_heads as u32, 1, 1), sh.v_dim.next_multiple_of(32) as u32, "delta_recurrent"),
+            (
+                self.k.delta_conv,
+                (n as u32, blocks(c as u64, 256), 1),
+                256,
+                "delta_conv",
+            ),
+            (
+                self.k.delta_inputs,
+                (n as u32, sh.v_heads as u32, 1),
+                threads,
+                "delta_inputs",
+            ),
+            (
+                self.k.delta_conv_state,
+                (blocks(c as u64, 256), 1, 1),
+                256,
+                "delta_conv_state",
+            ),
+            (
+                recurrent,
+                (sh.v_heads as u32, 1, 1),
+                sh.v_dim.next_multiple_of(32) as u32,
+                "delta_recurrent",
+            ),
         ];
         for (f, grid, block, label) in launches {
             self.launch_op(Launch {

@@ -36,7 +36,10 @@ pub fn conformance(filter: &str) -> Res<()> {
         );
         bad += usize::from(!g.ok());
     }
-    println!("{} cases on CUDA in {gpu_s:.1} s, {bad} failed", on_gpu.len());
+    println!(
+        "{} cases on CUDA in {gpu_s:.1} s, {bad} failed",
+        on_gpu.len()
+    );
     if bad > 0 {
         return Err(format!("{bad} conformance cases failed on CUDA").into());
     }
@@ -44,7 +47,11 @@ pub fn conformance(filter: &str) -> Res<()> {
 }
 
 fn json_num(x: f64) -> String {
-    if x.is_finite() { format!("{x:.3e}") } else { "null".into() }
+    if x.is_finite() {
+        format!("{x:.3e}")
+    } else {
+        "null".into()
+    }
 }
 
 /// Prefill (every row) then teacher-forced decode of the fixture's tokens, with the
@@ -67,7 +74,11 @@ fn protocol(m: &Arc<dyn Model>, g: &Golden, piece: usize) -> Res<(Vec<f32>, Vec<
 }
 
 fn median_row(a: &[f32], b: &[f32], v: usize) -> f64 {
-    let mut rows: Vec<f64> = a.chunks(v).zip(b.chunks(v)).map(|(x, y)| row_err(x, y)).collect();
+    let mut rows: Vec<f64> = a
+        .chunks(v)
+        .zip(b.chunks(v))
+        .map(|(x, y)| row_err(x, y))
+        .collect();
     rows.sort_by(f64::total_cmp);
     rows[rows.len() / 2]
 }
@@ -88,7 +99,10 @@ pub fn model(args: &[String]) -> Res<()> {
     let cuda = ds4_cuda::load_model(gpu.clone(), &file, Path::new(gguf))?;
     let load_s = t0.elapsed().as_secs_f64();
     let cpu = loader::load_model_with(Arc::new(CpuBackend::new(8)?), &file, Path::new(gguf))?;
-    let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = dir
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let (cp, cd) = protocol(&cpu, &g, 0)?;
     let t0 = Instant::now();
     let (gp, gd) = protocol(&cuda, &g, 0)?;
@@ -145,7 +159,10 @@ pub fn model(args: &[String]) -> Res<()> {
         .max(pieces.iter().cloned().fold(0.0, f64::max))
         .max(e_rewind);
     if worst > bound || (!bf16 && greedy != steps) {
-        return Err(format!("{name}: CUDA error {worst:.3e} over {bound:.1e} or greedy {greedy}/{steps}").into());
+        return Err(format!(
+            "{name}: CUDA error {worst:.3e} over {bound:.1e} or greedy {greedy}/{steps}"
+        )
+        .into());
     }
     Ok(())
 }

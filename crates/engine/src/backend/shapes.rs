@@ -87,7 +87,8 @@ impl Rope {
             return pos_freqs.iter().map(|p| 1.0 / p).collect();
         };
         let correction_dim = |rot: f64| {
-            (dim as f64 * (y.original_max_position as f64 / (rot * 2.0 * std::f64::consts::PI)).ln())
+            (dim as f64
+                * (y.original_max_position as f64 / (rot * 2.0 * std::f64::consts::PI)).ln())
                 / (2.0 * (base as f64).ln())
         };
         let (mut low, mut high) = (

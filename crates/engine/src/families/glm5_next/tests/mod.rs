@@ -18,8 +18,8 @@ use ds4_gguf::{GgufFile, GgufWriter};
 
 use super::Glm5Next;
 use crate::backend::cpu::CpuBackend;
-use crate::model::{Logits, Model};
 pub use crate::fixtures::*;
+use crate::model::{Logits, Model};
 
 pub type Cpu = Glm5Next<CpuBackend>;
 
