@@ -231,7 +231,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             kda,
             DeltaForm::Recurrent,
             3,
-            "KDA (GLM-5.3), recurrent, 3 tokens",
+            "KDA (GLM-5.3), recurrent, 3 tokens one call each (decode)",
         ),
         (
             gdn,
@@ -276,18 +276,24 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
                 conv: &mut conv,
                 s: &mut s,
             };
-            b.delta_net(
-                &step,
-                0..n,
-                &x,
-                &dw,
-                &mut st,
-                None,
-                &sh,
-                form,
-                Prec::F32,
-                &mut out,
-            )?;
+            // Decode calls the recurrent form once per token.
+            let per_token = form == DeltaForm::Recurrent && sh.k_heads == sh.v_heads;
+            let calls = if per_token { n } else { 1 };
+            for c in 0..calls {
+                let rows = if per_token { c..c + 1 } else { 0..n };
+                b.delta_net(
+                    &step,
+                    rows,
+                    &x,
+                    &dw,
+                    &mut st,
+                    None,
+                    &sh,
+                    form,
+                    Prec::F32,
+                    &mut out,
+                )?;
+            }
             let cv = [&w.conv_v[0][..], &w.conv_v[1][..], &w.conv_v[2][..]];
             let (want, want_conv, want_s) = reference(&c, &sh, cv, &w.dt_v, &w.decay_v);
             let e_out = rel_err(&download(b, &out, n * sh.v_len())?, &want);

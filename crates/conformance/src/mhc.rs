@@ -86,36 +86,40 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
     };
     let (n, d) = (s.n, s.d);
     let (m, nd, ml) = ((2 + n) * n, n * d, s.mix_len());
-    r.check(
-        "hc_pre",
-        "4 streams × 4096, 20 Sinkhorn iterations, 3 rows",
-        |b, rng| {
-            let x = rng.normal(3 * nd, 1.0);
-            let (f, fv) = weight(b, rng, "hc_attn_fn.weight", &[nd, m], GgmlType::F32, 0.02)?;
-            let (base, bv) = weight(b, rng, "hc_attn_base.weight", &[m], GgmlType::F32, 0.5)?;
-            let sc = [0.7f32, 1.3, 2.0];
-            let (scale, sv) = weight_of(b, rng, "hc_attn_scale.weight", &[3], GgmlType::F32, &sc)?;
-            let w = HcWeights {
-                fn_: &f,
-                base: &base,
-                scale: &scale,
-            };
-            let mut out = b.buf(3 * d)?;
-            let mut mix = b.buf(3 * ml)?;
-            b.hc_pre(&upload(b, &x)?, 3, &w, &s, Prec::F32, &mut out, &mut mix)?;
-            let mut want_out = Vec::new();
-            let mut want_mix = Vec::new();
-            for (t, mt) in mixes(&x, &fv, m, nd, s.norm_eps as f64).iter().enumerate() {
-                let (c, post, comb) = pre_reference(mt, &x[t * nd..(t + 1) * nd], &bv, &sv, &s);
-                want_out.extend(c);
-                want_mix.extend(post);
-                want_mix.extend(comb);
-            }
-            let e1 = rel_err(&download(b, &out, 3 * d)?, &want_out);
-            let e2 = rel_err(&download(b, &mix, 3 * ml)?, &want_mix);
-            Ok((e1.max(e2), 1e-5))
-        },
-    );
+    // Three rows, and one (decode: one launch on CUDA).
+    for rows in [3, 1] {
+        r.check(
+            "hc_pre",
+            format!("4 streams × 4096, 20 Sinkhorn iterations, {rows} rows"),
+            |b, rng| {
+                let x = rng.normal(rows * nd, 1.0);
+                let (f, fv) = weight(b, rng, "hc_attn_fn.weight", &[nd, m], GgmlType::F32, 0.02)?;
+                let (base, bv) = weight(b, rng, "hc_attn_base.weight", &[m], GgmlType::F32, 0.5)?;
+                let sc = [0.7f32, 1.3, 2.0];
+                let (scale, sv) =
+                    weight_of(b, rng, "hc_attn_scale.weight", &[3], GgmlType::F32, &sc)?;
+                let w = HcWeights {
+                    fn_: &f,
+                    base: &base,
+                    scale: &scale,
+                };
+                let mut out = b.buf(rows * d)?;
+                let mut mix = b.buf(rows * ml)?;
+                b.hc_pre(&upload(b, &x)?, rows, &w, &s, Prec::F32, &mut out, &mut mix)?;
+                let mut want_out = Vec::new();
+                let mut want_mix = Vec::new();
+                for (t, mt) in mixes(&x, &fv, m, nd, s.norm_eps as f64).iter().enumerate() {
+                    let (c, post, comb) = pre_reference(mt, &x[t * nd..(t + 1) * nd], &bv, &sv, &s);
+                    want_out.extend(c);
+                    want_mix.extend(post);
+                    want_mix.extend(comb);
+                }
+                let e1 = rel_err(&download(b, &out, rows * d)?, &want_out);
+                let e2 = rel_err(&download(b, &mix, rows * ml)?, &want_mix);
+                Ok((e1.max(e2), 1e-5))
+            },
+        );
+    }
     r.check("hc_post", "4 streams × 4096, 3 rows", |b, rng| {
         let x = rng.normal(3 * nd, 1.0);
         let y = rng.normal(3 * d, 1.0);

@@ -13,6 +13,8 @@
 //    S ← S·exp(g), δ = (v − kᵀS)·β, S ← S + k⊗δ, o = qᵀS. The same kernel replays the
 //    journal (no output). The chunked form of the references is not used: the
 //    recurrence computes the same up to f32 rounding (doc §4.6).
+// 5. `delta_step_<dk>`: one token with as many key as value heads (KDA's decode step)
+//    as one launch: 1-4 per value head in the same arithmetic, bit for bit.
 
 #include "common.cuh"
 
@@ -211,3 +213,91 @@ extern "C" __global__ void delta_recurrent_16(const DeltaParams P) { recurrent_b
 extern "C" __global__ void delta_recurrent_32(const DeltaParams P) { recurrent_body<32>(P); }
 extern "C" __global__ void delta_recurrent_64(const DeltaParams P) { recurrent_body<64>(P); }
 extern "C" __global__ void delta_recurrent_128(const DeltaParams P) { recurrent_body<128>(P); }
+
+// The conv of channel c for the call's one token: the kc−1 state rows then the pre-conv
+// value; the state shifts by one row and the pre-conv value goes to the journal.
+__device__ __forceinline__ float conv_one(const DeltaParams& P, int c, int C, int slot) {
+    const int hist = P.kc - 1;
+    float old[8];
+    for (int r = 0; r < hist; ++r) old[r] = P.conv_state[(i64)r * C + c];
+    const float cur = pre_val(P, 0, c);
+    float acc = 0.f;
+    for (int s = 0; s < P.kc; ++s) acc = __fadd_rn(acc, __fmul_rn(conv_w(P, c, s), s < hist ? old[s] : cur));
+    for (int r = 0; r < hist; ++r) P.conv_state[(i64)r * C + c] = r + 1 < hist ? old[r + 1] : cur;
+    if (P.jpre) P.jpre[(i64)slot * C + c] = cur;
+    return rnd(siluf_ref(acc), P.rb);
+}
+
+// grid hv (= hk), blockDim as delta_inputs': the conv of the head's q, k and v channels
+// (this block owns them, so it may shift their state), the kernel inputs, the
+// recurrence for the one token, the journal.
+template <int DK>
+__device__ __forceinline__ void step_body(const DeltaParams& P) {
+    __shared__ float ks[DK], qs[DK], es[DK], gs[DK];
+    __shared__ double red[32];
+    __shared__ float beta_sh;
+    pdl_wait();
+    pdl_trigger();
+    const int h = blockIdx.x, j = threadIdx.x;
+    const int qk = qk_len(P), vl = v_len(P), C = 2 * qk + vl, gl = P.hv * P.gc;
+    const int slot = P.cap ? (P.step->pos0 + P.row0) % P.cap : 0;
+    float mq = 0.f, mk = 0.f, mv = 0.f;
+    if (j < DK) {
+        mq = conv_one(P, h * DK + j, C, slot);
+        mk = conv_one(P, qk + h * DK + j, C, slot);
+    }
+    if (j < P.dv) mv = conv_one(P, 2 * qk + h * P.dv + j, C, slot);
+    const double qn = block_sum_d((double)__fmul_rn(mq, mq), red);
+    const double kn = block_sum_d((double)__fmul_rn(mk, mk), red);
+    if (j < DK) {
+        const float q = __fdiv_rn(mq, sqrtf(__fadd_rn((float)qn, 1e-6f)));
+        const float k = __fdiv_rn(mk, sqrtf(__fadd_rn((float)kn, 1e-6f)));
+        qs[j] = __fmul_rn(q, __fdiv_rn(1.0f, sqrtf((float)DK)));
+        ks[j] = k;
+        if (P.jk) P.jk[(i64)slot * qk + h * DK + j] = k;
+    }
+    if (j < P.dv && P.jv) P.jv[(i64)slot * vl + h * P.dv + j] = mv;
+    if (j < P.gc) {
+        const int ch = h * P.gc + j;
+        const float a = P.decay[h];
+        const float x = __fadd_rn(P.g0[(i64)P.row0 * gl + ch], P.dt_bias[ch]);
+        const float g = P.gate == GATE_LOWER_BOUND ? __fmul_rn(P.lb, sigmoidf_ref(__fmul_rn(a, x)))
+                                                   : __fmul_rn(-a, softplusf_ref(x));
+        gs[j] = g;
+        if (P.jg) P.jg[(i64)slot * gl + ch] = g;
+    }
+    if (j == 0) {
+        const float be = rnd(sigmoidf_ref(P.b[(i64)P.row0 * P.hv + h]), P.rb);
+        beta_sh = be;
+        if (P.jb) P.jb[(i64)slot * P.hv + h] = be;
+    }
+    __syncthreads();
+    for (int i = j; i < DK; i += blockDim.x) es[i] = expf(gs[P.gc == DK ? i : 0]);
+    __syncthreads();
+    if (j >= P.dv) return;
+    float* Sh = P.S + (i64)h * DK * P.dv;
+    float s[DK];
+#pragma unroll
+    for (int i = 0; i < DK; ++i) s[i] = Sh[(i64)i * P.dv + j];
+    float u = 0.f;
+#pragma unroll
+    for (int i = 0; i < DK; ++i) {
+        s[i] = __fmul_rn(s[i], es[i]);
+        u = __fadd_rn(u, __fmul_rn(ks[i], s[i]));
+    }
+    const float d = __fmul_rn(__fsub_rn(mv, u), beta_sh);
+    float o = 0.f;
+#pragma unroll
+    for (int i = 0; i < DK; ++i) {
+        s[i] = __fadd_rn(s[i], __fmul_rn(ks[i], d));
+        o = __fadd_rn(o, __fmul_rn(qs[i], s[i]));
+    }
+    P.out[(i64)P.row0 * vl + h * P.dv + j] = rnd(o, P.rb);
+#pragma unroll
+    for (int i = 0; i < DK; ++i) Sh[(i64)i * P.dv + j] = s[i];
+}
+
+extern "C" __global__ void delta_step_16(const DeltaParams P) { step_body<16>(P); }
+extern "C" __global__ void delta_step_32(const DeltaParams P) { step_body<32>(P); }
+extern "C" __global__ void delta_step_64(const DeltaParams P) { step_body<64>(P); }
+extern "C" __global__ void delta_step_128(const DeltaParams P) { step_body<128>(P); }

@@ -40,6 +40,8 @@ struct Seg {
     i32 type2;
     i32 rows;
     i32 row0;           // first global row of this segment
+    float lim;          // pair: the reference's clamp (silu_ref)
+    i32 silu_ref;       // pair: silu(min(gate, lim))·clamp(up) in the references' arithmetic
 };
 
 struct GemvParams {
@@ -467,7 +469,8 @@ __device__ __forceinline__ void epilogue(const Seg& s, int r, float v, float u) 
     if (s.out3) {
         s.out[r] = v;
         s.out2[r] = u;
-        s.out3[r] = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
+        s.out3[r] = s.silu_ref ? __fmul_rn(siluf_ref(fminf(v, s.lim)), fmaxf(fminf(u, s.lim), -s.lim))
+                               : __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
     } else {
         if (s.bias) v = __fadd_rn(v, s.bias[r]);
         s.out[r] = v;

@@ -106,7 +106,7 @@ pub const SOURCES: &[Source] = &[
     Source {
         file: "float_gemv.cu",
         text: include_str!("../kernels/float_gemv.cu"),
-        kernels: &["gemv_float", "gemv_float_experts"],
+        kernels: &["gemv_float", "gemv_float_multi", "gemv_float_experts"],
     },
     Source {
         file: "moe.cu",
@@ -121,7 +121,14 @@ pub const SOURCES: &[Source] = &[
     Source {
         file: "mhc.cu",
         text: include_str!("../kernels/mhc.cu"),
-        kernels: &["hc_mixes", "hc_pre_finish", "hc_post", "hc_head"],
+        kernels: &[
+            "hc_mixes",
+            "hc_pre_finish",
+            "hc_pre_one",
+            "hc_post_pre",
+            "hc_post",
+            "hc_head",
+        ],
     },
     Source {
         file: "delta.cu",
@@ -134,6 +141,10 @@ pub const SOURCES: &[Source] = &[
             "delta_recurrent_32",
             "delta_recurrent_64",
             "delta_recurrent_128",
+            "delta_step_16",
+            "delta_step_32",
+            "delta_step_64",
+            "delta_step_128",
         ],
     },
     Source {

@@ -23,7 +23,7 @@ use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
 use crate::kernels::{GEMV_TYPES, Kernels};
 use crate::layout::{gemv_smem_bytes, uses_q8k};
-use crate::ops::{MatRef, Op, RopeArgs};
+use crate::ops::{FloatSeg, HC_COLS, MatRef, Op, RopeArgs};
 
 /// A kernel launch.
 pub struct Launch {
@@ -80,6 +80,8 @@ pub struct Ctx<'a> {
     /// One-token `rope, rope, attention` as one launch (`attn_decode_fused`) rather than
     /// three (correct, measured slower; off by default).
     pub fused_attention: bool,
+    /// An mHC write-back and the next pre of one token as one launch (`hc_post_pre`).
+    pub fuse_hc: bool,
     /// Whether single-type launches of rows up to [`TYPED_GEMV_MAX_INPUTS`] inputs run on
     /// the typed GEMV kernels (`Kernels::gemv_typed`); off: the generic kernel for all.
     pub gemv_typed: bool,
@@ -106,6 +108,9 @@ struct Seg {
     ty2: i32,
     rows: i32,
     row0: i32,
+    /// Pair epilogue: the reference's clamped SwiGLU (`silu_ref` 1) or ggml's.
+    lim: f32,
+    silu_ref: i32,
 }
 
 #[repr(C)]
@@ -184,6 +189,30 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
             i += used;
             continue;
         }
+        if let (Op::HcPost(post), Some(Op::HcPre { x, args })) = (ops[i], ops.get(i + 1))
+            && *x == post.x
+            && cx.fuse_hc
+        {
+            let mut a = Args::new();
+            a.push(post).push(*args);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.hc_post_pre,
+                grid: ((post.d as usize).div_ceil(HC_COLS) as u32, 1, 1),
+                block: HC_COLS as u32,
+                smem: 0,
+                args: a,
+                label: "hc_post_pre",
+                bytes: 0,
+            }));
+            i += 2;
+            continue;
+        }
+        if let Op::FloatGemv(_) = ops[i] {
+            let (used, cmd) = float_group(ops, i, cx);
+            cmds.push(cmd);
+            i += used;
+            continue;
+        }
         if cx.n_tok == 1
             && let Some(used) = decode_attention(ops, i, cx, &mut cmds)?
         {
@@ -194,6 +223,67 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
         i += 1;
     }
     Ok(cmds)
+}
+
+/// `gemv_float_multi`'s parameters (kernels/float_gemv.cu).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FloatMulti {
+    s: [FloatSeg; FLOAT_SEGS],
+    n: i32,
+}
+
+/// Segments of one `gemv_float_multi` launch, and warps (output rows) per block.
+const FLOAT_SEGS: usize = 4;
+const FLOAT_ROWS_PER_BLOCK: u32 = 8;
+
+fn overlaps(a: &std::ops::Range<DPtr>, b: &std::ops::Range<DPtr>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// The float products from `ops[i]` on that can share one launch: consecutive, at most
+/// [`FLOAT_SEGS`], none reading or overwriting an earlier one's output.
+fn float_group(ops: &[Op], i: usize, cx: &Ctx) -> (usize, Cmd) {
+    let mut p = FloatMulti {
+        s: [FloatSeg::default(); FLOAT_SEGS],
+        n: 0,
+    };
+    let mut blocks = 0u32;
+    let mut used = 0;
+    while used < FLOAT_SEGS {
+        let Some(Op::FloatGemv(seg)) = ops.get(i + used) else {
+            break;
+        };
+        let clash = p.s[..used].iter().any(|e| {
+            overlaps(&e.writes(), &seg.reads())
+                || overlaps(&e.writes(), &seg.writes())
+                || overlaps(&e.reads(), &seg.writes())
+        });
+        if clash {
+            break;
+        }
+        p.s[used] = FloatSeg {
+            first: blocks as i32,
+            ..*seg
+        };
+        blocks += (seg.n_out as u32).div_ceil(FLOAT_ROWS_PER_BLOCK);
+        used += 1;
+    }
+    p.n = used as i32;
+    let mut a = Args::new();
+    a.push(p);
+    (
+        used,
+        Cmd::Launch(Launch {
+            f: cx.k.gemv_float_multi,
+            grid: (blocks, 1, 1),
+            block: FLOAT_ROWS_PER_BLOCK * 32,
+            smem: 0,
+            args: a,
+            label: "gemv_float",
+            bytes: 0,
+        }),
+    )
 }
 
 /// The input of a GEMV group: `x`, optionally RMS-normalized by (weight, eps) into `h`.
@@ -263,6 +353,8 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
                 up,
                 len,
                 out: act,
+                lim,
+                reference,
             }) = ops.get(j + 2)
             && x2 == src
             && w2.cols == inp.n
@@ -279,6 +371,8 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
             s.ty2 = w2.ty as i32;
             s.out2 = out2;
             s.out3 = act;
+            s.lim = lim;
+            s.silu_ref = reference as i32;
             need |= if uses_q8k(w2.ty) { 2 } else { 1 };
             seg_bytes.push(row_bytes(&w) + row_bytes(&w2));
             segs.push(s);
@@ -794,11 +888,25 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
                 }));
             }
         }
-        Op::Swiglu { gate, up, len, out } => {
+        Op::Swiglu {
+            gate,
+            up,
+            len,
+            out,
+            lim,
+            reference,
+        } => {
             let mut a = Args::new();
             a.push(gate).push(up).push(out).push(len as i64);
+            if reference {
+                a.push(lim).push(0i32);
+            }
             cmds.push(Cmd::Launch(Launch {
-                f: cx.k.swiglu,
+                f: if reference {
+                    cx.k.swiglu_ref
+                } else {
+                    cx.k.swiglu
+                },
                 grid: grid_1d(len as u64, cx.n_sm),
                 block: 256,
                 smem: 0,
@@ -830,6 +938,39 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
                 smem: 0,
                 args: a,
                 label: "copy",
+                bytes: 0,
+            }));
+        }
+        Op::FloatGemv(_) => cmds.push(float_group(std::slice::from_ref(op), 0, cx).1),
+        Op::HcPost(p) => {
+            let mut a = Args::new();
+            a.push(p.x)
+                .push(p.y)
+                .push(p.mix)
+                .push(1i32)
+                .push(p.n)
+                .push(p.d)
+                .push(p.rb);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.hc_post,
+                grid: grid_1d(p.d as u64, cx.n_sm),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "hc_post",
+                bytes: 0,
+            }));
+        }
+        Op::HcPre { x, args } => {
+            let mut a = Args::new();
+            a.push(x).push(args);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.hc_pre_one,
+                grid: (((2 + args.n) * args.n) as u32, 1, 1),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "hc_pre",
                 bytes: 0,
             }));
         }
@@ -968,6 +1109,8 @@ mod tests {
                 up,
                 len: n * f,
                 out: act,
+                lim: f32::INFINITY,
+                reference: false,
             });
             ops.push(Op::Matmul {
                 w: w(6, GgmlType::Q6_K, e, f),
@@ -1022,6 +1165,7 @@ mod tests {
             gemv_occupancy: &occ,
             gemv_prefetch: 2,
             fused_attention,
+            fuse_hc: true,
             gemv_typed: true,
             step: 99 << 40,
             n_tok,

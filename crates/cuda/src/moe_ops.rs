@@ -23,7 +23,7 @@ use ds4_gguf::GgmlType;
 use crate::backend::{CudaBackend, CudaBuf, CudaStep};
 use crate::driver::{DPtr, DevMem, Func};
 use crate::layout::uses_q8k;
-use crate::ops::{KArgs, KernelOp, MatRef, Op};
+use crate::ops::{FloatSeg, HC_COLS, HcPostArgs, HcPreArgs, KArgs, KernelOp, MatRef, Op};
 use crate::weights::CudaWeight;
 
 /// `1` when `p` rounds to bf16 at the operation's cast points.
@@ -366,6 +366,22 @@ impl CudaBackend {
             }
             None => 0,
         };
+        if groups == 1 {
+            let seg = FloatSeg {
+                w: wm.ptr(),
+                x: xp,
+                out: op,
+                bias: bp,
+                ty: ty as i32,
+                n_out: n_out as i32,
+                n_in: n_in as i32,
+                n_tok: rows as i32,
+                rb: rb(p),
+                first: 0,
+            };
+            self.record(Op::FloatGemv(seg), &keep);
+            return Ok(());
+        }
         let prm = FloatGemv {
             w: wm.ptr(),
             w_gstride: (n_out * n_in) as i64,
@@ -992,12 +1008,48 @@ impl CudaBackend {
         if s.n > 8 {
             return Err(bad("hc_pre: at most 8 streams"));
         }
-        let (m, n_mix) = self.hc_mixes(x, rows, w.fn_, s, "hc_m")?;
-        if n_mix != (2 + s.n) * s.n {
-            return Err(bad("hc_pre: fn rows"));
-        }
         let (bm, _) = w.base.values().map_err(weight_err)?;
         let (sm, _) = w.scale.values().map_err(weight_err)?;
+        let nd = s.n * s.d;
+        let n_mix = (2 + s.n) * s.n;
+        if rows == 1 {
+            let (fm, len) = w.fn_.values().map_err(weight_err)?;
+            if len != n_mix * nd {
+                return Err(bad("hc_pre: fn is not [(2 + N)·N, N·D]"));
+            }
+            let m = self.scratch_mem("hc_m", n_mix * 4)?;
+            let counter = self.scratch_mem("hc_counter", 4)?;
+            let partials =
+                self.scratch_mem("hc_partials", s.d.div_ceil(HC_COLS) * (n_mix + 1) * 8)?;
+            let args = HcPreArgs {
+                fn_: fm.ptr(),
+                m: m.ptr(),
+                partials: partials.ptr(),
+                counter: counter.ptr(),
+                base: bm.ptr(),
+                scale: sm.ptr(),
+                out: self.buf_of(out, s.d, "hc_pre")?,
+                mix: self.buf_of(mix, s.mix_len(), "hc_pre mix")?,
+                n: s.n as i32,
+                d: s.d as i32,
+                iters: s.iters as i32,
+                rb: rb(p),
+                eps: s.eps,
+                norm_eps: s.norm_eps,
+            };
+            let xp = self.buf_of(x, nd, "hc_pre")?;
+            self.record(
+                Op::HcPre { x: xp, args },
+                &[
+                    &x.mem, fm, &m, &counter, &partials, bm, sm, &out.mem, &mix.mem,
+                ],
+            );
+            return Ok(());
+        }
+        let (m, got) = self.hc_mixes(x, rows, w.fn_, s, "hc_m")?;
+        if got != n_mix {
+            return Err(bad("hc_pre: fn rows"));
+        }
         let mut a = KArgs::default();
         a.push(m.ptr())
             .push(self.buf_of(x, rows * s.n * s.d, "hc_pre")?)
@@ -1031,6 +1083,18 @@ impl CudaBackend {
         s: &HcShape,
         p: Prec,
     ) -> Result<()> {
+        if rows == 1 {
+            let args = HcPostArgs {
+                x: self.buf_of(x, s.n * s.d, "hc_post")?,
+                y: self.buf_of(y, s.d, "hc_post")?,
+                mix: self.buf_of(mix, s.mix_len(), "hc_post")?,
+                n: s.n as i32,
+                d: s.d as i32,
+                rb: rb(p),
+            };
+            self.record(Op::HcPost(args), &[&x.mem, &y.mem, &mix.mem]);
+            return Ok(());
+        }
         let mut a = KArgs::default();
         a.push(self.buf_of(x, rows * s.n * s.d, "hc_post")?)
             .push(self.buf_of(y, rows * s.d, "hc_post")?)
@@ -1099,12 +1163,29 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn delta_recurrent_fn(&self, dk: usize) -> Result<Func> {
+    /// The recurrence (or, with `step`, the fused one-token step) for key heads of `dk`.
+    fn delta_fn(&self, dk: usize, step: bool) -> Result<Func> {
+        let k = &self.k;
+        let (f16, f32_, f64_, f128) = if step {
+            (
+                k.delta_step_16,
+                k.delta_step_32,
+                k.delta_step_64,
+                k.delta_step_128,
+            )
+        } else {
+            (
+                k.delta_recurrent_16,
+                k.delta_recurrent_32,
+                k.delta_recurrent_64,
+                k.delta_recurrent_128,
+            )
+        };
         match dk {
-            16 => Ok(self.k.delta_recurrent_16),
-            32 => Ok(self.k.delta_recurrent_32),
-            64 => Ok(self.k.delta_recurrent_64),
-            128 => Ok(self.k.delta_recurrent_128),
+            16 => Ok(f16),
+            32 => Ok(f32_),
+            64 => Ok(f64_),
+            128 => Ok(f128),
             _ => Err(EngineError::Unsupported {
                 backend: "cuda",
                 what: format!("delta-rule heads of {dk} (16, 32, 64 or 128 are compiled)"),
@@ -1150,7 +1231,7 @@ impl CudaBackend {
         if sh.kernel > 9 || sh.v_dim > 256 || sh.k_dim > 256 {
             return Err(bad("delta_net: conv kernel ≤ 9, heads ≤ 256"));
         }
-        let recurrent = self.delta_recurrent_fn(sh.k_dim)?;
+        let recurrent = self.delta_fn(sh.k_dim, false)?;
         let (qk, vl, gl) = (sh.qk_len(), sh.v_len(), sh.g_len());
         let c = 2 * qk + vl;
         let end = rows.end;
@@ -1223,6 +1304,19 @@ impl CudaBackend {
             .max(sh.v_dim)
             .max(sh.gate_channels)
             .next_multiple_of(32)) as u32;
+        // One token with a value head per key head: the whole step in one launch.
+        if n == 1 && sh.k_heads == sh.v_heads && sh.gate_channels <= sh.k_dim {
+            self.launch_op(Launch {
+                f: self.delta_fn(sh.k_dim, true)?,
+                grid: (sh.v_heads as u32, 1, 1),
+                block: threads,
+                smem: 0,
+                args: Self::args(prm),
+                label: "delta_step",
+                keep,
+            });
+            return Ok(());
+        }
         let launches = [
             (
                 self.k.delta_conv,
@@ -1274,7 +1368,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let recurrent = self.delta_recurrent_fn(sh.k_dim)?;
+        let recurrent = self.delta_fn(sh.k_dim, false)?;
         let (qk, vl, gl) = (sh.qk_len(), sh.v_len(), sh.g_len());
         let c = 2 * qk + vl;
         let prm = DeltaParams {

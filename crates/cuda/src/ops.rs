@@ -78,11 +78,15 @@ pub enum Op {
         v: DPtr,
         out: DPtr,
     },
+    /// `silu(gate)·up`: ggml's arithmetic, or (`reference`) the PyTorch references'
+    /// `silu(min(gate, lim))·clamp(up, −lim, lim)` in f32.
     Swiglu {
         gate: DPtr,
         up: DPtr,
         len: u32,
         out: DPtr,
+        lim: f32,
+        reference: bool,
     },
     Add {
         x: DPtr,
@@ -94,8 +98,82 @@ pub enum Op {
         dst: DPtr,
         len: u32,
     },
+    /// `out = round(w · x + bias)` with a float weight (F32, F16, BF16): consecutive ones
+    /// that do not read each other's outputs share one launch ([`crate::lower`]).
+    FloatGemv(FloatSeg),
+    /// mHC write-back of one token (`hc_post`).
+    HcPost(HcPostArgs),
+    /// mHC pre of one token (`hc_pre_one`); right after an [`Op::HcPost`] of the same
+    /// streams both run as one launch (`hc_post_pre`).
+    HcPre {
+        x: DPtr,
+        args: HcPreArgs,
+    },
     /// A launch recorded as is (the MoE families' operations, `crate::moe_ops`).
     Kernel(KernelOp),
+}
+
+/// `HcPostArgs` of kernels/mhc.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HcPostArgs {
+    pub x: DPtr,
+    pub y: DPtr,
+    pub mix: DPtr,
+    pub n: i32,
+    pub d: i32,
+    pub rb: i32,
+}
+
+/// `HcPreArgs` of kernels/mhc.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HcPreArgs {
+    pub fn_: DPtr,
+    pub m: DPtr,
+    pub partials: DPtr,
+    pub counter: DPtr,
+    pub base: DPtr,
+    pub scale: DPtr,
+    pub out: DPtr,
+    pub mix: DPtr,
+    pub n: i32,
+    pub d: i32,
+    pub iters: i32,
+    pub rb: i32,
+    pub eps: f32,
+    pub norm_eps: f32,
+}
+
+/// Columns per block of `hc_post_pre` (kernels/mhc.cu `HC_COLS`).
+pub const HC_COLS: usize = 128;
+
+/// One float product as `gemv_float_multi` (kernels/float_gemv.cu) takes it: rows of
+/// `n_in` contiguous values, `n_tok` tokens; `first` is filled in by the lowering.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FloatSeg {
+    pub w: DPtr,
+    pub x: DPtr,
+    pub out: DPtr,
+    pub bias: DPtr,
+    pub ty: i32,
+    pub n_out: i32,
+    pub n_in: i32,
+    pub n_tok: i32,
+    pub rb: i32,
+    pub first: i32,
+}
+
+impl FloatSeg {
+    /// The bytes of `x` it reads and of `out` it writes.
+    pub fn reads(&self) -> std::ops::Range<DPtr> {
+        self.x..self.x + (self.n_tok as u64) * (self.n_in as u64) * 4
+    }
+
+    pub fn writes(&self) -> std::ops::Range<DPtr> {
+        self.out..self.out + (self.n_tok as u64) * (self.n_out as u64) * 4
+    }
 }
 
 /// A kernel launch recorded ready to enqueue: function, shape, arguments.

@@ -11,6 +11,7 @@
 //! gpu_check warm-cache [ARCH]         compile the kernels into $DS4_CUDA_CACHE (no GPU needed)
 //! gpu_check conformance [FILTER]      every backend operation vs its reference (ds4-conformance)
 //! gpu_check model FIXTURE GGUF [--bf16] a MoE family's golden master on CUDA and the CPU
+//! gpu_check same-file SPEC|GGUF       a quantized MoE model: CUDA vs CPU top-10 log-probs
 //! ```
 //!
 //! Lines starting with `RESULT ` are JSON for the benchmark notes. Exit status 1 when a
@@ -43,7 +44,8 @@ fn main() {
         Some("warm-cache") => warm_cache(args.get(1).map_or("sm_90a", String::as_str)),
         Some("conformance") => families::conformance(args.get(1).map_or("", String::as_str)),
         Some("model") => families::model(&args[1..]),
-        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16]".into()),
+        Some("same-file") => families::same_file(&args[1..]),
+        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
