@@ -163,26 +163,29 @@ extern "C" __global__ void delta_conv_state(const DeltaParams P) {
     }
 }
 
+// DK is the compiled size, P.dk ≤ DK the model's: rows i ≥ dk of the state are padding
+// with k = q = 0 (so they never reach u or o) and are never stored.
 template <int DK>
 __device__ __forceinline__ void recurrent_body(const DeltaParams& P) {
     __shared__ float ks[DK], qs[DK], es[DK];
     pdl_wait();
     pdl_trigger();
-    const int h = blockIdx.x, j = threadIdx.x;
+    const int h = blockIdx.x, j = threadIdx.x, dk = P.dk;
     const int qk = qk_len(P), vl = v_len(P), gl = P.hv * P.gc;
     const int kh = h / (P.hv / P.hk);
     const bool col = j < P.dv;
-    float* Sh = P.S + (i64)h * DK * P.dv;
+    float* Sh = P.S + (i64)h * dk * P.dv;
     float s[DK];
 #pragma unroll
-    for (int i = 0; i < DK; ++i) s[i] = col ? Sh[(i64)i * P.dv + j] : 0.f;
+    for (int i = 0; i < DK; ++i) s[i] = col && i < dk ? Sh[(i64)i * P.dv + j] : 0.f;
     for (int t = 0; t < P.n; ++t) {
         const i64 r = P.src_cap ? (P.src_pos + t) % P.src_cap : t;
         __syncthreads();
         for (int i = j; i < DK; i += blockDim.x) {
-            ks[i] = P.kk[r * qk + kh * DK + i];
-            qs[i] = P.out ? P.kq[r * qk + kh * DK + i] : 0.f;
-            const float g = P.kg[r * gl + h * P.gc + (P.gc == DK ? i : 0)];
+            const bool in = i < dk;
+            ks[i] = in ? P.kk[r * qk + kh * dk + i] : 0.f;
+            qs[i] = in && P.out ? P.kq[r * qk + kh * dk + i] : 0.f;
+            const float g = in ? P.kg[r * gl + h * P.gc + (P.gc == dk ? i : 0)] : 0.f;
             es[i] = expf(g);
         }
         __syncthreads();
@@ -206,7 +209,8 @@ __device__ __forceinline__ void recurrent_body(const DeltaParams& P) {
     }
     if (col)
 #pragma unroll
-        for (int i = 0; i < DK; ++i) Sh[(i64)i * P.dv + j] = s[i];
+        for (int i = 0; i < DK; ++i)
+            if (i < dk) Sh[(i64)i * P.dv + j] = s[i];
 }
 
 extern "C" __global__ void delta_recurrent_16(const DeltaParams P) { recurrent_body<16>(P); }
@@ -238,24 +242,25 @@ __device__ __forceinline__ void step_body(const DeltaParams& P) {
     __shared__ float beta_sh;
     pdl_wait();
     pdl_trigger();
-    const int h = blockIdx.x, j = threadIdx.x;
+    const int h = blockIdx.x, j = threadIdx.x, dk = P.dk;
     const int qk = qk_len(P), vl = v_len(P), C = 2 * qk + vl, gl = P.hv * P.gc;
     const int slot = P.cap ? (P.step->pos0 + P.row0) % P.cap : 0;
     float mq = 0.f, mk = 0.f, mv = 0.f;
-    if (j < DK) {
-        mq = conv_one(P, h * DK + j, C, slot);
-        mk = conv_one(P, qk + h * DK + j, C, slot);
+    if (j < dk) {
+        mq = conv_one(P, h * dk + j, C, slot);
+        mk = conv_one(P, qk + h * dk + j, C, slot);
     }
     if (j < P.dv) mv = conv_one(P, 2 * qk + h * P.dv + j, C, slot);
     const double qn = block_sum_d((double)__fmul_rn(mq, mq), red);
     const double kn = block_sum_d((double)__fmul_rn(mk, mk), red);
-    if (j < DK) {
+    if (j < dk) {
         const float q = __fdiv_rn(mq, sqrtf(__fadd_rn((float)qn, 1e-6f)));
         const float k = __fdiv_rn(mk, sqrtf(__fadd_rn((float)kn, 1e-6f)));
-        qs[j] = __fmul_rn(q, __fdiv_rn(1.0f, sqrtf((float)DK)));
+        qs[j] = __fmul_rn(q, __fdiv_rn(1.0f, sqrtf((float)dk)));
         ks[j] = k;
-        if (P.jk) P.jk[(i64)slot * qk + h * DK + j] = k;
+        if (P.jk) P.jk[(i64)slot * qk + h * dk + j] = k;
     }
+    for (int i = dk + j; i < DK; i += blockDim.x) qs[i] = ks[i] = 0.f;
     if (j < P.dv && P.jv) P.jv[(i64)slot * vl + h * P.dv + j] = mv;
     if (j < P.gc) {
         const int ch = h * P.gc + j;
@@ -272,13 +277,13 @@ __device__ __forceinline__ void step_body(const DeltaParams& P) {
         if (P.jb) P.jb[(i64)slot * P.hv + h] = be;
     }
     __syncthreads();
-    for (int i = j; i < DK; i += blockDim.x) es[i] = expf(gs[P.gc == DK ? i : 0]);
+    for (int i = j; i < DK; i += blockDim.x) es[i] = i < dk ? expf(gs[P.gc == dk ? i : 0]) : 1.f;
     __syncthreads();
     if (j >= P.dv) return;
-    float* Sh = P.S + (i64)h * DK * P.dv;
+    float* Sh = P.S + (i64)h * dk * P.dv;
     float s[DK];
 #pragma unroll
-    for (int i = 0; i < DK; ++i) s[i] = Sh[(i64)i * P.dv + j];
+    for (int i = 0; i < DK; ++i) s[i] = i < dk ? Sh[(i64)i * P.dv + j] : 0.f;
     float u = 0.f;
 #pragma unroll
     for (int i = 0; i < DK; ++i) {
@@ -294,7 +299,8 @@ __device__ __forceinline__ void step_body(const DeltaParams& P) {
     }
     P.out[(i64)P.row0 * vl + h * P.dv + j] = rnd(o, P.rb);
 #pragma unroll
-    for (int i = 0; i < DK; ++i) Sh[(i64)i * P.dv + j] = s[i];
+    for (int i = 0; i < DK; ++i)
+        if (i < dk) Sh[(i64)i * P.dv + j] = s[i];
 }
 
 extern "C" __global__ void delta_step_16(const DeltaParams P) { step_body<16>(P); }

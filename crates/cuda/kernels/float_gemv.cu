@@ -7,7 +7,6 @@
 
 #include "common.cuh"
 
-#define FG_TOK 4
 #define FG_SEGS 4
 
 struct FloatGemv {
@@ -20,68 +19,6 @@ struct FloatGemv {
     const float* bias;  // optional, n_out (group 0 only)
     i32 ty, n_out, n_in, n_tok, rb;
 };
-
-// Lane `lane`'s share of row `wr` · x for tokens t0 .. t0+FG_TOK: 16-byte weight loads
-// (8 half-width or 4 f32 values) when the row allows, else one value per lane.
-__device__ __forceinline__ void row_part(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int t0, int n_tok,
-                                         int lane, float* acc) {
-    const int per = ty == T_F32 ? 4 : 8;
-    if (n_in % (32 * per) == 0 && ((u64)wr & 15) == 0) {
-        for (int c0 = lane * per; c0 < n_in; c0 += 32 * per) {
-            float wv[8];
-            const uint4 raw = *(const uint4*)(wr + (i64)c0 * (ty == T_F32 ? 4 : 2));
-            if (ty == T_F32) {
-                wv[0] = __uint_as_float(raw.x);
-                wv[1] = __uint_as_float(raw.y);
-                wv[2] = __uint_as_float(raw.z);
-                wv[3] = __uint_as_float(raw.w);
-            } else {
-                const u32 r4[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const u16 lo = (u16)(r4[q] & 0xFFFF), hi = (u16)(r4[q] >> 16);
-                    wv[2 * q] = ty == T_F16 ? h2f(lo) : bf2f(lo);
-                    wv[2 * q + 1] = ty == T_F16 ? h2f(hi) : bf2f(hi);
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < FG_TOK; ++k) {
-                if (t0 + k >= n_tok) break;
-                const float* xr = x + (i64)(t0 + k) * x_ts + c0;
-#pragma unroll
-                for (int q = 0; q < 8; ++q)
-                    if (q < per) acc[k] = __fadd_rn(acc[k], __fmul_rn(wv[q], xr[q]));
-            }
-        }
-        return;
-    }
-    for (int c = lane; c < n_in; c += 32) {
-        const float wv = wval(wr, ty, c);
-#pragma unroll
-        for (int k = 0; k < FG_TOK; ++k)
-            if (t0 + k < n_tok) acc[k] = __fadd_rn(acc[k], __fmul_rn(wv, x[(i64)(t0 + k) * x_ts + c]));
-    }
-}
-
-// Row r of one product for every token, by one warp.
-__device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int n_tok,
-                                          float* out, i64 o_ts, const float* bias, int r, int rb) {
-    const int lane = threadIdx.x & 31;
-    for (int t0 = 0; t0 < n_tok; t0 += FG_TOK) {
-        float acc[FG_TOK];
-#pragma unroll
-        for (int k = 0; k < FG_TOK; ++k) acc[k] = 0.f;
-        row_part(wr, ty, x, x_ts, n_in, t0, n_tok, lane, acc);
-#pragma unroll
-        for (int k = 0; k < FG_TOK; ++k) {
-            const float v = warp_sum(acc[k]);
-            if (lane == 0 && t0 + k < n_tok) {
-                const float b = bias ? bias[r] : 0.f;
-                out[(i64)(t0 + k) * o_ts + r] = rnd(__fadd_rn(v, b), rb);
-            }
-        }
-    }
-}
 
 extern "C" __global__ void gemv_float(const FloatGemv P) {
     pdl_wait();
@@ -96,13 +33,6 @@ extern "C" __global__ void gemv_float(const FloatGemv P) {
 
 // Up to FG_SEGS independent products (each its own weight, input and output, rows of
 // n_in contiguous values) in one launch: blocks [first[s], first[s+1]) run segment s.
-struct FloatSeg {
-    const u8* w;
-    const float* x;
-    float* out;
-    const float* bias;
-    i32 ty, n_out, n_in, n_tok, rb, first;
-};
 
 struct FloatMulti {
     FloatSeg s[FG_SEGS];

@@ -718,7 +718,7 @@ struct ExpertGemv {
     i32 type, type2;
     const float* x;     // activations: tokens × x_tstride (gate/up) or (token, slot) rows (down)
     i32 x_tstride;
-    const i32* ids;     // n_tok × k chosen experts
+    const i32* ids;     // n_tok × k chosen experts (null: matrix j for slot j, per-head weights)
     i32 k, n_in, rows, need, rb;
     float lim;          // SwiGLU clamp (INFINITY: none)
     float* out;         // gate/up: (token, slot) × rows of silu(gate)·up; down: (token, slot) × rows
@@ -737,7 +737,7 @@ __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int pair = blockIdx.y;
     const int t = pair / E.k;
-    const int e = E.ids[pair];
+    const int e = E.ids ? E.ids[pair] : pair % E.k;  // no ids: pair j of a row uses matrix j
     GemvParams G;
     G.x = E.x + (PAIR ? (i64)t * E.x_tstride : (i64)pair * E.x_tstride);
     G.norm_w = nullptr;
@@ -777,4 +777,36 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv_experts_ga
 
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv_experts_down(const ExpertGemv E) {
     expert_body<false>(E);
+}
+
+// The down products of one token's experts and, in the last of the k blocks of each row
+// block to finish, the weighted sum over the experts (moe_reduce's arithmetic) plus an
+// optional addend (the shared expert's output): decode's experts down, sum and add in one
+// launch.
+struct ReduceTail {
+    const float* w;     // routing weights [k]
+    float* out;         // [rows]
+    const float* add;   // optional [rows], added after the rounding
+    u32* counters;      // [gridDim.x], zero between launches
+    i32 rb;
+};
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+    gemv_experts_down_sum(const ExpertGemv E, const ReduceTail R) {
+    __shared__ bool last;
+    expert_body<false>(E);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(R.counters + blockIdx.x, 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) R.counters[blockIdx.x] = 0u;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+    if (lane) return;
+    for (int r = blockIdx.x * wpb + warp; r < E.rows; r += gridDim.x * wpb) {
+        float o = rnd(sum_slots(E.out, E.rows, E.ids, R.w, E.k, r), R.rb);
+        if (R.add) o = __fadd_rn(o, R.add[r]);
+        R.out[r] = o;
+    }
 }

@@ -47,25 +47,23 @@ __device__ int block_argmax(const float* v, int n, float* redv, int* redi) {
     return bi;
 }
 
-// One block per token.
-extern "C" __global__ void moe_route(const RouteParams P) {
+// Token t's experts and weights, by one block (logits read from L2: in the fused
+// router they were written by other blocks of the same launch).
+__device__ void route_row(const RouteParams& P, int t) {
     __shared__ float score[ROUTE_MAX_E], choice[ROUTE_MAX_E];
     __shared__ float redv[32];
     __shared__ int redi[32];
     __shared__ int chosen[ROUTE_MAX_K];
     __shared__ double dred[32];
-    pdl_wait();
-    pdl_trigger();
-    const int t = blockIdx.x;
     const int E = P.n_expert, k = P.k;
     const float* l = P.logits + (i64)t * E;
     if (P.scoring == SCORE_SOFTMAX) {
         float m = -INFINITY;
-        for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, l[e]);
+        for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, __ldcg(l + e));
         m = block_max_f(m, redv);
         double s = 0.0;
         for (int e = threadIdx.x; e < E; e += blockDim.x) {
-            const float x = expf(__fsub_rn(l[e], m));
+            const float x = expf(__fsub_rn(__ldcg(l + e), m));
             score[e] = x;
             s += (double)x;
         }
@@ -74,7 +72,7 @@ extern "C" __global__ void moe_route(const RouteParams P) {
         for (int e = threadIdx.x; e < E; e += blockDim.x) score[e] = __fmul_rn(score[e], inv);
     } else {
         for (int e = threadIdx.x; e < E; e += blockDim.x)
-            score[e] = P.scoring == SCORE_SIGMOID ? sigmoidf_ref(l[e]) : sqrtf(softplusf_ref(l[e]));
+            score[e] = P.scoring == SCORE_SIGMOID ? sigmoidf_ref(__ldcg(l + e)) : sqrtf(softplusf_ref(__ldcg(l + e)));
     }
     __syncthreads();
     if (P.hash) {
@@ -139,6 +137,33 @@ extern "C" __global__ void moe_route(const RouteParams P) {
     }
 }
 
+// One block per token.
+extern "C" __global__ void moe_route(const RouteParams P) {
+    pdl_wait();
+    pdl_trigger();
+    route_row(P, blockIdx.x);
+}
+
+// The router's logits (a float product, FG rows per block) and, in the last block to
+// finish, the routing of the one token (decode): one launch for both.
+extern "C" __global__ void router_route(const FloatSeg S, const RouteParams P, u32* counter) {
+    __shared__ bool last;
+    pdl_wait();
+    pdl_trigger();
+    const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int bytes = S.ty == T_F32 ? 4 : 2;
+    if (r < S.n_out)
+        float_row(S.w + (i64)r * S.n_in * bytes, S.ty, S.x, S.n_in, S.n_in, 1, S.out, S.n_out, S.bias, r, S.rb);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) *counter = 0u;
+    route_row(P, 0);
+}
+
 // out[t, d] = round(Σ_j w[t, j]·y[t, j, d]) over the token's k experts in increasing
 // expert id (the order the CPU backend sums them), one thread per (t, d).
 extern "C" __global__ void moe_reduce(const float* y, const i32* ids, const float* w, float* out, i32 rows, i32 k,
@@ -148,22 +173,5 @@ extern "C" __global__ void moe_reduce(const float* y, const i32* ids, const floa
     const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i >= (i64)rows * d) return;
     const int t = (int)(i / d), c = (int)(i - (i64)t * d);
-    int order[ROUTE_MAX_K];
-    for (int j = 0; j < k; ++j) order[j] = j;
-    // Insertion sort of the slots by expert id (k ≤ 32).
-    for (int a = 1; a < k; ++a) {
-        const int s = order[a];
-        int b = a - 1;
-        while (b >= 0 && ids[(i64)t * k + order[b]] > ids[(i64)t * k + s]) {
-            order[b + 1] = order[b];
-            --b;
-        }
-        order[b + 1] = s;
-    }
-    float acc = 0.f;
-    for (int a = 0; a < k; ++a) {
-        const int j = order[a];
-        acc = __fadd_rn(acc, __fmul_rn(y[((i64)t * k + j) * d + c], w[(i64)t * k + j]));
-    }
-    out[i] = rnd(acc, rb);
+    out[i] = rnd(sum_slots(y + (i64)t * k * d, d, ids + (i64)t * k, w + (i64)t * k, k, c), rb);
 }

@@ -147,7 +147,7 @@ pub struct CudaBackend {
     graphs: AtomicBool,
     pdl: AtomicBool,
     fused_attention: AtomicBool,
-    fuse_hc: AtomicBool,
+    fuse_decode: AtomicBool,
     profile: AtomicBool,
     prefetch: AtomicU32,
     gemv_typed: AtomicBool,
@@ -178,8 +178,8 @@ impl CudaBackend {
     /// `DS4_CUDA_GRAPHS=0` disables graph capture and `DS4_CUDA_PDL=0` programmatic
     /// dependent launch (both on by default); `DS4_CUDA_FUSED_ATTN=1` turns on the
     /// one-launch decode attention, for comparisons (docs/benchmarks.md has the
-    /// measurements: the defaults are the fastest measured); `DS4_CUDA_FUSE_HC=0` runs an
-    /// mHC write-back and the next pre as two launches (for bisecting); `DS4_CUDA_PREFETCH=N` sets
+    /// measurements: the defaults are the fastest measured); `DS4_CUDA_FUSE=0` turns off
+    /// the decode fusions across operations (for bisecting, see [`crate::lower::Ctx`]); `DS4_CUDA_PREFETCH=N` sets
     /// the GEMV's L2 prefetch distance in rows (default 0: only each warp's first row);
     /// `DS4_CUDA_GEMV_TYPED=0` runs every GEMV launch on the generic kernel (default:
     /// single-type launches of short rows on the typed kernels).
@@ -226,7 +226,7 @@ impl CudaBackend {
             graphs: AtomicBool::new(env_flag("DS4_CUDA_GRAPHS", true)),
             pdl: AtomicBool::new(env_flag("DS4_CUDA_PDL", true)),
             fused_attention: AtomicBool::new(env_flag("DS4_CUDA_FUSED_ATTN", false)),
-            fuse_hc: AtomicBool::new(env_flag("DS4_CUDA_FUSE_HC", true)),
+            fuse_decode: AtomicBool::new(env_flag("DS4_CUDA_FUSE", true)),
             profile: AtomicBool::new(false),
             prefetch: AtomicU32::new(
                 std::env::var("DS4_CUDA_PREFETCH")
@@ -446,7 +446,7 @@ impl CudaBackend {
             gemv_occupancy: &occ,
             gemv_prefetch: self.prefetch.load(Ordering::Relaxed),
             fused_attention: self.fused_attention.load(Ordering::Relaxed),
-            fuse_hc: self.fuse_hc.load(Ordering::Relaxed),
+            fuse_decode: self.fuse_decode.load(Ordering::Relaxed),
             gemv_typed: self.gemv_typed.load(Ordering::Relaxed),
             step: rec.step_ptr,
             n_tok: rec.n_tok,

@@ -51,6 +51,7 @@ pub const SOURCES: &[Source] = &[
             "gemv_q2_k_pair",
             "gemv_experts_gate_up",
             "gemv_experts_down",
+            "gemv_experts_down_sum",
         ],
     },
     Source {
@@ -111,7 +112,7 @@ pub const SOURCES: &[Source] = &[
     Source {
         file: "moe.cu",
         text: include_str!("../kernels/moe.cu"),
-        kernels: &["moe_route", "moe_reduce"],
+        kernels: &["moe_route", "router_route", "moe_reduce"],
     },
     Source {
         file: "moe_mma.cu",

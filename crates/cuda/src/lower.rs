@@ -23,6 +23,7 @@ use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
 use crate::kernels::{GEMV_TYPES, Kernels};
 use crate::layout::{gemv_smem_bytes, uses_q8k};
+use crate::ops::{ExpertGemv, ReduceTail};
 use crate::ops::{FloatSeg, HC_COLS, MatRef, Op, RopeArgs};
 
 /// A kernel launch.
@@ -80,8 +81,10 @@ pub struct Ctx<'a> {
     /// One-token `rope, rope, attention` as one launch (`attn_decode_fused`) rather than
     /// three (correct, measured slower; off by default).
     pub fused_attention: bool,
-    /// An mHC write-back and the next pre of one token as one launch (`hc_post_pre`).
-    pub fuse_hc: bool,
+    /// Decode fusions across operations: an mHC write-back and the next pre
+    /// (`hc_post_pre`), the router and the routing (`router_route`), the experts' sum
+    /// and the add after it.
+    pub fuse_decode: bool,
     /// Whether single-type launches of rows up to [`TYPED_GEMV_MAX_INPUTS`] inputs run on
     /// the typed GEMV kernels (`Kernels::gemv_typed`); off: the generic kernel for all.
     pub gemv_typed: bool,
@@ -191,7 +194,7 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
         }
         if let (Op::HcPost(post), Some(Op::HcPre { x, args })) = (ops[i], ops.get(i + 1))
             && *x == post.x
-            && cx.fuse_hc
+            && cx.fuse_decode
         {
             let mut a = Args::new();
             a.push(post).push(*args);
@@ -205,6 +208,51 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
                 bytes: 0,
             }));
             i += 2;
+            continue;
+        }
+        if let (Op::FloatGemv(seg), Some(&Op::MoeRoute { p, counter })) = (ops[i], ops.get(i + 1))
+            && p.logits == seg.out
+            && seg.n_tok == 1
+            && cx.fuse_decode
+        {
+            let mut a = Args::new();
+            a.push(seg).push(p).push(counter);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.router_route,
+                grid: ((seg.n_out as u32).div_ceil(FLOAT_ROWS_PER_BLOCK), 1, 1),
+                block: FLOAT_ROWS_PER_BLOCK * 32,
+                smem: 0,
+                args: a,
+                label: "router_route",
+                bytes: 0,
+            }));
+            i += 2;
+            continue;
+        }
+        if let Op::ExpertsDown {
+            e,
+            tail,
+            grid_x,
+            smem,
+        } = ops[i]
+        {
+            // An add of the sum right after it becomes the tail's addend.
+            let (add, used) = match ops.get(i + 1) {
+                Some(&Op::Add { x, y, len })
+                    if cx.fuse_decode && x == tail.out && len == e.rows as u32 && y != tail.out =>
+                {
+                    (y, 2)
+                }
+                _ => (0, 1),
+            };
+            cmds.push(experts_down(
+                e,
+                ReduceTail { add, ..tail },
+                grid_x,
+                smem,
+                cx,
+            ));
+            i += used;
             continue;
         }
         if let Op::FloatGemv(_) = ops[i] {
@@ -284,6 +332,21 @@ fn float_group(ops: &[Op], i: usize, cx: &Ctx) -> (usize, Cmd) {
             bytes: 0,
         }),
     )
+}
+
+/// One token's experts down products with their weighted sum (`gemv_experts_down_sum`).
+fn experts_down(e: ExpertGemv, tail: ReduceTail, grid_x: u32, smem: u32, cx: &Ctx) -> Cmd {
+    let mut a = Args::new();
+    a.push(e).push(tail);
+    Cmd::Launch(Launch {
+        f: cx.k.gemv_experts_down_sum,
+        grid: (grid_x, e.k as u32, 1),
+        block: GEMV_THREADS,
+        smem,
+        args: a,
+        label: "experts_down_sum",
+        bytes: 0,
+    })
 }
 
 /// The input of a GEMV group: `x`, optionally RMS-normalized by (weight, eps) into `h`.
@@ -942,6 +1005,25 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
             }));
         }
         Op::FloatGemv(_) => cmds.push(float_group(std::slice::from_ref(op), 0, cx).1),
+        Op::ExpertsDown {
+            e,
+            tail,
+            grid_x,
+            smem,
+        } => cmds.push(experts_down(e, tail, grid_x, smem, cx)),
+        Op::MoeRoute { p, .. } => {
+            let mut a = Args::new();
+            a.push(p);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.moe_route,
+                grid: (p.rows as u32, 1, 1),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "moe_route",
+                bytes: 0,
+            }));
+        }
         Op::HcPost(p) => {
             let mut a = Args::new();
             a.push(p.x)
@@ -1165,7 +1247,7 @@ mod tests {
             gemv_occupancy: &occ,
             gemv_prefetch: 2,
             fused_attention,
-            fuse_hc: true,
+            fuse_decode: true,
             gemv_typed: true,
             step: 99 << 40,
             n_tok,
@@ -1287,9 +1369,9 @@ mod tests {
 
     #[test]
     fn gemv_params_match_the_kernel_layout() {
-        // kernels/gemv.cu: Seg = 2 x 32-byte Planes + 5 pointers + 4 ints = 120 bytes;
-        // GemvParams = 3 Segs + 3 pointers + 6 4-byte fields = 408 bytes.
-        assert_eq!(std::mem::size_of::<Seg>(), 120);
-        assert_eq!(std::mem::size_of::<GemvParams>(), 408);
+        // kernels/gemv.cu: Seg = 2 x 32-byte Planes + 5 pointers + 6 4-byte fields = 128
+        // bytes; GemvParams = 3 Segs + 3 pointers + 6 4-byte fields = 432 bytes.
+        assert_eq!(std::mem::size_of::<Seg>(), 128);
+        assert_eq!(std::mem::size_of::<GemvParams>(), 432);
     }
 }

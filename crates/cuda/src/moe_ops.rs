@@ -23,7 +23,10 @@ use ds4_gguf::GgmlType;
 use crate::backend::{CudaBackend, CudaBuf, CudaStep};
 use crate::driver::{DPtr, DevMem, Func};
 use crate::layout::uses_q8k;
-use crate::ops::{FloatSeg, HC_COLS, HcPostArgs, HcPreArgs, KArgs, KernelOp, MatRef, Op};
+use crate::ops::{
+    ExpertGemv, FloatSeg, HC_COLS, HcPostArgs, HcPreArgs, KArgs, KernelOp, MatRef, Op, ReduceTail,
+    RouteParams,
+};
 use crate::weights::CudaWeight;
 
 /// `1` when `p` rounds to bf16 at the operation's cast points.
@@ -81,27 +84,6 @@ struct FloatExperts {
     lim: f32,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct ExpertGemv {
-    w: [DPtr; 4],
-    w2: [DPtr; 4],
-    estride: [i64; 4],
-    estride2: [i64; 4],
-    ty: i32,
-    ty2: i32,
-    x: DPtr,
-    x_tstride: i32,
-    ids: DPtr,
-    k: i32,
-    n_in: i32,
-    rows: i32,
-    need: i32,
-    rb: i32,
-    lim: f32,
-    out: DPtr,
-}
-
 /// `MoeSorted` of kernels/moe_mma.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -140,27 +122,6 @@ const MM_MAX_E: usize = 1024;
 /// Steps of at least this many tokens run quantized experts on tensor cores, grouped by
 /// expert; shorter ones one GEMV per (token, expert) pair.
 const MMA_MIN_ROWS: usize = 16;
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct RouteParams {
-    logits: DPtr,
-    bias: DPtr,
-    hash: DPtr,
-    step: DPtr,
-    ids: DPtr,
-    weights: DPtr,
-    rows: i32,
-    n_expert: i32,
-    k: i32,
-    scoring: i32,
-    n_group: i32,
-    topk_group: i32,
-    norm: i32,
-    rb: i32,
-    vocab: i32,
-    scale: f32,
-}
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -674,6 +635,18 @@ impl CudaBackend {
             vocab,
             scale: r.scale,
         };
+        if rows == 1 {
+            let counter = self.scratch_mem("route_counter", 4)?;
+            keep.push(&counter);
+            self.record(
+                Op::MoeRoute {
+                    p: prm,
+                    counter: counter.ptr(),
+                },
+                &keep,
+            );
+            return Ok(());
+        }
         self.launch_op(Launch {
             f: self.k.moe_route,
             grid: (rows as u32, 1, 1),
@@ -850,6 +823,28 @@ impl CudaBackend {
                     out: y.ptr(),
                 };
                 let smem = crate::layout::gemv_smem_bytes(ff) as u32;
+                if rows == 1 {
+                    // Down products, weighted sum (and the add after it) in one launch.
+                    let grid_x = blocks(d as u64, 64);
+                    let counters = self.scratch_mem("experts_counters", grid_x as usize * 4)?;
+                    let tail = ReduceTail {
+                        w: self.buf_of(weights, pairs, "moe_experts weights")?,
+                        out: self.buf_of(out, d, "moe_experts out")?,
+                        add: 0,
+                        counters: counters.ptr(),
+                        rb: rb(p),
+                    };
+                    self.record(
+                        Op::ExpertsDown {
+                            e: dn,
+                            tail,
+                            grid_x,
+                            smem,
+                        },
+                        &[dm, &ids.mem, &h, &y, &weights.mem, &out.mem, &counters],
+                    );
+                    return Ok(());
+                }
                 self.launch_op(Launch {
                     f: self.k.gemv_experts_down,
                     grid: (blocks(d as u64, 64), pairs as u32, 1),
@@ -1181,14 +1176,16 @@ impl CudaBackend {
                 k.delta_recurrent_128,
             )
         };
+        // The smallest compiled size that holds dk (the kernels pad the rest).
         match dk {
-            16 => Ok(f16),
-            32 => Ok(f32_),
-            64 => Ok(f64_),
-            128 => Ok(f128),
+            0 => Err(bad("delta_net: key heads of 0")),
+            1..=16 => Ok(f16),
+            17..=32 => Ok(f32_),
+            33..=64 => Ok(f64_),
+            65..=128 => Ok(f128),
             _ => Err(EngineError::Unsupported {
                 backend: "cuda",
-                what: format!("delta-rule heads of {dk} (16, 32, 64 or 128 are compiled)"),
+                what: format!("delta-rule key heads of {dk} (at most 128 are compiled)"),
             }),
         }
     }
@@ -1728,7 +1725,7 @@ impl CudaBackend {
             mem: ctx.clone(),
             len: rows * ha * rkv,
         };
-        self.float_matmul(k_b, None, q, rows, ha, Prec::F32, &qt_buf)?;
+        self.head_matmul(k_b, q, rows, ha, Prec::F32, &qt_buf)?;
         keep.extend([&qt, &ctx]);
         attend(
             MlaParams {
@@ -1744,6 +1741,54 @@ impl CudaBackend {
             },
             keep,
         );
-        self.float_matmul(v_b, None, &ctx_buf, rows, ha, p, out)
+        self.head_matmul(v_b, &ctx_buf, rows, ha, p, out)
+    }
+
+    /// `out[t, h] = w[h] · x[t, h]` for a stack of `heads` matrices, float or quantized
+    /// (the expert GEMV with slot h using matrix h).
+    fn head_matmul(
+        &self,
+        w: &CudaWeight,
+        x: &CudaBuf,
+        rows: usize,
+        heads: usize,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let CudaWeight::Matrix { mem, m, estride, n } = w else {
+            return self.float_matmul(w, None, x, rows, heads, p, out);
+        };
+        if *n as usize != heads {
+            return Err(bad(format!("a stack of {n} matrices over {heads} heads")));
+        }
+        let (n_out, n_in) = (m.rows as usize, m.cols as usize);
+        let prm = ExpertGemv {
+            w: m.planes,
+            w2: m.planes,
+            estride: estride.map(|v| v as i64),
+            estride2: estride.map(|v| v as i64),
+            ty: m.ty as i32,
+            ty2: m.ty as i32,
+            x: self.buf_of(x, rows * heads * n_in, "per-head product")?,
+            x_tstride: n_in as i32,
+            ids: 0,
+            k: heads as i32,
+            n_in: n_in as i32,
+            rows: n_out as i32,
+            need: if uses_q8k(m.ty) { 2 } else { 1 },
+            rb: rb(p),
+            lim: f32::INFINITY,
+            out: self.buf_of(out, rows * heads * n_out, "per-head product")?,
+        };
+        self.launch_op(Launch {
+            f: self.k.gemv_experts_down,
+            grid: (blocks(n_out as u64, 64), (rows * heads) as u32, 1),
+            block: 256,
+            smem: crate::layout::gemv_smem_bytes(n_in) as u32,
+            args: Self::args(prm),
+            label: "gemv_heads",
+            keep: vec![mem, &x.mem, &out.mem],
+        });
+        Ok(())
     }
 }

@@ -109,6 +109,22 @@ pub enum Op {
         x: DPtr,
         args: HcPreArgs,
     },
+    /// The routing of one token (`moe_route`); right after the router's
+    /// [`Op::FloatGemv`] both run as one launch (`router_route`, `counter` its
+    /// zeroed completion counter).
+    MoeRoute {
+        p: RouteParams,
+        counter: DPtr,
+    },
+    /// One token's experts down products and their weighted sum (`gemv_experts_down_sum`
+    /// over `grid_x` row blocks); an [`Op::Add`] of the sum right after it becomes its
+    /// `tail.add`.
+    ExpertsDown {
+        e: ExpertGemv,
+        tail: ReduceTail,
+        grid_x: u32,
+        smem: u32,
+    },
     /// A launch recorded as is (the MoE families' operations, `crate::moe_ops`).
     Kernel(KernelOp),
 }
@@ -268,4 +284,59 @@ pub fn step_bytes(tokens: &[u32], pos0: usize) -> Vec<u8> {
         b.extend_from_slice(&t.to_le_bytes());
     }
     b
+}
+
+/// `ExpertGemv` of kernels/gemv.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExpertGemv {
+    pub w: [DPtr; 4],
+    pub w2: [DPtr; 4],
+    pub estride: [i64; 4],
+    pub estride2: [i64; 4],
+    pub ty: i32,
+    pub ty2: i32,
+    pub x: DPtr,
+    pub x_tstride: i32,
+    pub ids: DPtr,
+    pub k: i32,
+    pub n_in: i32,
+    pub rows: i32,
+    pub need: i32,
+    pub rb: i32,
+    pub lim: f32,
+    pub out: DPtr,
+}
+
+/// `RouteParams` of kernels/moe.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RouteParams {
+    pub logits: DPtr,
+    pub bias: DPtr,
+    pub hash: DPtr,
+    pub step: DPtr,
+    pub ids: DPtr,
+    pub weights: DPtr,
+    pub rows: i32,
+    pub n_expert: i32,
+    pub k: i32,
+    pub scoring: i32,
+    pub n_group: i32,
+    pub topk_group: i32,
+    pub norm: i32,
+    pub rb: i32,
+    pub vocab: i32,
+    pub scale: f32,
+}
+
+/// `ReduceTail` of kernels/gemv.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReduceTail {
+    pub w: DPtr,
+    pub out: DPtr,
+    pub add: DPtr,
+    pub counters: DPtr,
+    pub rb: i32,
 }

@@ -175,7 +175,7 @@ const NEAR_TIE: f64 = 0.05;
 
 /// `same-file SPEC|GGUF`: a quantized MoE model (a synthetic `SHAPE:QUANT`, written to a
 /// temporary file first, or a GGUF) on the CPU and on CUDA from the same file: a
-/// 48-token prompt in one call and in pieces of 7, then 24 teacher-forced decode steps;
+/// 120-token prompt in one call and in pieces of 7, then 24 teacher-forced decode steps;
 /// for every row the CPU's top-10 ids' log-probabilities on both, and greedy agreement.
 pub fn same_file(args: &[String]) -> Res<()> {
     let Some(what) = args.first() else {
@@ -195,8 +195,8 @@ pub fn same_file(args: &[String]) -> Res<()> {
     let cpu = loader::load_model_with(Arc::new(CpuBackend::new(8)?), &file, &path)?;
     let _ = std::fs::remove_file(&tmp);
     let v = cpu.info().n_vocab;
-    let tokens = ds4_cuda::parity::test_tokens(72, v, 7);
-    let (prompt, forced) = tokens.split_at(48);
+    let tokens = ds4_cuda::parity::test_tokens(144, v, 7);
+    let (prompt, forced) = tokens.split_at(120);
     let rows = |m: &Arc<dyn Model>, piece: usize| -> Res<Vec<f32>> {
         let mut cache = m.new_cache(256)?;
         let mut all = Vec::new();
