@@ -1004,6 +1004,19 @@ impl Backend for CudaBackend {
         Err(unsupported("store_rows"))
     }
 
+    fn rms_norm_cast_once(
+        &self,
+        _x: &CudaBuf,
+        _w: Option<&CudaWeight>,
+        _rows: usize,
+        _cols: usize,
+        _eps: f32,
+        _p: Prec,
+        _out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        Err(unsupported("rms_norm_cast_once"))
+    }
+
     fn layer_norm(
         &self,
         _x: &CudaBuf,
@@ -1065,6 +1078,7 @@ impl Backend for CudaBackend {
         _k: usize,
         _experts: &Experts<'_, CudaWeight>,
         _limit: Option<f32>,
+        _wp: Prec,
         _p: Prec,
         _out: &mut CudaBuf,
     ) -> EngineResult<()> {
