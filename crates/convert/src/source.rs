@@ -22,6 +22,21 @@ pub trait TensorSource: Sync {
     fn read(&self, name: &str) -> Result<Option<Vec<f32>>, ConvertError>;
     /// Every tensor name.
     fn names(&self) -> Vec<String>;
+    /// The stored dtype, shape and bytes of `name` (for the formats [`TensorSource::read`]
+    /// does not decode: FP8 and FP4 weights and their scales); `None` when absent or not
+    /// stored as raw bytes.
+    fn raw(&self, name: &str) -> Option<Raw> {
+        let _ = name;
+        None
+    }
+}
+
+/// A tensor as stored (see [`TensorSource::raw`]).
+#[derive(Debug, Clone)]
+pub struct Raw {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
 }
 
 /// The `*.safetensors` files of a checkpoint directory, memory-mapped.
@@ -88,9 +103,19 @@ pub fn to_f32(dtype: Dtype, bytes: &[u8], name: &str) -> Result<Vec<f32>, Conver
             .chunks_exact(2)
             .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
+        // Id tables (DeepSeek-V4's `tid2eid`): small integers, exact in f32.
+        Dtype::I64 => bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
+            .collect(),
+        Dtype::I32 => bytes
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32)
+            .collect(),
         other => {
             return Err(ConvertError::Tensor(format!(
-                "tensor '{name}' has dtype {other:?} (F32, BF16 or F16 expected)"
+                "tensor '{name}' has dtype {other:?} (F32, BF16, F16 or an integer id table expected; FP8 and \
+                 FP4 weights need their `.scale`)"
             )));
         }
     })
@@ -116,6 +141,18 @@ impl TensorSource for SafetensorsDir {
 
     fn names(&self) -> Vec<String> {
         self.index.keys().cloned().collect()
+    }
+
+    fn raw(&self, name: &str) -> Option<Raw> {
+        let &(fi, dtype, ref shape) = self.index.get(name)?;
+        let (_, map) = &self.maps[fi];
+        let st = SafeTensors::deserialize(map).ok()?;
+        let view = st.tensor(name).ok()?;
+        Some(Raw {
+            dtype,
+            shape: shape.clone(),
+            bytes: view.data().to_vec(),
+        })
     }
 }
 

@@ -1,9 +1,11 @@
 //! Tokenizer metadata: copied from another GGUF file (every `tokenizer.*` key), or built
 //! from a checkpoint's Hugging Face `tokenizer.json` (byte-level BPE) the way llama.cpp's
-//! converter does for GLM-4.5 and later (`tokenizer.ggml.model = gpt2`, pre-tokenizer
-//! `glm4`, special tokens `<|endoftext|>` (EOS, padding), `<|user|>` (end of turn) and
-//! `<|observation|>` (end of message), no BOS added, the chat template of
-//! `tokenizer_config.json` or `chat_template.jinja`).
+//! converter does (`tokenizer.ggml.model = gpt2`, the chat template of
+//! `tokenizer_config.json` or `chat_template.jinja`), per family ([`Flavor`]): GLM-4.5
+//! and later (pre-tokenizer `glm4`, special tokens `<|endoftext|>` (EOS, padding),
+//! `<|user|>` (end of turn), `<|observation|>` (end of message), no BOS added) and
+//! DeepSeek-V3/V4 (pre-tokenizer `deepseek-v3`, `<｜begin▁of▁sentence｜>` BOS,
+//! `<｜end▁of▁sentence｜>` EOS, BOS added as `tokenizer_config.json` says, default yes).
 
 use std::path::Path;
 
@@ -62,14 +64,64 @@ fn read_json(path: &Path) -> Result<Option<Json>, ConvertError> {
     }
 }
 
+/// How a family's tokenizer is written (see the module header).
+#[derive(Debug, Clone, Copy)]
+pub struct Flavor {
+    /// `tokenizer.ggml.pre`.
+    pub pre: &'static str,
+    /// `(tokenizer.ggml.{key}, token text)` of the special tokens.
+    pub specials: &'static [(&'static str, &'static str)],
+    /// `tokenizer.ggml.add_bos_token`; `None`: `tokenizer_config.json`'s
+    /// `add_bos_token` (default true).
+    pub add_bos: Option<bool>,
+}
+
+impl Flavor {
+    /// GLM-4.5 and later (GLM-5.3).
+    pub const GLM: Flavor = Flavor {
+        pre: "glm4",
+        specials: &[
+            ("eos_token_id", "<|endoftext|>"),
+            ("padding_token_id", "<|endoftext|>"),
+            ("eot_token_id", "<|user|>"),
+            ("eom_token_id", "<|observation|>"),
+            ("bos_token_id", "[gMASK]"),
+        ],
+        add_bos: Some(false),
+    };
+    /// DeepSeek-V3 and V4.
+    pub const DEEPSEEK: Flavor = Flavor {
+        pre: "deepseek-v3",
+        specials: &[
+            ("bos_token_id", "<｜begin▁of▁sentence｜>"),
+            ("eos_token_id", "<｜end▁of▁sentence｜>"),
+            ("padding_token_id", "<｜end▁of▁sentence｜>"),
+        ],
+        add_bos: None,
+    };
+}
+
+/// GLM's tokenizer (see [`from_hf_with`]).
+///
+/// # Errors
+/// As [`from_hf_with`].
+pub fn from_hf(dir: &Path, n_vocab: usize) -> Result<Option<Vec<(String, Value)>>, ConvertError> {
+    from_hf_with(dir, n_vocab, &Flavor::GLM)
+}
+
 /// The `tokenizer.*` metadata of the checkpoint in `dir` (from `tokenizer.json`,
-/// `tokenizer_config.json`, `chat_template.jinja`), with the token list padded to
-/// `n_vocab` entries (`[PAD{i}]`, unused); `None` when there is no `tokenizer.json`.
+/// `tokenizer_config.json`, `chat_template.jinja`) in `flavor`, with the token list
+/// padded to `n_vocab` entries (`[PAD{i}]`, unused); `None` when there is no
+/// `tokenizer.json`.
 ///
 /// # Errors
 /// [`ConvertError::Config`] for a tokenizer that is not byte-level BPE, duplicate or
 /// missing ids, or more tokens than `n_vocab`.
-pub fn from_hf(dir: &Path, n_vocab: usize) -> Result<Option<Vec<(String, Value)>>, ConvertError> {
+pub fn from_hf_with(
+    dir: &Path,
+    n_vocab: usize,
+    flavor: &Flavor,
+) -> Result<Option<Vec<(String, Value)>>, ConvertError> {
     let Some(tok) = read_json(&dir.join("tokenizer.json"))? else {
         return Ok(None);
     };
@@ -151,25 +203,27 @@ pub fn from_hf(dir: &Path, n_vocab: usize) -> Result<Option<Vec<(String, Value)>
         ),
         (
             "tokenizer.ggml.pre".to_string(),
-            Value::String("glm4".into()),
+            Value::String(flavor.pre.into()),
         ),
     ];
-    for (key, text) in [
-        ("eos_token_id", "<|endoftext|>"),
-        ("padding_token_id", "<|endoftext|>"),
-        ("eot_token_id", "<|user|>"),
-        ("eom_token_id", "<|observation|>"),
-        ("bos_token_id", "[gMASK]"),
-    ] {
+    for &(key, text) in flavor.specials {
         if let Some(id) = id_of(text) {
             kv.push((format!("tokenizer.ggml.{key}"), id));
         }
     }
-    kv.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)));
+    let config = read_json(&dir.join("tokenizer_config.json"))?;
+    let add_bos = flavor.add_bos.unwrap_or_else(|| {
+        config
+            .as_ref()
+            .and_then(|c| c.get("add_bos_token"))
+            .and_then(Json::as_bool)
+            .unwrap_or(true)
+    });
+    kv.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(add_bos)));
     kv.push(("tokenizer.ggml.tokens".into(), Value::Array(texts)));
     kv.push(("tokenizer.ggml.token_type".into(), Value::Array(types)));
     kv.push(("tokenizer.ggml.merges".into(), Value::Array(merges)));
-    let template = match read_json(&dir.join("tokenizer_config.json"))?.and_then(|c| {
+    let template = match config.and_then(|c| {
         c.get("chat_template")
             .and_then(Json::as_str)
             .map(str::to_string)
