@@ -1067,7 +1067,11 @@ impl Raw {
                 out.push(e[r * nb + b]);
                 let code = |j: usize| {
                     let x = self.bytes[r * cols / 2 + b * 16 + j / 2];
-                    if j.is_multiple_of(2) { x & 0x0f } else { x >> 4 }
+                    if j.is_multiple_of(2) {
+                        x & 0x0f
+                    } else {
+                        x >> 4
+                    }
                 };
                 for j in 0..16 {
                     out.push(code(j) | (code(j + 16) << 4));

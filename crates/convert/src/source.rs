@@ -156,22 +156,39 @@ impl TensorSource for SafetensorsDir {
     }
 }
 
-/// Tensors held in memory (name → shape, values).
+/// Tensors held in memory (name → shape, values; or stored bytes in `raw`).
 #[derive(Default)]
 pub struct MemorySource {
     pub tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    /// Tensors as stored (FP8, FP4 and their scales).
+    pub raw: BTreeMap<String, Raw>,
 }
 
 impl TensorSource for MemorySource {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.tensors.get(name).map(|(s, _)| s.clone())
+        self.tensors
+            .get(name)
+            .map(|(s, _)| s.clone())
+            .or_else(|| self.raw.get(name).map(|r| r.shape.clone()))
     }
 
     fn read(&self, name: &str) -> Result<Option<Vec<f32>>, ConvertError> {
-        Ok(self.tensors.get(name).map(|(_, v)| v.clone()))
+        match (self.tensors.get(name), self.raw.get(name)) {
+            (Some((_, v)), _) => Ok(Some(v.clone())),
+            (None, Some(r)) => to_f32(r.dtype, &r.bytes, name).map(Some),
+            (None, None) => Ok(None),
+        }
     }
 
     fn names(&self) -> Vec<String> {
-        self.tensors.keys().cloned().collect()
+        self.tensors
+            .keys()
+            .chain(self.raw.keys())
+            .cloned()
+            .collect()
+    }
+
+    fn raw(&self, name: &str) -> Option<Raw> {
+        self.raw.get(name).cloned()
     }
 }
