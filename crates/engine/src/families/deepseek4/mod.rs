@@ -62,6 +62,7 @@ pub(crate) const OPS: &[&str] = &[
     "copy",
     "read",
     "read_ids",
+    "write",
     "store_rows",
     "moe_route",
     "moe_experts",
@@ -285,6 +286,16 @@ impl<B: Backend> DeepSeek4<B> {
         let n_embd = hp.usize("embedding_length")?;
         let tok_embd = l.embedding("token_embd.weight", n_embd)?;
         let n_vocab = l.rows_of("token_embd.weight")?;
+        if hp.usize_or("nextn_predict_layers", 0)? > 0
+            && l.find(&["blk.0.attn_norm.weight"]).is_none()
+        {
+            return Err(EngineError::Config(format!(
+                "{}: an MTP-only file (llama.cpp's `--mtp` output: the nextn block without the trunk's \
+                 layers); convert the checkpoint with `ds4-server convert --mtp` to get the trunk and \
+                 its MTP block in one file",
+                file.label()
+            )));
+        }
         let cfg = Config::from_gguf(&hp, n_vocab, dtype)?;
         let d = cfg.n_embd;
         let output_norm = l.vector("output_norm.weight", d)?;

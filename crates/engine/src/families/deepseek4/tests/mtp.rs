@@ -14,6 +14,12 @@ use crate::families::deepseek4::mtp::MtpState;
 
 /// `small_rates` with an MTP block 5.
 fn with_mtp() -> Cpu {
+    load(with_mtp_bytes(true))
+}
+
+/// The bytes of `small_rates` with an MTP block 5 (`trunk`: with the trunk's layers, as
+/// our converter writes; without: as llama.cpp's MTP-only files).
+fn with_mtp_bytes(trunk: bool) -> Vec<u8> {
     let src = GgufFile::from_bytes(llamacpp_bytes(&dir("small_rates_f32"))).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in src.metadata().iter() {
@@ -31,13 +37,15 @@ fn with_mtp() -> Cpu {
     w.add_metadata("deepseek4.nextn_predict_layers", Value::U32(1))
         .unwrap();
     for t in src.tensors() {
-        w.add_tensor(
-            t.name.clone(),
-            &t.dims,
-            t.dtype,
-            src.tensor_data(t).to_vec(),
-        )
-        .unwrap();
+        if trunk || !t.name.starts_with("blk.") {
+            w.add_tensor(
+                t.name.clone(),
+                &t.dims,
+                t.dtype,
+                src.tensor_data(t).to_vec(),
+            )
+            .unwrap();
+        }
         if let Some(rest) = t.name.strip_prefix("blk.2.") {
             w.add_tensor(
                 format!("blk.5.{rest}"),
@@ -76,7 +84,7 @@ fn with_mtp() -> Cpu {
         )
         .unwrap();
     }
-    load(w.to_bytes())
+    w.to_bytes()
 }
 
 /// The MTP logits of the prompt: row `i` pairs token `i + 1` with the trunk's streams
@@ -156,4 +164,11 @@ fn mtp_head_loads_runs_and_rewinds() {
         .unwrap()
         .to_string();
     assert!(e.contains("no MTP block"), "{e}");
+    // llama.cpp's MTP-only files are refused, saying what to do instead.
+    let f = Arc::new(GgufFile::from_bytes(with_mtp_bytes(false)).unwrap());
+    let e = DeepSeek4::load(Arc::new(CpuBackend::new(1).unwrap()), &f, "x".into())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("MTP-only") && e.contains("--mtp"), "{e}");
 }
