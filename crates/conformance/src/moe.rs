@@ -348,7 +348,18 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
                     up: &up,
                     down: &down,
                 };
-                b.moe_experts(&xb, rows, &idb, &wb, k, &ex, limit, Prec::F32, &mut out)?;
+                b.moe_experts(
+                    &xb,
+                    rows,
+                    &idb,
+                    &wb,
+                    k,
+                    &ex,
+                    limit,
+                    Prec::F32,
+                    Prec::F32,
+                    &mut out,
+                )?;
                 let lim = limit.map_or(f64::INFINITY, f64::from);
                 let mut want = vec![0f64; rows * d];
                 for t in 0..rows {

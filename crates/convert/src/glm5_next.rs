@@ -734,7 +734,7 @@ fn moe(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
 }
 
 /// llama.cpp's `general.file_type` for the main output type.
-fn file_type(o: OutType) -> u32 {
+pub(crate) fn file_type(o: OutType) -> u32 {
     match o {
         OutType::F32 => 0,
         OutType::F16 => 1,
@@ -743,6 +743,7 @@ fn file_type(o: OutType) -> u32 {
         OutType::Q4K => 15,
         OutType::Iq2Xxs => 19,
         OutType::Bf16 => 32,
+        OutType::Mxfp4 => 38,
     }
 }
 

@@ -1,5 +1,5 @@
 //! Output types and the encoding of f32 tensors into them with `ds4-quant`'s reference
-//! quantizers (ggml's `quantize_row_*_ref`; IQ2_XXS without an importance matrix weighs
+//! quantizers (ggml's `quantize_row_*_ref`, MXFP4 included; IQ2_XXS without an importance matrix weighs
 //! the error by `x²`, i.e. by weight magnitude).
 
 use ds4_gguf::GgmlType;
@@ -24,6 +24,9 @@ pub enum OutType {
     Q2K,
     #[value(name = "iq2_xxs")]
     Iq2Xxs,
+    /// MXFP4 (32-value blocks, an E8M0 scale): DeepSeek-V4's routed experts.
+    #[value(name = "mxfp4")]
+    Mxfp4,
 }
 
 impl OutType {
@@ -37,6 +40,7 @@ impl OutType {
             OutType::Q4K => GgmlType::Q4_K,
             OutType::Q2K => GgmlType::Q2_K,
             OutType::Iq2Xxs => GgmlType::IQ2_XXS,
+            OutType::Mxfp4 => GgmlType::MXFP4,
         }
     }
 

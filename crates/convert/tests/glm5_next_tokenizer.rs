@@ -82,6 +82,7 @@ fn hf_tokenizer_and_template_convert_and_load() {
         output: out.clone(),
         outtype: OutType::F32,
         expert_type: None,
+        mtp: false,
         vocab_from: None,
         name: None,
         synthetic: None,

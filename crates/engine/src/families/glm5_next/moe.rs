@@ -116,6 +116,7 @@ impl<B: Backend> Moe<B> {
             call.routing.n_used,
             &experts,
             call.limit_exp,
+            Prec::F32,
             p,
             &mut sc.y,
         )?;
