@@ -66,6 +66,8 @@ impl CudaKv {
 /// One step's inputs: they live in the device's step buffer; this records how many.
 pub struct CudaStep {
     pub(crate) n_tok: usize,
+    /// Position of the step's first token.
+    pub(crate) pos0: usize,
 }
 
 /// Counters of what the backend ran, for `bench`.
@@ -398,7 +400,10 @@ impl CudaBackend {
                 return Ok(());
             }
             let cmds = self.lower(st, &rec)?;
-            if !cmds.iter().any(|c| matches!(c, Cmd::Gemm { .. })) {
+            if !cmds
+                .iter()
+                .any(|c| matches!(c, Cmd::Gemm { .. } | Cmd::Sgemm(_)))
+            {
                 let n = cmds.len();
                 let captured = {
                     let gpu = self.gpu.clone();
@@ -513,6 +518,14 @@ impl CudaBackend {
                 Cmd::Gemm { w, x, rows, out } => {
                     self.gemm(st, w, *x, *rows as usize, *out, pdl)?;
                     launches += 3;
+                }
+                Cmd::Sgemm(g) => {
+                    if st.blas.is_none() {
+                        st.blas = Some(Blas::new(&self.gpu)?);
+                    }
+                    st.blas.as_ref().expect("created").sgemm(g)?;
+                    st.stats.gemms += 1;
+                    launches += 1;
                 }
             }
         }
@@ -801,6 +814,7 @@ impl Backend for CudaBackend {
         );
         Ok(CudaStep {
             n_tok: tokens.len(),
+            pos0,
         })
     }
 
@@ -1291,7 +1305,7 @@ impl Backend for CudaBackend {
 
     fn mla_attention(
         &self,
-        _step: &CudaStep,
+        step: &CudaStep,
         q: &CudaBuf,
         latent: &CudaBuf,
         k_b: &CudaWeight,
@@ -1302,7 +1316,7 @@ impl Backend for CudaBackend {
         p: Prec,
         out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        self.mla_op(q, latent, k_b, v_b, sel, rows, shape, p, out)
+        self.mla_op(q, latent, k_b, v_b, sel, rows, shape, p, step.pos0, out)
     }
 
     fn sink_attention(

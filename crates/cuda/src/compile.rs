@@ -68,6 +68,7 @@ pub const SOURCES: &[Source] = &[
             "swiglu_ref",
             "add_round",
             "scale_sigmoid",
+            "to_f32",
         ],
     },
     Source {
@@ -158,6 +159,7 @@ pub const SOURCES: &[Source] = &[
             "dsa_topk",
             "mla_attend",
             "mla_expand",
+            "mla_softmax",
         ],
     },
 ];

@@ -50,6 +50,8 @@ pub enum Cmd {
         rows: u32,
         out: DPtr,
     },
+    /// An f32 cuBLAS product as recorded.
+    Sgemm(crate::gemm::Sgemm),
 }
 
 /// Scratch memory of the decode attention (fixed for the backend's lifetime, so captured
@@ -1005,6 +1007,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
             }));
         }
         Op::FloatGemv(_) => cmds.push(float_group(std::slice::from_ref(op), 0, cx).1),
+        Op::Sgemm(g) => cmds.push(Cmd::Sgemm(g)),
         Op::ExpertsDown {
             e,
             tail,

@@ -125,6 +125,8 @@ pub enum Op {
         grid_x: u32,
         smem: u32,
     },
+    /// An f32 cuBLAS product (multi-token float products, MLA's prefill attention).
+    Sgemm(crate::gemm::Sgemm),
     /// A launch recorded as is (the MoE families' operations, `crate::moe_ops`).
     Kernel(KernelOp),
 }
