@@ -32,7 +32,7 @@ use crate::error::{CudaError, Result};
 use crate::gemm::Blas;
 use crate::graph::GraphCache;
 use crate::kernels::Kernels;
-use crate::lower::{AttnScratch, Cmd, Ctx, lower};
+use crate::lower::{AttnScratch, Cmd, Ctx, lower_traced};
 use crate::ops::{MatRef, Op, Recording, RopeArgs, step_bytes};
 use crate::weights::{CudaWeight, Source, load};
 
@@ -93,6 +93,8 @@ pub struct Stats {
 /// One line of a kernel profile (see [`CudaBackend::set_profile`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileRow {
+    /// The model part ([`ds4_engine::backend::Backend::region`]; `""` when unlabelled).
+    pub region: &'static str,
     pub label: &'static str,
     pub launches: u64,
     /// Device time in ms, from events around each launch.
@@ -378,6 +380,7 @@ impl CudaBackend {
                 step_ptr: 0,
                 ops: Vec::new(),
                 keep: Vec::new(),
+                regions: Vec::new(),
             })
             .push(op, keep);
     }
@@ -399,7 +402,7 @@ impl CudaBackend {
                 st.stats.decode_kernels = st.graphs.get(i).kernels;
                 return Ok(());
             }
-            let cmds = self.lower(st, &rec)?;
+            let (cmds, regions) = self.lower(st, &rec)?;
             if !cmds
                 .iter()
                 .any(|c| matches!(c, Cmd::Gemm { .. } | Cmd::Sgemm(_)))
@@ -431,19 +434,20 @@ impl CudaBackend {
                             "graph capture with programmatic dependent launch failed ({e}); disabling it"
                         );
                         self.pdl.store(false, Ordering::Relaxed);
-                        return self.run_eager(st, cmds, false, 1);
+                        return self.run_eager(st, cmds, &regions, false, 1);
                     }
                     Err(e) => return Err(e),
                 }
             }
-            return self.run_eager(st, cmds, pdl, rec.n_tok);
+            return self.run_eager(st, cmds, &regions, pdl, rec.n_tok);
         }
-        let cmds = self.lower(st, &rec)?;
-        self.run_eager(st, cmds, pdl, rec.n_tok)
+        let (cmds, regions) = self.lower(st, &rec)?;
+        self.run_eager(st, cmds, &regions, pdl, rec.n_tok)
         // `rec.keep` drops here, after its kernels were enqueued.
     }
 
-    fn lower(&self, st: &State, rec: &Recording) -> Result<Vec<Cmd>> {
+    /// The recording's commands and the region of each.
+    fn lower(&self, st: &State, rec: &Recording) -> Result<(Vec<Cmd>, Vec<&'static str>)> {
         let occ = |f, threads: u32, smem: u32| self.gpu.occupancy(f, threads, smem);
         let cx = Ctx {
             k: &self.k,
@@ -457,7 +461,9 @@ impl CudaBackend {
             n_tok: rec.n_tok,
             attn: st.attn,
         };
-        lower(&rec.ops, &cx)
+        let (cmds, origin) = lower_traced(&rec.ops, &cx)?;
+        let regions = origin.iter().map(|&i| rec.region_of(i)).collect();
+        Ok((cmds, regions))
     }
 
     fn timed_graph_launch(&self, st: &mut State, i: usize) -> Result<()> {
@@ -491,7 +497,14 @@ impl CudaBackend {
         }
     }
 
-    fn run_eager(&self, st: &mut State, cmds: Vec<Cmd>, pdl: bool, n_tok: usize) -> Result<()> {
+    fn run_eager(
+        &self,
+        st: &mut State,
+        cmds: Vec<Cmd>,
+        regions: &[&'static str],
+        pdl: bool,
+        n_tok: usize,
+    ) -> Result<()> {
         let profile = self.profile.load(Ordering::Relaxed);
         let n_launch = cmds.iter().filter(|c| matches!(c, Cmd::Launch(_))).count();
         if profile {
@@ -501,7 +514,7 @@ impl CudaBackend {
         }
         let mut launches = 0;
         let mut timed = Vec::new();
-        for c in &cmds {
+        for (c, &region) in cmds.iter().zip(regions) {
             match c {
                 Cmd::Launch(l) => {
                     if profile {
@@ -511,7 +524,7 @@ impl CudaBackend {
                         .launch(l.f, l.grid, l.block, l.smem, &l.args, pdl && !profile)?;
                     if profile {
                         st.profile_events[2 * timed.len() + 1].record()?;
-                        timed.push((l.label, l.bytes));
+                        timed.push((region, l.label, l.bytes));
                     }
                     launches += 1;
                 }
@@ -530,15 +543,20 @@ impl CudaBackend {
             }
         }
         if profile {
-            for (k, (label, bytes)) in timed.into_iter().enumerate() {
+            for (k, (region, label, bytes)) in timed.into_iter().enumerate() {
                 let ms = st.profile_events[2 * k].elapsed_ms(&st.profile_events[2 * k + 1])? as f64;
-                match st.profile.iter_mut().find(|r| r.label == label) {
+                match st
+                    .profile
+                    .iter_mut()
+                    .find(|r| r.label == label && r.region == region)
+                {
                     Some(r) => {
                         r.launches += 1;
                         r.ms += ms;
                         r.bytes += bytes;
                     }
                     None => st.profile.push(ProfileRow {
+                        region,
                         label,
                         launches: 1,
                         ms,
@@ -711,6 +729,15 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn region(&self, name: &'static str) {
+        let tid = std::thread::current().id();
+        let mut st = self.lock();
+        if let Some(rec) = st.recs.get_mut(&tid) {
+            let at = rec.ops.len();
+            rec.regions.push((at, name));
+        }
+    }
+
     fn memory_available(&self) -> Option<u64> {
         self.gpu.mem_info().ok().map(|(free, _)| free as u64)
     }
@@ -810,6 +837,7 @@ impl Backend for CudaBackend {
                 step_ptr: ptr,
                 ops: Vec::new(),
                 keep: Vec::new(),
+                regions: Vec::new(),
             },
         );
         Ok(CudaStep {
