@@ -356,6 +356,9 @@ fn random_pools(rng: &mut Rng, visible: usize, k: usize) -> Vec<i32> {
     ids
 }
 
+/// Rows of f64 values (one per token).
+type Rows = Vec<Vec<f64>>;
+
 fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
     let (ha, dn, dv, rkv) = (64usize, 256usize, 256usize, 512usize);
     // Few queries (decode and short calls) and many (prefill: GEMMs on CUDA).
@@ -441,7 +444,7 @@ fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
                         })
                         .collect()
                 };
-                let heads: Vec<(Vec<Vec<f64>>, Vec<Vec<f64>>)> = (0..ha)
+                let heads: Vec<(Rows, Rows)> = (0..ha)
                     .map(|h| {
                         (
                             expand(&kbv[h * rkv * dn..(h + 1) * rkv * dn], dn, true),
