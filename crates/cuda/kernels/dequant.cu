@@ -17,7 +17,7 @@ extern "C" __global__ void split_plane(const u8* src, u8* dst, i64 n_blocks, int
 }
 
 // splitmix64 (Steele, Lea, Flood 2014): the synthetic-weight generator, mirrored in
-// src/synth/gen.rs so that host and device produce the same bytes.
+// src/synth/generate.rs so that host and device produce the same bytes.
 __device__ __forceinline__ u64 splitmix64(u64 x) {
     u64 z = x + 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -30,7 +30,7 @@ __device__ __forceinline__ void put_u16(u8* p, u16 v) {
     p[1] = (u8)(v >> 8);
 }
 
-// Random valid blocks of type `ty` (see src/synth/gen.rs for the scheme): random bytes,
+// Random valid blocks of type `ty` (see src/synth/generate.rs for the scheme): random bytes,
 // then the f16 scales set to finite values of a fixed exponent and random mantissa.
 extern "C" __global__ void synth_blocks(u8* dst, int ty, int block_bytes, i64 n_blocks, u64 key) {
     for (i64 b = blockIdx.x * (i64)blockDim.x + threadIdx.x; b < n_blocks; b += (i64)gridDim.x * blockDim.x) {

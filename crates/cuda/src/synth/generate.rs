@@ -75,6 +75,10 @@ pub fn block(ty: GgmlType, key: u64, b: u64, out: &mut [u8]) {
             out[208..210].copy_from_slice(&f16_bits(1, m));
         }
         IQ2_XXS => out[0..2].copy_from_slice(&f16_bits(4, m)),
+        Q2_K => {
+            out[80..82].copy_from_slice(&f16_bits(3, m));
+            out[82..84].copy_from_slice(&f16_bits(3, m));
+        }
         _ => {}
     }
 }
@@ -136,7 +140,11 @@ mod tests {
         for ty in crate::layout::MATRIX_TYPES {
             let data = blocks(ty, tensor_key(7, "blk.0.attn_q.weight"), 64);
             for blk in data.chunks(ty.type_size()) {
-                let d_at = if ty == GgmlType::Q6_K { 208 } else { 0 };
+                let d_at = match ty {
+                    GgmlType::Q6_K => 208,
+                    GgmlType::Q2_K => 80,
+                    _ => 0,
+                };
                 let d = half::f16::from_le_bytes([blk[d_at], blk[d_at + 1]]).to_f32();
                 assert!(d.is_finite() && d > 0.0 && d < 0.01, "{ty}: d = {d}");
             }
