@@ -1,6 +1,6 @@
 // Weight preparation and dequantization: splitting GGUF blocks into field planes,
-// generating synthetic blocks, embedding rows (get_rows) and whole matrices to bf16
-// for the prefill GEMMs.
+// generating synthetic blocks and floats, embedding rows (get_rows) and whole matrices
+// to bf16 for the prefill GEMMs.
 
 #include "common.cuh"
 
@@ -56,6 +56,17 @@ extern "C" __global__ void synth_blocks(u8* dst, int ty, int block_bytes, i64 n_
         case T_Q2_K: put_u16(o + 80, (u16)((3u << 10) | mant)); put_u16(o + 82, (u16)((3u << 10) | mant)); break;
         default: break;
         }
+    }
+}
+
+// Random floats of a synthetic tensor (see src/synth/generate.rs `float`): element i is
+// (u - 2^23) * 2^-28 with u the top 24 bits of splitmix64(key ^ i * 0x9E3779B97F4A7C15),
+// exact in f32, stored as f16 or bf16 (`ty`) rounded to nearest even.
+extern "C" __global__ void synth_floats(u16* dst, int ty, i64 n, u64 key) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const i32 u = (i32)(splitmix64(key ^ ((u64)i * 0x9E3779B97F4A7C15ull)) >> 40);
+        const float x = __fmul_rn((float)(u - (1 << 23)), 3.7252902984619140625e-9f);
+        dst[i] = ty == T_BF16 ? f2bf(x) : f2h(x);
     }
 }
 

@@ -177,20 +177,8 @@ pub fn load(
             gpu.htod(stage, data)?;
         }
         Source::Synthetic(seed) => {
-            let mut a = Args::new();
-            a.push(stage)
-                .push(ty as i32)
-                .push(ty.type_size() as i32)
-                .push(n_blocks as i64)
-                .push(generate::tensor_key(seed, &info.name));
-            gpu.launch(
-                k.synth_blocks,
-                grid(n_blocks as u64, gpu),
-                256,
-                0,
-                &a,
-                false,
-            )?;
+            let key = generate::tensor_key(seed, &info.name);
+            launch_synth_blocks(gpu, k, stage, ty, n_blocks, key)?;
         }
     }
     let mem = gpu.alloc(layout.total)?;
@@ -263,6 +251,41 @@ fn load_float(
     })
 }
 
+/// Generates `n_blocks` random blocks of `ty` with `key` at `dst` (GGUF layout) with
+/// `synth_blocks` ([`crate::synth::generate::blocks`] on the host).
+fn launch_synth_blocks(
+    gpu: &Arc<Gpu>,
+    k: &Kernels,
+    dst: DPtr,
+    ty: GgmlType,
+    n_blocks: usize,
+    key: u64,
+) -> Result<()> {
+    let mut a = Args::new();
+    a.push(dst)
+        .push(ty as i32)
+        .push(ty.type_size() as i32)
+        .push(n_blocks as i64)
+        .push(key);
+    let g = grid(n_blocks as u64, gpu);
+    gpu.launch(k.synth_blocks, g, 256, 0, &a, false)
+}
+
+/// Generates `n` random floats of `ty` (F16 or BF16) with `key` at `dst` with
+/// `synth_floats` ([`crate::synth::generate::floats`] on the host).
+fn launch_synth_floats(
+    gpu: &Arc<Gpu>,
+    k: &Kernels,
+    dst: DPtr,
+    ty: GgmlType,
+    n: usize,
+    key: u64,
+) -> Result<()> {
+    let mut a = Args::new();
+    a.push(dst).push(ty as i32).push(n as i64).push(key);
+    gpu.launch(k.synth_floats, grid(n as u64, gpu), 256, 0, &a, false)
+}
+
 /// A float weight built from values at load time (`Backend::weight_f32`), ggml dims
 /// `{cols, rows[, n]}`.
 pub fn from_values(gpu: &Arc<Gpu>, dims: &[usize], values: &[f32]) -> Result<CudaWeight> {
@@ -330,31 +353,23 @@ pub(crate) fn as_bytes(v: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
-/// Generates `n_blocks` synthetic blocks of `ty` with `key` on the device and copies
-/// them back (GGUF layout), to check the device generator against the host's.
+/// Generates `n` synthetic blocks of a quantized `ty`, or `n` random floats of F16 or
+/// BF16, with `key` on the device and copies them back (GGUF layout), to check the
+/// device generators against the host's.
 pub fn synth_on_device(
     gpu: &Arc<Gpu>,
     k: &Kernels,
     ty: GgmlType,
     key: u64,
-    n_blocks: usize,
+    n: usize,
 ) -> Result<Vec<u8>> {
-    let bytes = n_blocks * ty.type_size();
+    let bytes = n * ty.type_size();
     let mem = gpu.alloc(bytes)?;
-    let mut a = Args::new();
-    a.push(mem.ptr())
-        .push(ty as i32)
-        .push(ty.type_size() as i32)
-        .push(n_blocks as i64)
-        .push(key);
-    gpu.launch(
-        k.synth_blocks,
-        grid(n_blocks as u64, gpu),
-        256,
-        0,
-        &a,
-        false,
-    )?;
+    if matches!(ty, GgmlType::F16 | GgmlType::BF16) {
+        launch_synth_floats(gpu, k, mem.ptr(), ty, n, key)?;
+    } else {
+        launch_synth_blocks(gpu, k, mem.ptr(), ty, n, key)?;
+    }
     let mut out = vec![0u8; bytes];
     gpu.dtoh(&mut out, mem.ptr())?;
     Ok(out)

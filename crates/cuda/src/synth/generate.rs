@@ -1,6 +1,6 @@
-//! The synthetic-weight generator, shared by the host (GGUF files) and the device
-//! (`synth_blocks` in `kernels/dequant.cu`), so that a model built in GPU memory and the
-//! same model written to a file hold identical bytes.
+//! The synthetic-weight generators, shared by the host (GGUF files) and the device
+//! (`synth_blocks` and `synth_floats` in `kernels/dequant.cu`), so that a model built in
+//! GPU memory and the same model written to a file hold identical bytes.
 //!
 //! Every byte of block `b` of a tensor comes from splitmix64 (Steele, Lea, Flood 2014)
 //! counters: `base = splitmix64(key ^ b·0xD1B54A32D192ED03)`, word `i` of the block is
@@ -10,6 +10,11 @@
 //! `splitmix64(base ^ 0xA5A5…)`), chosen so that weights have a standard deviation of
 //! about 0.02, and Q6_K's int8 sub-block scales are folded into [-32, 31]. Everything is
 //! integer arithmetic, so host and device agree bit for bit.
+//!
+//! Random floats ([`floats`]): element `i` draws 24 bits
+//! `u = splitmix64(key ^ i·0x9E3779B97F4A7C15) >> 40` and is `(u − 2²³)·2⁻²⁸`, uniform in
+//! [-1/32, 1/32) (standard deviation 0.018), exact in f32 and rounded to the tensor's type
+//! (F16, BF16) to nearest even: one rounding, the same on host and device.
 //!
 //! Vectors (norm weights, biases) are f32 and generated on the host only: norm weights
 //! uniform in [0.5, 1.5), biases in [-0.1, 0.1).
@@ -102,6 +107,40 @@ pub fn blocks(ty: GgmlType, key: u64, n_blocks: usize) -> Vec<u8> {
     out
 }
 
+/// 24 random bits for element `i` of the tensor with key `key`.
+fn unit_bits(key: u64, i: u64) -> u32 {
+    (splitmix64(key ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 40) as u32
+}
+
+/// Random float `i` of the tensor with key `key`: uniform in [-1/32, 1/32), exact in f32.
+pub fn float(key: u64, i: u64) -> f32 {
+    (unit_bits(key, i) as i32 - (1 << 23)) as f32 * (1.0 / 268_435_456.0)
+}
+
+/// `n` random floats (see [`float`]) of type `ty` (F32, F16 or BF16; rounded to nearest
+/// even), as the tensor's bytes, generated in parallel.
+///
+/// # Panics
+/// On another type (callers choose the type from the model's plan).
+pub fn floats(ty: GgmlType, key: u64, n: usize) -> Vec<u8> {
+    let size = ty.type_size();
+    let mut out = vec![0u8; n * size];
+    out.par_chunks_mut(size * 4096)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            for (j, e) in chunk.chunks_mut(size).enumerate() {
+                let x = float(key, (c * 4096 + j) as u64);
+                match ty {
+                    GgmlType::F32 => e.copy_from_slice(&x.to_le_bytes()),
+                    GgmlType::F16 => e.copy_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+                    GgmlType::BF16 => e.copy_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+                    _ => panic!("random floats of type {ty}"),
+                }
+            }
+        });
+    out
+}
+
 /// A synthetic f32 vector: biases (names ending in `.bias`) in [-0.1, 0.1), other
 /// vectors (norm weights) in [0.5, 1.5).
 pub fn vector(seed: u64, name: &str, len: usize) -> Vec<f32> {
@@ -118,6 +157,7 @@ pub fn vector(seed: u64, name: &str, len: usize) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::DEFAULT_SEED;
     use super::*;
 
     #[test]
@@ -163,5 +203,34 @@ mod tests {
                 .iter()
                 .all(|v| (-0.1..0.1).contains(v))
         );
+    }
+
+    #[test]
+    fn floats_match_known_values() {
+        // Independent reference: splitmix64 and numpy's float16 (round to nearest even)
+        // in Python; bf16 rounded to nearest even by hand from the f32 bits.
+        let key = tensor_key(DEFAULT_SEED, "blk.0.ssm_f_a.weight");
+        let f32s: Vec<u32> = (4..8).map(|i| float(key, i).to_bits()).collect();
+        assert_eq!(f32s, [0xbbb0_e008, 0x3adb_8460, 0xbc91_c776, 0x399a_2e00]);
+        let bits = |ty| {
+            floats(ty, key, 8)[8..]
+                .chunks(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect::<Vec<u16>>()
+        };
+        assert_eq!(bits(GgmlType::F16), [0x9d87, 0x16dc, 0xa48e, 0x0cd1]);
+        assert_eq!(bits(GgmlType::BF16), [0xbbb1, 0x3adc, 0xbc92, 0x399a]);
+        let all = floats(GgmlType::F32, key, 100_000);
+        let v: Vec<f64> = all
+            .chunks(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect();
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
+        assert!(
+            mean.abs() < 5e-4 && (sd - 0.018).abs() < 5e-4,
+            "{mean} {sd}"
+        );
+        assert!(v.iter().all(|x| (-1.0 / 32.0..1.0 / 32.0).contains(x)));
     }
 }
