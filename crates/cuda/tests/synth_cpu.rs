@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use ds4_cuda::parity::test_tokens;
-use ds4_cuda::synth::{QUANTS, Spec, write_gguf};
+use ds4_cuda::synth::dense::QUANTS;
+use ds4_cuda::synth::{Spec, write_gguf};
 use ds4_engine::Session;
 use ds4_gguf::GgufFile;
 
@@ -21,9 +22,9 @@ fn every_quant_runs_on_the_cpu_with_finite_spread_logits() {
             write_gguf(&spec, &path).unwrap();
             let file = Arc::new(GgufFile::open(&path).unwrap());
             let model = ds4_engine::loader::load_model(&file, &path).unwrap();
-            assert_eq!(model.info().n_vocab, spec.shape.n_vocab);
+            assert_eq!(model.info().n_vocab, spec.n_vocab());
             let mut s = Session::new(model.clone(), 16).unwrap();
-            let toks = test_tokens(6, spec.shape.n_vocab, 3);
+            let toks = test_tokens(6, spec.n_vocab(), 3);
             let l = s.prefill(&toks, &mut |_, _| {}).unwrap().to_vec();
             assert!(l.iter().all(|v| v.is_finite()), "{name}: non-finite logits");
             let mean = l.iter().map(|&v| v as f64).sum::<f64>() / l.len() as f64;
@@ -46,7 +47,7 @@ fn the_cpu_backend_is_within_int8_activation_noise_of_the_f64_reference() {
         write_gguf(&spec, &path).unwrap();
         let file = Arc::new(GgufFile::open(&path).unwrap());
         let model = ds4_engine::loader::load_model(&file, &path).unwrap();
-        let toks = test_tokens(8, spec.shape.n_vocab, 5);
+        let toks = test_tokens(8, spec.n_vocab(), 5);
         let mut s = Session::new(model, 16).unwrap();
         let cpu = s.forward_all(&toks).unwrap();
         let reference = ds4_cuda::reference::logits(&file, &toks).unwrap();

@@ -2,25 +2,30 @@
 //! (`synth_blocks` and `synth_floats` in `kernels/dequant.cu`), so that a model built in
 //! GPU memory and the same model written to a file hold identical bytes.
 //!
-//! Every byte of block `b` of a tensor comes from splitmix64 (Steele, Lea, Flood 2014)
-//! counters: `base = splitmix64(key ^ b·0xD1B54A32D192ED03)`, word `i` of the block is
-//! `splitmix64(base + i)` (little-endian, truncated to the block size), with
-//! `key = splitmix64(seed ^ fnv1a64(tensor name))`. Then the f16 scales are overwritten
-//! with finite values of a fixed exponent per type and a random mantissa (from
-//! `splitmix64(base ^ 0xA5A5…)`), chosen so that weights have a standard deviation of
-//! about 0.02, and Q6_K's int8 sub-block scales are folded into [-32, 31]. Everything is
-//! integer arithmetic, so host and device agree bit for bit.
+//! Every tensor has a key, `key = splitmix64(seed ^ fnv1a64(tensor name))`
+//! ([`tensor_key`]); splitmix64 is Steele, Lea and Flood's (2014).
 //!
-//! Random floats ([`floats`]): element `i` draws 24 bits
-//! `u = splitmix64(key ^ i·0x9E3779B97F4A7C15) >> 40` and is `(u − 2²³)·2⁻²⁸`, uniform in
-//! [-1/32, 1/32) (standard deviation 0.018), exact in f32 and rounded to the tensor's type
-//! (F16, BF16) to nearest even: one rounding, the same on host and device.
+//! - Quantized blocks ([`blocks`]): every byte of block `b` comes from splitmix64
+//!   counters: `base = splitmix64(key ^ b·0xD1B54A32D192ED03)`, word `i` of the block is
+//!   `splitmix64(base + i)` (little-endian, truncated to the block size). Then the f16
+//!   scales are overwritten with finite values of a fixed exponent per type and a random
+//!   mantissa (from `splitmix64(base ^ 0xA5A5…)`), chosen so that weights have a standard
+//!   deviation of about 0.02, and Q6_K's int8 sub-block scales are folded into
+//!   [-32, 31].
+//! - Element `i` of a float tensor draws `u = splitmix64(key ^ i·0x9E3779B97F4A7C15) >> 40`,
+//!   24 random bits. Random floats ([`floats`]) are `(u − 2²³)·2⁻²⁸`, uniform in
+//!   [-1/32, 1/32) (standard deviation 0.018), exact in f32 and rounded to the tensor's
+//!   type (F16, BF16) to nearest even; norm weights ([`norms`]) are `0.5 + u·2⁻²⁴`, in
+//!   [0.5, 1.5); biases ([`biases`]) `(u·2⁻²⁴ − 0.5)·0.2`, in [-0.1, 0.1).
 //!
-//! Vectors (norm weights, biases) are f32 and generated on the host only: norm weights
-//! uniform in [0.5, 1.5), biases in [-0.1, 0.1).
+//! Blocks and random floats are integer arithmetic up to one rounding, so host and device
+//! agree bit for bit; norms, biases and constants are F32 and generated on the host only
+//! ([`super::on_host`]).
 
 use ds4_gguf::GgmlType;
 use rayon::prelude::*;
+
+use super::{Init, Tensor};
 
 /// splitmix64's output function of `x` (the state advanced once).
 pub fn splitmix64(x: u64) -> u64 {
@@ -112,6 +117,11 @@ fn unit_bits(key: u64, i: u64) -> u32 {
     (splitmix64(key ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 40) as u32
 }
 
+/// `unit_bits` in [0, 1).
+fn unit(key: u64, i: u64) -> f32 {
+    unit_bits(key, i) as f32 * (1.0 / 16_777_216.0)
+}
+
 /// Random float `i` of the tensor with key `key`: uniform in [-1/32, 1/32), exact in f32.
 pub fn float(key: u64, i: u64) -> f32 {
     (unit_bits(key, i) as i32 - (1 << 23)) as f32 * (1.0 / 268_435_456.0)
@@ -141,18 +151,45 @@ pub fn floats(ty: GgmlType, key: u64, n: usize) -> Vec<u8> {
     out
 }
 
-/// A synthetic f32 vector: biases (names ending in `.bias`) in [-0.1, 0.1), other
-/// vectors (norm weights) in [0.5, 1.5).
-pub fn vector(seed: u64, name: &str, len: usize) -> Vec<f32> {
-    let key = tensor_key(seed, name);
-    let bias = name.ends_with(".bias");
-    (0..len)
-        .map(|i| {
-            let r = splitmix64(key ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let u = (r >> 40) as f32 * (1.0 / 16_777_216.0);
-            if bias { (u - 0.5) * 0.2 } else { 0.5 + u }
-        })
-        .collect()
+/// `n` norm weights in [0.5, 1.5).
+pub fn norms(key: u64, n: usize) -> Vec<f32> {
+    (0..n as u64).map(|i| 0.5 + unit(key, i)).collect()
+}
+
+/// `n` biases in [-0.1, 0.1).
+pub fn biases(key: u64, n: usize) -> Vec<f32> {
+    (0..n as u64).map(|i| (unit(key, i) - 0.5) * 0.2).collect()
+}
+
+/// The bytes of tensor `t` of a model with generator seed `seed`.
+///
+/// # Panics
+/// On an init the generators do not make in `t`'s type (random blocks of a type
+/// [`block`] does not support, random floats of a non-float type, norms, biases or
+/// constants of a type other than F32): the model plans never ask for one.
+pub fn tensor_bytes(seed: u64, t: &Tensor) -> Vec<u8> {
+    let key = tensor_key(seed, &t.name);
+    let n = t.n_elements() as usize;
+    let f32s = |v: Vec<f32>| {
+        assert_eq!(
+            t.ty,
+            GgmlType::F32,
+            "{}: {:?} values are f32",
+            t.name,
+            t.init
+        );
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    };
+    match t.init {
+        Init::Blocks => {
+            assert!(supported(t.ty), "{}: no random blocks of {}", t.name, t.ty);
+            blocks(t.ty, key, n / t.ty.block_size())
+        }
+        Init::Floats => floats(t.ty, key, n),
+        Init::Norm => f32s(norms(key, n)),
+        Init::Bias => f32s(biases(key, n)),
+        Init::Const(c) => f32s(vec![c; n]),
+    }
 }
 
 #[cfg(test)]
@@ -193,16 +230,9 @@ mod tests {
 
     #[test]
     fn vectors_are_in_range() {
-        assert!(
-            vector(1, "output_norm.weight", 1000)
-                .iter()
-                .all(|v| (0.5..1.5).contains(v))
-        );
-        assert!(
-            vector(1, "blk.0.attn_q.bias", 1000)
-                .iter()
-                .all(|v| (-0.1..0.1).contains(v))
-        );
+        let key = tensor_key(1, "output_norm.weight");
+        assert!(norms(key, 1000).iter().all(|v| (0.5..1.5).contains(v)));
+        assert!(biases(key, 1000).iter().all(|v| (-0.1..0.1).contains(v)));
     }
 
     #[test]
