@@ -1,9 +1,9 @@
 //! `ds4-server synth NAME OUT.gguf [--layers N] [--first-layer K]`: writes a synthetic
-//! model (random, valid weights of a real model's shape, e.g. `llama3-8b:q4_k_m`) as a
-//! GGUF file, so that another engine can run the identical weights that
-//! `bench --synthetic NAME` builds in GPU memory (issue 5, item 5). A layer window keeps
-//! real layers K..K+N-1 with their real kinds. Needs no GPU; one tensor is in memory at
-//! a time.
+//! model (random, valid weights of a real model's shape, e.g. `llama3-8b:q4_k_m`,
+//! `glm53-flash:q2`) as a GGUF file, so that another engine can run the identical
+//! weights that `bench --synthetic NAME` builds in GPU memory (issue 5, item 5; issue
+//! 11, item 3). A layer window keeps real layers K..K+N-1 with their real kinds. Needs
+//! no GPU; one tensor is in memory at a time.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -14,7 +14,8 @@ use ds4_cuda::synth::{Spec, write_gguf};
 
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// `SHAPE:QUANT`, e.g. `llama3-8b:q4_k_m`, `qwen2.5-1.5b:q8_0`, `tiny-llama:q4_0`.
+    /// `SHAPE:QUANT`, e.g. `llama3-8b:q4_k_m`, `qwen2.5-1.5b:q8_0`, `glm53-flash:q2`,
+    /// `tiny-llama:q4_0`, `tiny-glm5:q2`.
     pub name: String,
     /// The GGUF file to write (overwritten).
     pub out: PathBuf,
@@ -90,7 +91,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn layer_runs_name_spans() {
+    fn glm53_flash_layers_group_as_synth_gguf_py_prints_them() {
+        let spec = Spec::parse("glm53-flash:q2").unwrap();
+        let runs = layer_runs(&spec.layer_kinds());
+        assert_eq!(
+            runs,
+            [
+                ("KDA, dense FFN", "layers 0..2".to_string()),
+                ("MLA+indexer, MoE", "11 layers: 3, 7, .., 43".to_string()),
+                ("KDA, MoE", "31 layers: 4, 5, .., 44".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn layer_runs_group_kinds() {
         let kinds = ["a", "a", "a", "b", "a", "c", "c", "b", "a", "a", "a", "b"];
         assert_eq!(
             layer_runs(&kinds),

@@ -127,7 +127,7 @@ mod tests {
     fn header_file_matches_the_full_file() {
         let dir = std::env::temp_dir().join(format!("ds4-cuda-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for name in ["small-llama:q4_k"] {
+        for name in ["small-llama:q4_k", "tiny-glm5:q2"] {
             let spec = Spec::parse(name).unwrap();
             let full_path = dir.join("full.gguf");
             write_gguf(&spec, &full_path).unwrap();

@@ -7,11 +7,14 @@
 //! - dense shapes ([`dense::SHAPES`]): `llama3-8b`, `qwen2.5-7b`, `qwen2.5-1.5b` (the
 //!   published configurations) and small ones for parity tests (`tiny-llama`,
 //!   `tiny-qwen2`, `small-llama`), with `q4_k_m` (llama.cpp's Q4_K_M choice) or one
-//!   type for every matrix ([`dense::QUANTS`]).
+//!   type for every matrix ([`dense::QUANTS`]);
+//! - `glm5-next` shapes ([`glm5_next::SHAPES`]): `glm53-flash` (GLM-5.3-Flash) and
+//!   `tiny-glm5` (its structure at hidden 256, for CPU tests), with `q2`, the mix
+//!   llama.cpp writes for it (`../shared/tools/synth_gguf.py --shape glm53-flash`, the
+//!   layout's authority).
 //!
 //! A [`Window`] keeps real layers `first..first + n_layer` with their real kinds (file
-//! layer 0 is real layer `first`), as `../shared/tools/synth_gguf.py --first-layer K
-//! --layers N` does.
+//! layer 0 is real layer `first`), as `synth_gguf.py --first-layer K --layers N` does.
 //!
 //! Every tensor has an [`Init`]: random quantized blocks, random floats, norm weights,
 //! small biases or a constant the model needs ([`generate`] has the generators).
@@ -25,6 +28,7 @@
 pub mod dense;
 pub mod generate;
 mod gguf;
+pub mod glm5_next;
 mod vocab;
 
 pub use gguf::{header_bytes, header_file, write_gguf};
@@ -54,6 +58,8 @@ pub enum Family {
         shape: &'static dense::Shape,
         recipe: dense::Recipe,
     },
+    /// A `glm5-next` model in the `q2` mix.
+    Glm5Next(&'static glm5_next::Shape),
 }
 
 /// Real layers `first..first + n_layer` of the model.
@@ -152,6 +158,17 @@ impl Spec {
             })?;
             dense::check(shape, recipe, q)?;
             Family::Dense { shape, recipe }
+        } else if let Some(shape) = glm5_next::SHAPES
+            .iter()
+            .find(|x| x.name.eq_ignore_ascii_case(s))
+        {
+            if !q.eq_ignore_ascii_case(glm5_next::QUANT) {
+                return Err(bad(format!(
+                    "'{q}' is not a quant of the glm5-next shape {}",
+                    shape.name
+                )));
+            }
+            Family::Glm5Next(shape)
         } else {
             return Err(bad(format!("unknown synthetic shape '{s}'")));
         };
@@ -186,10 +203,11 @@ impl Spec {
         })
     }
 
-    /// The canonical name (`llama3-8b:q4_k_m`), without the window.
+    /// The canonical name (`llama3-8b:q4_k_m`, `glm53-flash:q2`), without the window.
     pub fn name(&self) -> String {
         match self.family {
             Family::Dense { shape, recipe } => format!("{}:{}", shape.name, recipe.name()),
+            Family::Glm5Next(shape) => format!("{}:{}", shape.name, glm5_next::QUANT),
         }
     }
 
@@ -197,6 +215,7 @@ impl Spec {
     pub fn arch(&self) -> &'static str {
         match self.family {
             Family::Dense { shape, .. } => shape.arch,
+            Family::Glm5Next(_) => glm5_next::ARCH,
         }
     }
 
@@ -204,6 +223,7 @@ impl Spec {
     pub fn n_layer_real(&self) -> usize {
         match self.family {
             Family::Dense { shape, .. } => shape.n_layer,
+            Family::Glm5Next(shape) => shape.n_layer,
         }
     }
 
@@ -211,15 +231,17 @@ impl Spec {
     pub fn n_vocab(&self) -> usize {
         match self.family {
             Family::Dense { shape, .. } => shape.n_vocab,
+            Family::Glm5Next(shape) => shape.n_vocab,
         }
     }
 
-    /// The kind of each layer of the file (`attention, FFN`, …).
+    /// The kind of each layer of the file (`KDA, dense FFN`, …).
     pub fn layer_kinds(&self) -> Vec<&'static str> {
         let w = self.window;
         (w.first..w.first + w.n_layer)
-            .map(|_| match self.family {
+            .map(|real| match self.family {
                 Family::Dense { .. } => "attention, FFN",
+                Family::Glm5Next(shape) => shape.layer_kind(real),
             })
             .collect()
     }
@@ -228,6 +250,7 @@ impl Spec {
     pub fn tensors(&self) -> Vec<Tensor> {
         match self.family {
             Family::Dense { shape, recipe } => dense::tensors(shape, recipe, self.window),
+            Family::Glm5Next(shape) => glm5_next::tensors(shape, self.window),
         }
     }
 
@@ -235,6 +258,7 @@ impl Spec {
     pub fn metadata(&self) -> Vec<(String, Value)> {
         match self.family {
             Family::Dense { shape, recipe } => dense::metadata(self, shape, recipe),
+            Family::Glm5Next(shape) => glm5_next::metadata(shape, self.window),
         }
     }
 
@@ -254,10 +278,15 @@ impl Spec {
 pub fn valid_names() -> String {
     let dense: Vec<&str> = dense::SHAPES.iter().map(|s| s.name).collect();
     let quants: Vec<&str> = dense::QUANTS.iter().map(|q| q.0).collect();
+    let glm: Vec<String> = glm5_next::SHAPES
+        .iter()
+        .map(|s| format!("{}:{}", s.name, glm5_next::QUANT))
+        .collect();
     format!(
-        "a dense shape ({}) with a quant ({})",
+        "a dense shape ({}) with a quant ({}), or {}",
         dense.join(", "),
-        quants.join(", ")
+        quants.join(", "),
+        glm.join(", ")
     )
 }
 
@@ -272,13 +301,21 @@ mod tests {
             "tiny-qwen2:iq2_xxs",
             "qwen2.5-7b:q4_k_m",
             "small-llama:q6_k",
+            "glm53-flash:q2",
+            "tiny-glm5:q2",
         ] {
             assert_eq!(Spec::parse(n).unwrap().name(), n);
         }
-        for bad in ["llama3-8b", "nope:q4_0", "llama3-8b:q3_k"] {
+        for bad in [
+            "llama3-8b",
+            "nope:q4_0",
+            "llama3-8b:q3_k",
+            "llama3-8b:q2",
+            "glm53-flash:q4_0",
+        ] {
             let e = Spec::parse(bad).unwrap_err().to_string();
             assert!(
-                e.contains("llama3-8b") && e.contains("q4_k_m"),
+                e.contains("llama3-8b") && e.contains("q4_k_m") && e.contains("glm53-flash"),
                 "{bad}: {e}"
             );
         }
@@ -286,25 +323,31 @@ mod tests {
 
     #[test]
     fn windows_stay_inside_the_model() {
-        let s = Spec::parse("llama3-8b:q4_k_m").unwrap();
-        assert_eq!(s.window.n_layer, 32);
-        let w = s.window(30, None).unwrap();
+        let s = Spec::parse("glm53-flash:q2").unwrap();
+        assert_eq!(s.window.n_layer, 45);
+        let w = s.window(2, Some(2)).unwrap();
         assert_eq!(
             w.window,
             Window {
-                first: 30,
+                first: 2,
                 n_layer: 2
             }
         );
-        assert_eq!(w.layer_kinds(), ["attention, FFN"; 2]);
-        assert!(s.window(31, Some(2)).is_err());
-        assert!(s.window(32, None).is_err());
+        assert_eq!(w.layer_kinds(), ["KDA, dense FFN", "MLA+indexer, MoE"]);
+        assert_eq!(s.window(40, None).unwrap().window.n_layer, 5);
+        assert!(s.window(44, Some(2)).is_err());
+        assert!(s.window(45, None).is_err());
         assert!(s.window(0, Some(0)).is_err());
     }
 
     #[test]
     fn the_device_generates_only_blocks_and_16_bit_floats() {
-        for name in ["llama3-8b:q4_k_m", "qwen2.5-7b:q8_0"] {
+        for name in [
+            "glm53-flash:q2",
+            "tiny-glm5:q2",
+            "llama3-8b:q4_k_m",
+            "qwen2.5-7b:q8_0",
+        ] {
             for t in Spec::parse(name).unwrap().tensors() {
                 if on_host(t.ty, t.n_elements()) {
                     continue;

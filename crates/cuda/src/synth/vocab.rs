@@ -80,6 +80,42 @@ pub fn byte_level(n: usize, add_bos: bool) -> Vec<(String, Value)> {
     ]
 }
 
+/// `synth_gguf.py`'s minimal vocabulary (`tokenizer_minimal`): the 256 byte symbols
+/// (printable bytes first, then the others, in GPT-2's order), `Ġt` (the one merge),
+/// `<s>` and `</s>` (control, BOS and EOS), then unused `[PADi]` tokens up to `n`.
+pub fn minimal(n: usize) -> Vec<(String, Value)> {
+    let bu = byte_to_unicode();
+    let bytes = (0..=255u8)
+        .filter(|&b| printable(b))
+        .chain((0..=255u8).filter(|&b| !printable(b)));
+    let mut tokens: Vec<String> = bytes.map(|b| bu[b as usize].to_string()).collect();
+    tokens.extend(["Ġt", "<s>", "</s>"].map(String::from));
+    let mut types = vec![1; 257];
+    types.extend([3, 3]);
+    for i in tokens.len()..n {
+        tokens.push(format!("[PAD{i}]"));
+        types.push(5);
+    }
+    vec![
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("default".into())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(tokens.into_iter().map(Value::String).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(types.into_iter().map(Value::I32).collect()),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(vec![Value::String("Ġ t".into())]),
+        ),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(257)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(258)),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,13 +147,28 @@ mod tests {
 
     #[test]
     fn vocabularies_have_the_size_and_distinct_tokens() {
-        for md in [byte_level(1536, true), byte_level(70000, false)] {
+        for md in [
+            byte_level(1536, true),
+            byte_level(70000, false),
+            minimal(1024),
+        ] {
             let mut t = tokens(&md);
             let n = t.len();
-            assert!(n == 1536 || n == 70000);
+            assert!(n == 1536 || n == 70000 || n == 1024);
             t.sort();
             t.dedup();
             assert_eq!(t.len(), n);
         }
+    }
+
+    #[test]
+    fn the_minimal_vocabulary_is_synth_gguf_pys() {
+        let md = minimal(300);
+        let t = tokens(&md);
+        assert_eq!(&t[..3], ["!", "\"", "#"]);
+        assert_eq!(t[187], "ÿ");
+        assert_eq!(t[188], "Ā");
+        assert_eq!(t[188 + 32], "Ġ");
+        assert_eq!(&t[256..260], ["Ġt", "<s>", "</s>", "[PAD259]"]);
     }
 }
