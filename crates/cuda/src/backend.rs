@@ -242,10 +242,10 @@ impl CudaBackend {
         })
     }
 
-    /// Like [`CudaBackend::new`], but every matrix and vector the model loads is
-    /// generated from `seed` and the tensor's name (see [`crate::synth::generate`]) instead of
-    /// read from the file: the file needs only its tensor directory
-    /// ([`crate::synth::header_file`]).
+    /// Like [`CudaBackend::new`], but the large tensors the model loads (those not
+    /// [`crate::synth::on_host`]) are generated on the device from `seed` and the
+    /// tensor's name (see [`crate::synth::generate`]) instead of read from the file: the
+    /// file needs only the host-generated ones ([`crate::synth::header_file`]).
     pub fn synthetic(ordinal: usize, seed: u64) -> Result<CudaBackend> {
         Ok(CudaBackend {
             synthetic: Some(seed),
@@ -752,9 +752,13 @@ impl Backend for CudaBackend {
     }
 
     fn weight(&self, file: &Arc<GgufFile>, info: &TensorInfo) -> EngineResult<CudaWeight> {
+        // A synthetic model's small and f32 tensors lie in its header file; the device
+        // generates the rest.
         let src = match self.synthetic {
-            Some(seed) => Source::Synthetic(seed),
-            None => Source::File(file),
+            Some(seed) if !crate::synth::on_host(info.dtype, info.n_elements()) => {
+                Source::Synthetic(seed)
+            }
+            _ => Source::File(file),
         };
         let mut st = self.lock();
         load(&self.gpu, &self.k, &mut st.staging, src, info).map_err(|e| match e {

@@ -77,6 +77,7 @@ pub const SOURCES: &[Source] = &[
         kernels: &[
             "split_plane",
             "synth_blocks",
+            "synth_floats",
             "embed_rows",
             "dequant_bf16",
             "embed_streams",
