@@ -9,7 +9,7 @@ use ds4_engine::backend::{
 use ds4_gguf::GgmlType;
 
 use crate::data::{Rng, download, download_ids, upload, weight, wide};
-use crate::{Report, rel_err};
+use crate::{QUANT_TOL, Report, rel_err};
 
 /// The compress RoPE of DeepSeek-V4 (θ 160000, YaRN ×16, 64 trailing dims of 512).
 fn ds4_compress_rope() -> Rope {
@@ -361,16 +361,28 @@ type Rows = Vec<Vec<f64>>;
 
 fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
     let (ha, dn, dv, rkv) = (64usize, 256usize, 256usize, 512usize);
-    // Few queries (decode and short calls) and many (prefill: GEMMs on CUDA).
-    for (selected, pos0, rows) in [(true, 300usize, 3usize), (false, 50, 3), (false, 40, 24)] {
+    // Few queries (decode and short calls) and many (prefill: GEMMs on CUDA); BF16
+    // k_b/v_b as llama.cpp keeps them, and Q8_0 as a plain q8_0 conversion writes them.
+    let cases = [
+        (true, 300usize, 3usize, GgmlType::BF16),
+        (false, 50, 3, GgmlType::BF16),
+        (false, 40, 24, GgmlType::BF16),
+        (false, 50, 3, GgmlType::Q8_0),
+    ];
+    for (selected, pos0, rows, wty) in cases {
         let what = if selected {
             "8 selected pools of 16 + tail"
         } else {
             "dense"
         };
+        let tol = if wty == GgmlType::BF16 {
+            1e-5
+        } else {
+            QUANT_TOL
+        };
         r.check(
             "mla_attention",
-            format!("GLM-5.3 64 heads, rank 512, {what}, {rows} queries at {pos0}"),
+            format!("GLM-5.3 64 heads, rank 512, {wty} k_b/v_b, {what}, {rows} queries at {pos0}"),
             |b, rng| {
                 let n_ctx = 400;
                 let sel_shape = PoolSelect {
@@ -386,22 +398,8 @@ fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
                     scale: (dn as f32).powf(-0.5),
                     select: Some(sel_shape),
                 };
-                let (kb, kbv) = weight(
-                    b,
-                    rng,
-                    "attn_k_b.weight",
-                    &[dn, rkv, ha],
-                    GgmlType::BF16,
-                    0.05,
-                )?;
-                let (vb, vbv) = weight(
-                    b,
-                    rng,
-                    "attn_v_b.weight",
-                    &[rkv, dv, ha],
-                    GgmlType::BF16,
-                    0.05,
-                )?;
+                let (kb, kbv) = weight(b, rng, "attn_k_b.weight", &[dn, rkv, ha], wty, 0.05)?;
+                let (vb, vbv) = weight(b, rng, "attn_v_b.weight", &[rkv, dv, ha], wty, 0.05)?;
                 let latent = rng.normal(n_ctx * rkv, 1.0);
                 let q = rng.normal(rows * ha * dn, 1.0);
                 let mut ids = Vec::new();
@@ -473,7 +471,7 @@ fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
                         want.extend(attend(&qh, &keys, &vals, shape.scale as f64, None));
                     }
                 }
-                Ok((rel_err(&download(b, &out, rows * ha * dv)?, &want), 1e-5))
+                Ok((rel_err(&download(b, &out, rows * ha * dv)?, &want), tol))
             },
         );
     }

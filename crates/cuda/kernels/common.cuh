@@ -243,30 +243,40 @@ __device__ __forceinline__ void row_part(const u8* wr, int ty, const float* x, i
                                          int lane, float* acc) {
     const int per = ty == T_F32 ? 4 : 8;
     if (n_in % (32 * per) == 0 && ((u64)wr & 15) == 0) {
-        for (int c0 = lane * per; c0 < n_in; c0 += 32 * per) {
-            float wv[8];
-            const uint4 raw = *(const uint4*)(wr + (i64)c0 * (ty == T_F32 ? 4 : 2));
-            if (ty == T_F32) {
-                wv[0] = __uint_as_float(raw.x);
-                wv[1] = __uint_as_float(raw.y);
-                wv[2] = __uint_as_float(raw.z);
-                wv[3] = __uint_as_float(raw.w);
-            } else {
-                const u32 r4[4] = {raw.x, raw.y, raw.z, raw.w};
+        const int step = 32 * per, bytes = ty == T_F32 ? 4 : 2;
+        // Four 16-byte loads in flight per lane, then their products in order.
+        for (int c0 = lane * per; c0 < n_in; c0 += 4 * step) {
+            uint4 raw[4];
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const u16 lo = (u16)(r4[q] & 0xFFFF), hi = (u16)(r4[q] >> 16);
-                    wv[2 * q] = ty == T_F16 ? h2f(lo) : bf2f(lo);
-                    wv[2 * q + 1] = ty == T_F16 ? h2f(hi) : bf2f(hi);
+            for (int u = 0; u < 4; ++u)
+                if (c0 + u * step < n_in) raw[u] = *(const uint4*)(wr + (i64)(c0 + u * step) * bytes);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int cu = c0 + u * step;
+                if (cu >= n_in) break;
+                float wv[8];
+                if (ty == T_F32) {
+                    wv[0] = __uint_as_float(raw[u].x);
+                    wv[1] = __uint_as_float(raw[u].y);
+                    wv[2] = __uint_as_float(raw[u].z);
+                    wv[3] = __uint_as_float(raw[u].w);
+                } else {
+                    const u32 r4[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const u16 lo = (u16)(r4[q] & 0xFFFF), hi = (u16)(r4[q] >> 16);
+                        wv[2 * q] = ty == T_F16 ? h2f(lo) : bf2f(lo);
+                        wv[2 * q + 1] = ty == T_F16 ? h2f(hi) : bf2f(hi);
+                    }
                 }
-            }
 #pragma unroll
-            for (int k = 0; k < FG_TOK; ++k) {
-                if (t0 + k >= n_tok) break;
-                const float* xr = x + (i64)(t0 + k) * x_ts + c0;
+                for (int k = 0; k < FG_TOK; ++k) {
+                    if (t0 + k >= n_tok) break;
+                    const float* xr = x + (i64)(t0 + k) * x_ts + cu;
 #pragma unroll
-                for (int q = 0; q < 8; ++q)
-                    if (q < per) acc[k] = __fadd_rn(acc[k], __fmul_rn(wv[q], xr[q]));
+                    for (int q = 0; q < 8; ++q)
+                        if (q < per) acc[k] = __fadd_rn(acc[k], __fmul_rn(wv[q], xr[q]));
+                }
             }
         }
         return;

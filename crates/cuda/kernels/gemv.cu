@@ -748,14 +748,27 @@ __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
     const Act a = build_act<4>(G, smem, red);
     const Planes w0 = expert_planes(E.w, E.estride, e);
     const Planes w1 = PAIR ? expert_planes(E.w2, E.estride2, e) : w0;
-    const int wpb = blockDim.x >> 5;
-    for (int r = blockIdx.x * wpb + warp; r < E.rows; r += gridDim.x * wpb) {
+    const int wpb = blockDim.x >> 5, stride = gridDim.x * wpb;
+    u32 rb_[4];
+    if (!PAIR) plane_row_bytes(E.type, E.n_in, rb_);
+    for (int r = blockIdx.x * wpb + warp; r < E.rows; r += PAIR ? stride : 2 * stride) {
         float v[2] = {0.f, 0.f};
         if (PAIR && E.type == E.type2) {
             row_dot<2>(E.type, w0, w1, r, E.n_in, a, lane, v);
+        } else if (PAIR) {
+            row_dot<1>(E.type, w0, w0, r, E.n_in, a, lane, v);
+            row_dot<1>(E.type2, w1, w1, r, E.n_in, a, lane, v + 1);
+        } else if (r + stride < E.rows) {
+            // Rows r and r + stride together (their loads in flight at once): the second
+            // "matrix" is the first moved down by `stride` rows.
+            Planes w2;
+#pragma unroll
+            for (int i = 0; i < MAX_PLANES; ++i)
+                w2.p[i] = w0.p[i] ? w0.p[i] + (i64)stride * rb_[i] : nullptr;
+            row_dot<2>(E.type, w0, w2, r, E.n_in, a, lane, v);
+            if (lane == 0) E.out[(i64)pair * E.rows + r + stride] = rnd(v[1], E.rb);
         } else {
             row_dot<1>(E.type, w0, w0, r, E.n_in, a, lane, v);
-            if (PAIR) row_dot<1>(E.type2, w1, w1, r, E.n_in, a, lane, v + 1);
         }
         if (lane == 0) {
             float o;

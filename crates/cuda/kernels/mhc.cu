@@ -45,42 +45,51 @@ __device__ void softmax_row(float* v, int n) {
 }
 
 // Token t by one block: pre, post and comb from the mixes, Sinkhorn, then
-// out[t] = round(Σₙ preₙ·x[t, n]) and mix[t] = round(post), round(comb).
+// out[t] = round(Σₙ preₙ·x[t, n]) and mix[t] = round(post), round(comb). Thread i < n
+// owns pre/post i and comb row i's softmax; in the Sinkhorn iterations thread e < n²
+// owns comb element e and sums its row (then column) in the serial order.
 __device__ __forceinline__ void pre_finish(const float* m, const float* x, const float* base, const float* scale,
                                            float* out, float* mix, int n, int d, int iters, float eps, int rb,
                                            int t) {
     __shared__ float pre[HC_MAX_N];
-    const int nm = (2 + n) * n, ml = n + n * n;
-    if (threadIdx.x == 0) {
-        const float* mt = m + (i64)t * nm;  // (L2 reads: other blocks wrote it)
-        float* mx = mix + (i64)t * ml;
-        for (int i = 0; i < n; ++i) {
-            pre[i] = __fadd_rn(sigmoidf_ref(__fadd_rn(__fmul_rn(__ldcg(mt + i), scale[0]), base[i])), eps);
-            mx[i] = rnd(__fmul_rn(2.0f, sigmoidf_ref(__fadd_rn(__fmul_rn(__ldcg(mt + n + i), scale[1]), base[n + i]))), rb);
-        }
-        float c[HC_MAX_N * HC_MAX_N];
-        for (int k = 0; k < n * n; ++k) c[k] = __fadd_rn(__fmul_rn(__ldcg(mt + 2 * n + k), scale[2]), base[2 * n + k]);
-        for (int i = 0; i < n; ++i) {
-            softmax_row(c + i * n, n);
-            for (int j = 0; j < n; ++j) c[i * n + j] = __fadd_rn(c[i * n + j], eps);
-        }
-        for (int it = 0; it < iters; ++it) {
-            if (it > 0)
-                for (int i = 0; i < n; ++i) {
-                    float s = 0.f;
-                    for (int j = 0; j < n; ++j) s = __fadd_rn(s, c[i * n + j]);
-                    s = __fadd_rn(s, eps);
-                    for (int j = 0; j < n; ++j) c[i * n + j] = __fdiv_rn(c[i * n + j], s);
-                }
-            for (int j = 0; j < n; ++j) {
-                float s = 0.f;
-                for (int i = 0; i < n; ++i) s = __fadd_rn(s, c[i * n + j]);
-                s = __fadd_rn(s, eps);
-                for (int i = 0; i < n; ++i) c[i * n + j] = __fdiv_rn(c[i * n + j], s);
-            }
-        }
-        for (int k = 0; k < n * n; ++k) mx[n + k] = rnd(c[k], rb);
+    __shared__ float c[HC_MAX_N * HC_MAX_N];
+    const int nm = (2 + n) * n, ml = n + n * n, tid = threadIdx.x;
+    const float* mt = m + (i64)t * nm;  // (L2 reads: other blocks wrote it)
+    float* mx = mix + (i64)t * ml;
+    if (tid < n) {
+        pre[tid] = __fadd_rn(sigmoidf_ref(__fadd_rn(__fmul_rn(__ldcg(mt + tid), scale[0]), base[tid])), eps);
+        mx[tid] = rnd(__fmul_rn(2.0f, sigmoidf_ref(__fadd_rn(__fmul_rn(__ldcg(mt + n + tid), scale[1]), base[n + tid]))),
+                      rb);
+        float* row = c + tid * n;
+        for (int j = 0; j < n; ++j)
+            row[j] = __fadd_rn(__fmul_rn(__ldcg(mt + 2 * n + tid * n + j), scale[2]), base[2 * n + tid * n + j]);
+        softmax_row(row, n);
+        for (int j = 0; j < n; ++j) row[j] = __fadd_rn(row[j], eps);
     }
+    __syncthreads();
+    const int ei = tid / n, ej = tid % n;
+    const bool own = tid < n * n;
+    for (int it = 0; it < iters; ++it) {
+        if (it > 0) {
+            float s = 0.f;
+            if (own) {
+                for (int j = 0; j < n; ++j) s = __fadd_rn(s, c[ei * n + j]);
+                s = __fadd_rn(s, eps);
+            }
+            __syncthreads();
+            if (own) c[tid] = __fdiv_rn(c[tid], s);
+            __syncthreads();
+        }
+        float s = 0.f;
+        if (own) {
+            for (int i = 0; i < n; ++i) s = __fadd_rn(s, c[i * n + ej]);
+            s = __fadd_rn(s, eps);
+        }
+        __syncthreads();
+        if (own) c[tid] = __fdiv_rn(c[tid], s);
+        __syncthreads();
+    }
+    if (own) mx[n + tid] = rnd(c[tid], rb);
     __syncthreads();
     const float* xt = x + (i64)t * n * d;
     for (int k = threadIdx.x; k < d; k += blockDim.x) {

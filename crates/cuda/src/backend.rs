@@ -729,6 +729,12 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    /// Long prompts in pieces of 4096 tokens: multi-token products convert their weights
+    /// per call (bf16 for cuBLAS, the experts' tiles), so larger calls amortize it.
+    fn prefill_chunk(&self) -> usize {
+        4096
+    }
+
     fn region(&self, name: &'static str) {
         let tid = std::thread::current().id();
         let mut st = self.lock();

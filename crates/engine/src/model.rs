@@ -89,6 +89,11 @@ pub trait Model: Send + Sync {
         logits: Logits,
         out: &mut Vec<f32>,
     ) -> Result<()>;
+    /// Tokens per forward call a long prompt is best split into (`Session::prefill`):
+    /// its backend's preference.
+    fn prefill_chunk(&self) -> usize {
+        crate::session::PREFILL_CHUNK
+    }
 }
 
 /// Refuses a sequence state of `needed` bytes (for `n_ctx` tokens) that the backend

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use crate::model::{Cache, Logits, Model};
 use crate::{EngineError, Result};
 
-/// Tokens per prefill call when a progress callback is given (the granularity of
-/// progress reports; the family chunks internally as it needs).
+/// Tokens per prefill call, unless the model prefers otherwise
+/// ([`crate::Model::prefill_chunk`]): the granularity of progress reports; the family
+/// chunks internally as it needs.
 pub const PREFILL_CHUNK: usize = 512;
 
 /// One sequence of one model.
@@ -117,7 +118,7 @@ impl Session {
             });
         }
         let mut done = 0;
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
+        for chunk in tokens.chunks(self.model.prefill_chunk().max(1)) {
             let last = done + chunk.len() == tokens.len();
             let mode = if last { Logits::Last } else { Logits::None };
             let r = self

@@ -145,6 +145,12 @@ pub trait Backend: Buffers + Send + Sync + 'static {
     /// Labels the operations that follow (a model part such as `"KDA attention"`), for
     /// profiles that report time per part. No effect on results.
     fn region(&self, _name: &'static str) {}
+    /// Tokens per forward call a long prompt is best split into (see
+    /// [`crate::Model::prefill_chunk`]): large where per-call costs are high (weights
+    /// converted per call on a GPU).
+    fn prefill_chunk(&self) -> usize {
+        crate::session::PREFILL_CHUNK
+    }
     /// Bytes of memory the backend can still allocate, when it knows (a device's free
     /// memory); `None` when unbounded or unknown (the CPU).
     fn memory_available(&self) -> Option<u64> {

@@ -80,9 +80,14 @@ const OPS: &[&str] = &[
     "mla_attention",
 ];
 
-/// Tokens per internal forward piece: a multiple of the KDA chunk (64), so splitting
-/// a call changes nothing in the chunked kernel.
-const PIECE: usize = 512;
+/// Tokens per internal forward piece: the backend's preferred prefill chunk rounded to
+/// a multiple of the KDA chunk (64), so splitting a call changes nothing in the chunked
+/// kernel.
+fn piece<B: Backend>(b: &B) -> usize {
+    b.prefill_chunk()
+        .next_multiple_of(kda::CHUNK)
+        .max(kda::CHUNK)
+}
 /// Rows of logits computed at once (bounds the logits buffer to `LOGIT_ROWS × n_vocab`).
 const LOGIT_ROWS: usize = 16;
 
@@ -128,7 +133,7 @@ pub struct Trace {
     pub selections: Vec<(usize, Vec<Vec<usize>>)>,
 }
 
-/// The activation buffers of one forward piece (`PIECE` tokens; see the forward pass).
+/// The activation buffers of one forward piece ([`piece`] tokens; see the forward pass).
 pub(crate) struct Scratch<B: Backend> {
     /// Streams `[P, N·D]`, the collapsed input `[P, D]`, its norm, block outputs.
     x: B::Buf,
@@ -179,7 +184,7 @@ pub(crate) struct Scratch<B: Backend> {
 
 impl<B: Backend> Scratch<B> {
     fn new(b: &B, c: &Config) -> Result<Self> {
-        let p = PIECE;
+        let p = piece(b);
         let (d, n) = (c.n_embd, c.hc_mult);
         let ff = c.n_ff.max(c.n_ff_shexp);
         let per_q = c.index_topk / c.index_kpool.max(1);
@@ -226,9 +231,9 @@ impl<B: Backend> Scratch<B> {
         })
     }
 
-    /// Bytes of the buffers for config `c`.
-    fn bytes(c: &Config) -> u64 {
-        let (d, n, p) = (c.n_embd, c.hc_mult, PIECE);
+    /// Bytes of the buffers for config `c`, pieces of `p` tokens.
+    fn bytes(c: &Config, p: usize) -> u64 {
+        let (d, n) = (c.n_embd, c.hc_mult);
         let ff = c.n_ff.max(c.n_ff_shexp);
         let per_tok = n * d
             + 4 * d
@@ -368,7 +373,8 @@ impl<B: Backend> Glm5Next<B> {
     /// A new empty cache of this model, as its concrete type.
     pub fn new_glm_cache(&self, n_ctx: usize) -> Result<Glm5NextCache<B>> {
         let shape = self.cache_shape();
-        let bytes = Glm5NextCache::<B>::bytes(&shape, n_ctx) + Scratch::<B>::bytes(&self.cfg);
+        let bytes = Glm5NextCache::<B>::bytes(&shape, n_ctx)
+            + Scratch::<B>::bytes(&self.cfg, piece(&*self.backend));
         crate::model::check_memory(&*self.backend, bytes, n_ctx)?;
         Glm5NextCache::new(self.backend.clone(), shape, n_ctx)
     }
@@ -498,8 +504,9 @@ impl<B: Backend> Glm5Next<B> {
         if cache.scratch.is_none() {
             cache.scratch = Some(Scratch::new(&*self.backend, &self.cfg)?);
         }
-        let n_pieces = tokens.len().div_ceil(PIECE);
-        for (pi, piece) in tokens.chunks(PIECE).enumerate() {
+        let p = piece(&*self.backend);
+        let n_pieces = tokens.len().div_ceil(p);
+        for (pi, piece) in tokens.chunks(p).enumerate() {
             let w = match want {
                 Logits::Last if pi + 1 < n_pieces => Logits::None,
                 other => other,
@@ -811,6 +818,10 @@ impl<B: Backend> Glm5Next<B> {
 impl<B: Backend> Model for Glm5Next<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn prefill_chunk(&self) -> usize {
+        piece(&*self.backend)
     }
 
     fn new_cache(&self, n_ctx: usize) -> Result<Box<dyn Cache>> {
