@@ -181,6 +181,31 @@ struct HcPreArgs {
     float eps, norm_eps;
 };
 
+// The warp's partial sums of Σ x² (slot 0) and of each fn row · x (slots 1..) over its
+// columns, for N streams known at compile time: every fn load of the thread is issued
+// before the sums (one memory latency instead of one per row). Same order of additions
+// as the general loop.
+template <int N>
+__device__ __forceinline__ void hc_partials(const float* fn, const float* nv, int nd, int d, int k, int lane,
+                                            double* slots) {
+    constexpr int M = (2 + N) * N;
+    float f[M][N];
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j) f[i][j] = k < d ? __ldg(fn + (i64)i * nd + (i64)j * d + k) : 0.f;
+#pragma unroll
+    for (int i = -1; i < M; ++i) {
+        double v = 0.0;
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+            v += i < 0 ? (double)nv[j] * (double)nv[j] : (k < d ? (double)f[i][j] * (double)nv[j] : 0.0);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) slots[i + 1] = v;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(HC_COLS) hc_post_pre(const HcPostArgs A, const HcPreArgs B) {
     __shared__ double wred[HC_COLS / 32][HC_MAX_MIX + 1];
     __shared__ bool last;
@@ -205,14 +230,18 @@ extern "C" __global__ void __launch_bounds__(HC_COLS) hc_post_pre(const HcPostAr
             A.x[(i64)j * d + k] = nv[j];
         }
     }
-    for (int i = -1; i < n_mix; ++i) {
-        double v = 0.0;
-        for (int j = 0; j < n; ++j)
-            v += i < 0 ? (double)nv[j] * (double)nv[j]
-                       : (k < d ? (double)B.fn[(i64)i * nd + (i64)j * d + k] * (double)nv[j] : 0.0);
+    if (n == 4) {
+        hc_partials<4>(B.fn, nv, nd, d, k, lane, wred[warp]);
+    } else {
+        for (int i = -1; i < n_mix; ++i) {
+            double v = 0.0;
+            for (int j = 0; j < n; ++j)
+                v += i < 0 ? (double)nv[j] * (double)nv[j]
+                           : (k < d ? (double)B.fn[(i64)i * nd + (i64)j * d + k] * (double)nv[j] : 0.0);
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) wred[warp][i + 1] = v;
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) wred[warp][i + 1] = v;
+        }
     }
     __syncthreads();
     if (threadIdx.x <= n_mix) {
