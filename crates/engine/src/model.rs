@@ -89,6 +89,11 @@ pub trait Model: Send + Sync {
         logits: Logits,
         out: &mut Vec<f32>,
     ) -> Result<()>;
+    /// The memory one sequence of `n_ctx` tokens takes, by part (for the load report);
+    /// empty when the family does not say.
+    fn state_parts(&self, _n_ctx: usize) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
     /// Tokens per forward call a long prompt is best split into (`Session::prefill`):
     /// its backend's preference.
     fn prefill_chunk(&self) -> usize {

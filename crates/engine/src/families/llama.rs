@@ -226,13 +226,21 @@ impl<B: Backend> Llama<B> {
     /// Bytes of one sequence's state at `n_ctx` tokens (the f16 KV cache and the
     /// scratch buffers).
     fn cache_bytes(&self, n_ctx: usize) -> u64 {
+        self.cache_parts(n_ctx).iter().map(|p| p.1).sum()
+    }
+
+    /// [`Self::cache_bytes`] by part.
+    fn cache_parts(&self, n_ctx: usize) -> [(&'static str, u64); 2] {
         let c = &self.cfg;
         let kv = 2 * c.n_layer * n_ctx * c.attn.n_head_kv * c.attn.head_dim * 2;
         let q_dim = c.attn.n_head * c.attn.head_dim;
         let kv_dim = c.attn.n_head_kv * c.attn.head_dim;
         let scratch =
             CHUNK * (3 * c.n_embd + 2 * q_dim + 2 * kv_dim + 3 * c.n_ff) + LOGIT_ROWS * c.n_vocab;
-        (kv + 4 * scratch) as u64
+        [
+            ("KV cache (f16)", kv as u64),
+            ("activations", 4 * scratch as u64),
+        ]
     }
 
     /// Evaluates one chunk of at most `CHUNK` tokens at position `pos0`.
@@ -324,6 +332,10 @@ impl<B: Backend> Llama<B> {
 impl<B: Backend> Model for Llama<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn state_parts(&self, n_ctx: usize) -> Vec<(&'static str, u64)> {
+        self.cache_parts(n_ctx).to_vec()
     }
 
     fn new_cache(&self, n_ctx: usize) -> Result<Box<dyn Cache>> {

@@ -810,6 +810,17 @@ impl<B: Backend> Model for DeepSeek4<B> {
         &self.info
     }
 
+    fn state_parts(&self, n_ctx: usize) -> Vec<(&'static str, u64)> {
+        let r = DEFAULT_REWIND_WINDOW;
+        vec![
+            (
+                "window and compressed entries",
+                DeepSeek4Cache::<B>::bytes(&self.cache_shape(), n_ctx, r),
+            ),
+            ("activations", Scratch::<B>::bytes(&self.cfg, r)),
+        ]
+    }
+
     fn new_cache(&self, n_ctx: usize) -> Result<Box<dyn Cache>> {
         Ok(Box::new(self.new_ds4_cache(n_ctx)?))
     }

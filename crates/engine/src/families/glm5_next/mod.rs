@@ -824,6 +824,15 @@ impl<B: Backend> Model for Glm5Next<B> {
         piece(&*self.backend)
     }
 
+    fn state_parts(&self, n_ctx: usize) -> Vec<(&'static str, u64)> {
+        let mut v = Glm5NextCache::<B>::parts(&self.cache_shape(), n_ctx).to_vec();
+        v.push((
+            "activations",
+            Scratch::<B>::bytes(&self.cfg, piece(&*self.backend)),
+        ));
+        v
+    }
+
     fn new_cache(&self, n_ctx: usize) -> Result<Box<dyn Cache>> {
         Ok(Box::new(self.new_glm_cache(n_ctx)?))
     }

@@ -267,28 +267,35 @@ impl<B: Backend> Glm5NextCache<B> {
     /// Bytes of a cache of `n_ctx` tokens (with its anchors, without the activation
     /// buffers).
     pub fn bytes(shape: &CacheShape, n_ctx: usize) -> u64 {
+        Self::parts(shape, n_ctx).iter().map(|p| p.1).sum()
+    }
+
+    /// [`Self::bytes`] by part: the KDA layers' state with its rewind journal and
+    /// anchors, the MLA latent cache, the DSA indexer's keys, gates and pooled keys.
+    pub fn parts(shape: &CacheShape, n_ctx: usize) -> [(&'static str, u64); 3] {
         let d = &shape.delta;
         let cap = journal_cap(DEFAULT_REWIND_WINDOW);
         let state = d.conv_len() + d.state_len();
         let journal: usize = journal_widths(d).iter().sum::<usize>() * cap;
         let kda = 2 * state + journal + DEFAULT_ANCHORS * (state + journal);
         let di = shape.index_head_dim;
-        let per_layer: usize = shape
-            .layers
-            .iter()
-            .map(|l| match l {
-                LayerShape::Kda => kda,
+        let (mut k, mut m, mut x) = (0usize, 0usize, 0usize);
+        for l in &shape.layers {
+            match l {
+                LayerShape::Kda => k += kda,
                 LayerShape::Mla { full_indexer } => {
-                    n_ctx * shape.rkv
-                        + if *full_indexer {
-                            2 * n_ctx * di + (n_ctx / shape.kpool.max(1) + 1) * di
-                        } else {
-                            0
-                        }
+                    m += n_ctx * shape.rkv;
+                    if *full_indexer {
+                        x += 2 * n_ctx * di + (n_ctx / shape.kpool.max(1) + 1) * di;
+                    }
                 }
-            })
-            .sum();
-        4 * per_layer as u64
+            }
+        }
+        [
+            ("KDA state and rewind journal", 4 * k as u64),
+            ("MLA latent cache", 4 * m as u64),
+            ("DSA indexer keys", 4 * x as u64),
+        ]
     }
 
     /// Sets how many tokens of KDA rewind are guaranteed (the journal holds up to twice
