@@ -251,6 +251,25 @@ impl PrefillProgress {
     }
 }
 
+/// An error and its causes on one line, `outer: inner: …`, each text once. Some library
+/// errors print their source in their own message (`{path}: {source}`) and also return
+/// it from `source()`, and a context may be added twice on the way up; printing the
+/// chain as is would repeat them (`… (os error 2): No such file … (os error 2)`).
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 /// The one-line summary printed on stderr after each answer.
 pub fn stats_line(s: &GenerateStats) -> String {
     let rate = |r: Option<f64>| r.map_or_else(|| "-".to_string(), |r| format!("{r:.1}"));
@@ -263,4 +282,48 @@ pub fn stats_line(s: &GenerateStats) -> String {
         rate(s.decode_tps()),
         s.stop.as_str()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Wrapping {
+        source: std::io::Error,
+    }
+
+    impl std::fmt::Display for Wrapping {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "receipt /x/r.json: {}", self.source)
+        }
+    }
+
+    impl std::error::Error for Wrapping {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn error_text_says_each_cause_once() {
+        let io = std::io::Error::from_raw_os_error(2);
+        let io_text = io.to_string();
+        let e = anyhow::Error::new(Wrapping { source: io }).context("writing the receipt");
+        // anyhow's own chain repeats the source the message already holds.
+        assert_eq!(
+            format!("{e:#}"),
+            format!("writing the receipt: receipt /x/r.json: {io_text}: {io_text}")
+        );
+        assert_eq!(
+            error_text(&e),
+            format!("writing the receipt: receipt /x/r.json: {io_text}")
+        );
+        let twice = anyhow::anyhow!("not a GGUF file")
+            .context("loading the model")
+            .context("loading the model");
+        assert_eq!(error_text(&twice), "loading the model: not a GGUF file");
+        let distinct = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_text(&distinct), "outer: inner");
+    }
 }

@@ -108,7 +108,7 @@ pub fn finish(probe: Option<ProbeHandle>) {
     if let Some(p) = probe {
         match p.finish() {
             Ok(s) => eprint!("{}", s.table()),
-            Err(e) => eprintln!("gpu-probe: {e:#}"),
+            Err(e) => eprintln!("gpu-probe: {}", crate::common::error_text(&e)),
         }
     }
 }

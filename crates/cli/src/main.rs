@@ -73,7 +73,7 @@ fn main() {
         Command::GpuProbe(a) => gpu_probe::main(a),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", common::error_text(&e));
         std::process::exit(1);
     }
 }

@@ -43,7 +43,7 @@ use ds4_tokenizer::{ChatMessage, RenderOptions};
 use serde_json::{Map, Value, json};
 
 use crate::common::{
-    BackendKind, Loaded, ModelArgs, PrefillProgress, load_on, model_path, stats_line,
+    BackendKind, Loaded, ModelArgs, PrefillProgress, error_text, load_on, model_path, stats_line,
 };
 use crate::gpu_probe::{self, GpuProbeArgs, ProbeHandle, set_phase};
 
@@ -210,7 +210,7 @@ pub fn main(args: EvalArgs) -> Result<()> {
     let mut texts = Vec::new();
     let result = path.and_then(|_| run(&args, &document, &mut receipt, &mut texts));
     if let Err(e) = &result {
-        receipt.record_failure("eval", &format!("{e:#}"));
+        receipt.record_failure("eval", &error_text(e));
     }
     receipt.finish_time();
     args.receipt
@@ -286,7 +286,7 @@ fn conversation(
         Err(e) => {
             receipt.push_failure(Failure {
                 stage: "warmup".into(),
-                message: format!("{e:#}"),
+                message: error_text(&e),
                 turn: None,
                 run: None,
             });
@@ -366,7 +366,7 @@ fn conversation(
             Err(e) => {
                 receipt.push_failure(Failure {
                     stage: "turn".into(),
-                    message: format!("{e:#}"),
+                    message: error_text(&e),
                     turn: Some(i),
                     run: None,
                 });
