@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use ds4_args::int;
 use ds4_cuda::CudaBackend;
 use ds4_engine::sampler::{Rng, SamplerParams, sample};
 use ds4_engine::{LoadedModel, Session};
@@ -54,13 +55,16 @@ pub struct BenchArgs {
     pub synthetic: Option<String>,
     /// Prompt lengths for the prefill measurement, comma-separated
     /// (default: 512; on CUDA 512,4096).
-    #[arg(long = "prefill-tokens", value_delimiter = ',', value_name = "N[,N…]")]
+    #[arg(long = "prefill-tokens", value_delimiter = ',', value_name = "N[,N…]",
+          allow_negative_numbers = true, value_parser = int::<usize>(1..))]
     pub prefill_tokens: Vec<usize>,
     /// Tokens for the decode measurement.
-    #[arg(long = "decode-tokens", default_value_t = 128)]
+    #[arg(long = "decode-tokens", value_name = "N", default_value_t = 128,
+          allow_negative_numbers = true, value_parser = int::<usize>(1..))]
     pub decode_tokens: usize,
     /// Counted runs of each measurement (after one warm-up).
-    #[arg(long = "runs", default_value_t = 5)]
+    #[arg(long = "runs", value_name = "N", default_value_t = 5,
+          allow_negative_numbers = true, value_parser = int::<usize>(1..))]
     pub runs: usize,
     /// Print JSON instead of a table.
     #[arg(long = "json")]
@@ -257,9 +261,6 @@ impl Measured {
 }
 
 pub fn main(args: BenchArgs) -> Result<()> {
-    if args.runs == 0 || args.decode_tokens == 0 || args.prefill_sizes().contains(&0) {
-        bail!("--runs, --prefill-tokens and --decode-tokens must be at least 1");
-    }
     let backend = match args.model.backend {
         BackendKind::Cpu => "cpu",
         BackendKind::Cuda => "cuda",

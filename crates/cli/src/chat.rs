@@ -33,12 +33,8 @@ pub struct ChatArgs {
     #[arg(long = "system")]
     pub system: Option<String>,
     /// Most tokens per answer.
-    #[arg(
-        short = 'n',
-        long = "n-predict",
-        default_value_t = 2048,
-        allow_negative_numbers = true
-    )]
+    #[arg(short = 'n', long = "n-predict", value_name = "N", default_value_t = 2048,
+          allow_negative_numbers = true, value_parser = ds4_args::int::<usize>(0..))]
     pub n_predict: usize,
 }
 
