@@ -28,8 +28,12 @@ pub struct ServeArgs {
     /// Allow cross-origin requests from browsers (any origin).
     #[arg(long = "cors")]
     pub cors: bool,
-    /// Accept any model name in requests (for clients that hard-code one).
-    #[arg(long = "any-model")]
+    /// Answer 404 to requests that name another model (by default any name is accepted
+    /// and answered under the served id).
+    #[arg(long = "strict-model")]
+    pub strict_model: bool,
+    /// Accept any model name (the default now; kept so that old command lines work).
+    #[arg(long = "any-model", hide = true, conflicts_with = "strict_model")]
     pub any_model: bool,
     /// Requests that may wait while one runs; more get 429 with Retry-After.
     #[arg(long = "queue", value_name = "N", default_value_t = 16, allow_negative_numbers = true,
@@ -63,7 +67,7 @@ impl ServeArgs {
                 .clone()
                 .or_else(|| std::env::var(API_KEY_ENV).ok().filter(|k| !k.is_empty())),
             cors: self.cors,
-            any_model: self.any_model,
+            strict_model: self.strict_model,
             queue: self.queue,
             max_body_bytes: self.max_body_bytes,
             aliases: self.aliases.clone(),
