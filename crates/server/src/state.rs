@@ -58,6 +58,20 @@ pub fn slug(name: &str) -> String {
     if out.is_empty() { "model".into() } else { out }
 }
 
+/// Shared by all handlers.
+pub struct AppState {
+    pub vocab: Arc<dyn Vocab>,
+    pub worker: Arc<Worker>,
+    pub metrics: Arc<Metrics>,
+    pub config: ServerConfig,
+    pub names: ModelNames,
+    /// The tool-call format of the model's template.
+    pub tool_format: ToolFormat,
+    /// Unix time the server started (the models' `created`).
+    pub started: u64,
+    pub shutting_down: AtomicBool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,18 +110,4 @@ mod tests {
         assert_eq!(n.ids().collect::<Vec<_>>(), ["qwen2.5-coder-0.5b", "coder"]);
         assert_eq!(n.display(), "Qwen2.5 Coder 0.5B");
     }
-}
-
-/// Shared by all handlers.
-pub struct AppState {
-    pub vocab: Arc<dyn Vocab>,
-    pub worker: Arc<Worker>,
-    pub metrics: Arc<Metrics>,
-    pub config: ServerConfig,
-    pub names: ModelNames,
-    /// The tool-call format of the model's template.
-    pub tool_format: ToolFormat,
-    /// Unix time the server started (the models' `created`).
-    pub started: u64,
-    pub shutting_down: AtomicBool,
 }
