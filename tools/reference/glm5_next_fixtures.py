@@ -173,6 +173,59 @@ FIXTURES = [
             swiglu_limit=3.0,
         ),
     ),
+    # GLM-5.3-Flash's own layout, small: what llama.cpp's converter accepts (one head
+    # count for KDA and MLA, leading dense layers), so that the same checkpoint is also
+    # converted by llama.cpp (tools/reference/llamacpp_convert.py -> llamacpp.gguf).
+    dict(
+        name="real_layout",
+        seed=3004,
+        prompt_len=150,
+        covers=[
+            "GLM-5.3-Flash's layer schedule (the config defaults): KDA where i % 4 != 3, MLA + DSA where "
+            "i % 4 == 3 (layers 3, 7, both `full`: a `shared` layer after a KDA layer cannot run in the "
+            "reference, so the real 3:1 layout has none)",
+            "KDA head count = MLA head count (4), as llama.cpp's glm5-next requires; gate lower bound -5.0 "
+            "(the real model's)",
+            "3 leading dense MLP layers, then MoE (layers 3-7), as the real model",
+            "index_kpool 16 (the real model's), index_topk 64: positions < 79 see every token, later ones "
+            "are sparse; prompt 150 = 9 pools + tail 6; decode crosses the pool ends at 159 and 175",
+            "grouped routing: 12 experts in 3 groups, topk_group 2, top-4, renormalised, scaling 2.5; "
+            "one shared expert",
+            "swiglu_limit 2.0 on the dense MLP, shared and routed experts",
+            "hc_mult 4, 20 Sinkhorn iterations",
+            "also converted by llama.cpp's converter (llamacpp.gguf in the f32 folder)",
+        ],
+        text=dict(
+            vocab_size=288,
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=40,
+            kv_lora_rank=28,
+            qk_nope_head_dim=20,
+            v_head_dim=12,
+            index_n_heads=16,
+            index_head_dim=24,
+            linear_num_heads=4,
+            linear_head_dim=12,
+            n_routed_experts=12,
+            num_hidden_layers=8,
+            layer_types=None,  # the config's default: KDA for i % 4 != 3, MLA for i % 4 == 3
+            indexer_types=None,  # default: all `full`
+            mlp_layer_types=None,  # default: 3 dense, then sparse
+            linear_lower_bound=-5.0,
+            index_topk=64,
+            index_kpool=16,
+            index_kpool_always_select_tail=True,
+            n_group=3,
+            topk_group=2,
+            num_experts_per_tok=4,
+            norm_topk_prob=True,
+            swiglu_limit=2.0,
+        ),
+    ),
 ]
 
 

@@ -37,9 +37,26 @@ deepseek_v4 (`DeepseekV4Model`, arch `deepseek4`)
     `get_vocab_base_pre` is patched to answer `deepseek-v3` (the DeepSeek-V3/V4
     pre-tokenizer) for it; nothing else in the converter is changed.
 
-glm5_next (`Glm5NextModel`, arch `glm5-next`): the committed GLM-5.3
-fixtures cannot be converted, see tools/reference/README.md; the script reports
-the converter's own error.
+glm5_next (`Glm5NextModel`, arch `glm5-next`)
+  * `model.safetensors`: the fixture's checkpoint as `save_pretrained` wrote it
+    (hub names `model.language_model.layers.{i}.…`, per-expert matrices).
+  * `config.json`: the fixture's (transformers) config plus, in `text_config`,
+    the keys the converter reads that transformers' `Glm5NextTextConfig` does not
+    serialise: `linear_attn_config` (`head_dim`, `num_heads`,
+    `short_conv_kernel_size`, `gate_lower_bound` from the `linear_*` keys),
+    `mla_use_nope: true`, `first_k_dense_replace` (the number of leading dense
+    layers; the MLP schedule must be a leading dense block).
+  * a tiny byte-level BPE tokenizer with exactly `vocab_size` entries: the 256
+    byte symbols, merges of frequent letter pairs, then GLM's four special tokens
+    the converter looks up (`<|endoftext|>`, `[gMASK]`, `<|user|>`,
+    `<|observation|>`) as the last ids. It is also written into the fixture
+    folder (`tokenizer.json`, `tokenizer_config.json`), so that our converter
+    (`ds4-server convert`) reads the same tokenizer and the two files can be
+    compared key by key. Its pre-tokenizer hash is unknown to llama.cpp, so
+    `get_vocab_base_pre` answers `glm4` for it (as for the real GLM tokenizer).
+  The committed lowerbound_sparse / softplus_dense fixtures cannot be converted
+  (3 KDA heads vs 4 MLA heads; a non-leading dense MLP): the script reports the
+  converter's own error. `real_layout` is made for it.
 
 Usage:
     tools/reference/.venv/bin/python tools/reference/llamacpp_convert.py \\
@@ -106,6 +123,37 @@ def unpack_fp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------
 # tiny tokenizer
+
+
+GLM_SPECIALS = ["<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>"]
+
+
+def write_tiny_glm_tokenizer(folder: Path, vocab_size: int) -> None:
+    """Byte symbols 0..255, letter-pair merges, GLM's special tokens as the last ids."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    n_normal = vocab_size - len(GLM_SPECIALS)
+    assert n_normal >= len(alphabet), f"glm5_next fixture vocab {vocab_size} is too small for a byte-level tokenizer"
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    merges = []
+    letters = "etaoinshrdlucmfw"
+    for a in letters:
+        for b in letters:
+            if len(vocab) >= n_normal:
+                break
+            vocab[a + b] = len(vocab)
+            merges.append((a, b))
+    assert len(vocab) == n_normal
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GLM_SPECIALS])
+    assert [tok.token_to_id(t) for t in GLM_SPECIALS] == list(range(n_normal, vocab_size))
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(
+        tokenizer_class="PreTrainedTokenizerFast", eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+        model_max_length=1048576), indent=1) + "\n")
 
 
 def write_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
@@ -199,8 +247,12 @@ def prepare_glm5_next(src: Path, dst: Path, cfg: dict) -> dict:
     out_cfg["text_config"] = t
     (dst / "config.json").write_text(json.dumps(out_cfg, indent=1) + "\n")
     shutil.copy(src / "model.safetensors", dst / "model.safetensors")
-    write_tiny_tokenizer(dst, text["vocab_size"])
-    return dict(first_k_dense_replace=lead)
+    if not problems:
+        # the same tokenizer beside the fixture's checkpoint, for our converter
+        write_tiny_glm_tokenizer(src, text["vocab_size"])
+    write_tiny_glm_tokenizer(dst, text["vocab_size"])
+    added = {k: t[k] for k in ("linear_attn_config", "mla_use_nope", "first_k_dense_replace")}
+    return dict(config_keys_added=added, tokenizer="tokenizer.json + tokenizer_config.json (also in the fixture folder)")
 
 
 # --------------------------------------------------------------------------
@@ -277,9 +329,27 @@ def verify_deepseek4(fixture: Path, gguf_path: Path) -> dict:
 
 
 # --------------------------------------------------------------------------
+# tensor types of llama.cpp's other output types (glm5_next)
+
+TYPE_OUTTYPES = ("bf16", "f16", "q8_0")
 
 
-def run_converter(llama_cpp: Path, model_dir: Path, out: Path, family: str) -> None:
+def tensor_types(path: Path) -> dict:
+    """{"default": the most common type, "other": {tensor: type} for the rest} of a GGUF."""
+    import gguf  # the llama.cpp tree's gguf-py (on sys.path after run_converter)
+
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    counts: dict = {}
+    for ty in types.values():
+        counts[ty] = counts.get(ty, 0) + 1
+    default = max(counts, key=lambda ty: counts[ty])
+    return dict(default=default, other={n: ty for n, ty in sorted(types.items()) if ty != default})
+
+
+# --------------------------------------------------------------------------
+
+
+def run_converter(llama_cpp: Path, model_dir: Path, out: Path, family: str, outtype: str = "f32") -> None:
     sys.path.insert(0, str(llama_cpp / "gguf-py"))
     sys.path.insert(0, str(llama_cpp))
     import conversion.base as base  # noqa: E402
@@ -302,7 +372,7 @@ def run_converter(llama_cpp: Path, model_dir: Path, out: Path, family: str) -> N
     import convert_hf_to_gguf  # noqa: E402
 
     argv = sys.argv
-    sys.argv = ["convert_hf_to_gguf.py", str(model_dir), "--outfile", str(out), "--outtype", "f32"]
+    sys.argv = ["convert_hf_to_gguf.py", str(model_dir), "--outfile", str(out), "--outtype", outtype]
     try:
         convert_hf_to_gguf.main()
     finally:
@@ -325,6 +395,14 @@ def convert(fixture: Path, llama_cpp: Path) -> dict:
         tmp_out = Path(tmp) / "out.gguf"
         run_converter(llama_cpp, work, tmp_out, family)
         shutil.move(str(tmp_out), out)
+        if family == "glm5_next":
+            # which tensors llama.cpp writes in which type for the other output types
+            # (crates/convert/tests/glm5_next_llamacpp.rs holds our converter to it)
+            info["tensor_types"] = {}
+            for outtype in TYPE_OUTTYPES:
+                other = Path(tmp) / f"out-{outtype}.gguf"
+                run_converter(llama_cpp, work, other, family, outtype)
+                info["tensor_types"][outtype] = tensor_types(other)
     if family == "deepseek_v4":
         info["read_back"] = verify_deepseek4(fixture, out)
     info.update(file=out.name, bytes=out.stat().st_size, sha256=hashlib.sha256(out.read_bytes()).hexdigest(),

@@ -5,8 +5,8 @@
 # --only and --no-sensitivity are passed to each family's script.
 # Creates tools/reference/.venv on first use (PyPI, ~5 GB: the PyPI torch wheel
 # pulls the CUDA runtime libraries it links against; everything runs on the CPU).
-# deepseek4 also remakes llamacpp.gguf next to each f32 checkpoint with
-# llama.cpp's converter (tools/reference/llamacpp_convert.py); it needs the
+# deepseek4 (and glm5_next for real_layout) also remakes llamacpp.gguf next to each
+# f32 checkpoint with llama.cpp's converter (tools/reference/llamacpp_convert.py); it needs the
 # llama.cpp tree of the llama-cpp-python 0.3.36 sdist: $LLAMA_CPP_DIR, default
 # /work/ref/llama_cpp_python-0.3.36/vendor/llama.cpp.
 set -euo pipefail
@@ -49,8 +49,14 @@ done
 for family in "${families[@]}"; do
     case "$family" in
         glm5_next)
+            out="$root/crates/engine/tests/fixtures/glm5_next"
             PYTHONUNBUFFERED=1 "$venv/bin/python" "$here/glm5_next_fixtures.py" \
-                --out "$root/crates/engine/tests/fixtures/glm5_next" ${args[@]+"${args[@]}"}
+                --out "$out" ${args[@]+"${args[@]}"}
+            # real_layout is also converted by llama.cpp (a regenerated folder has lost its llamacpp.gguf)
+            d="$out/real_layout_f32"
+            if [[ -f "$d/model.safetensors" && ! -f "$d/llamacpp.gguf" ]]; then
+                PYTHONUNBUFFERED=1 "$venv/bin/python" "$here/llamacpp_convert.py" "$d"
+            fi
             ;;
         deepseek4)
             out="$root/crates/engine/tests/fixtures/deepseek4"

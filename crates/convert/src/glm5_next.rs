@@ -8,13 +8,21 @@
 //! `ssm_a = −exp(A_log)` (llama.cpp's kimi convention); per-expert matrices are
 //! stacked into `{cols, rows, E}` tensors.
 //!
-//! Types: matrices take `--outtype` (routed experts `--expert-type`), falling back per
-//! [`crate::quantize::fit`] when a row is not whole blocks; vectors, the conv weight,
-//! the kpool `ape` stay F32; the mHC `fn` and the router are F32 unless the output
-//! is BF16/F16. With `--outtype bf16`, F32-stored values are rounded to bf16 except
-//! those the reference keeps in float32 in its bf16 model
+//! Names, metadata keys, value types, ggml shapes and tensor types are llama.cpp's for
+//! `glm5-next` (its `convert_hf_to_gguf.py`, `conversion/glm.py` `Glm5NextModel`, at
+//! commit 0c1e5709); `tools/reference/compare_gguf.py` and
+//! `crates/convert/tests/glm5_next_llamacpp.rs` compare the two converters' files.
+//!
+//! Types (as llama.cpp's converter chooses them): matrices take `--outtype` (routed
+//! experts `--expert-type`), falling back per [`crate::quantize::fit`] when a row is
+//! not whole blocks; F32 in every output: vectors and norms, the conv weights, the mHC
+//! `fn`/`base`/`scale`, the router, the indexer's head-weight projection and its
+//! k-pool compressor (`gate`, `ape`). With `--outtype bf16`, F32-stored values are
+//! rounded to bf16 except those the reference keeps in float32 in its bf16 model
 //! (`_keep_in_fp32_modules_strict`: router bias, conv, `dt_bias`, `A_log`, mHC base
-//! and scale), so the file reproduces `from_pretrained(dtype=torch.bfloat16)`.
+//! and scale), so the file reproduces `from_pretrained(dtype=torch.bfloat16)` (for a
+//! checkpoint stored in bf16, as published, the rounding changes nothing and the
+//! values are llama.cpp's too).
 
 use std::collections::HashSet;
 
@@ -25,8 +33,8 @@ use crate::quantize::{OutType, encode, fit, round_bf16};
 use crate::source::TensorSource;
 use crate::{ConvertError, ConvertReport};
 
-/// The architecture name written (`general.architecture`).
-pub const ARCH: &str = "glm5next";
+/// The architecture name written (`general.architecture`): llama.cpp's.
+pub const ARCH: &str = "glm5-next";
 
 /// Conversion settings.
 #[derive(Debug, Clone)]
@@ -44,7 +52,8 @@ pub struct Options {
 enum Kind {
     /// A vector or small table stored F32; `keep` = kept f32 in the bf16 reference.
     Small { keep: bool },
-    /// The mHC `fn` and the router: an f32 island.
+    /// A matrix llama.cpp keeps F32 in every output (mHC `fn`, router, indexer head
+    /// weights and k-pool gate); bf16 values in the bf16 reference.
     Island,
     /// An ordinary matrix.
     Matrix,
@@ -107,10 +116,12 @@ impl Ctx<'_> {
                 }
                 GgmlType::F32
             }
-            Kind::Island => match o {
-                OutType::Bf16 | OutType::F16 => o.ggml(),
-                _ => GgmlType::F32,
-            },
+            Kind::Island => {
+                if o == OutType::Bf16 {
+                    round_bf16(data);
+                }
+                GgmlType::F32
+            }
             Kind::Matrix => o.ggml(),
             Kind::Expert => self.opts.expert_type.unwrap_or(o).ggml(),
         };
@@ -218,11 +229,10 @@ pub fn convert(
     w: &mut GgufWriter,
 ) -> Result<ConvertReport, ConvertError> {
     check_layout(c)?;
-    write_metadata(c, opts, w)?;
     let mut report = ConvertReport::default();
     let mut cx = Ctx {
         src,
-        w,
+        w: &mut *w,
         opts,
         report: &mut report,
         used: HashSet::new(),
@@ -256,6 +266,8 @@ pub fn convert(
         .collect();
     unused.sort();
     report.unused = unused;
+    let label = size_label(&w.tensor_infos());
+    write_metadata(c, opts, label, w)?;
     Ok(report)
 }
 
@@ -360,7 +372,7 @@ fn kda(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
             )?;
             cx.emit(
                 &format!("blk.{i}.ssm_conv1d_{p}.weight"),
-                &[kc, 1, qkv],
+                &[kc, 1, qkv, 1],
                 v,
                 Kind::Small { keep: true },
             )?;
@@ -374,7 +386,7 @@ fn kda(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
             let part = v[j * qkv * kc..(j + 1) * qkv * kc].to_vec();
             cx.emit(
                 &format!("blk.{i}.ssm_conv1d_{p}.weight"),
-                &[kc, 1, qkv],
+                &[kc, 1, qkv, 1],
                 part,
                 Kind::Small { keep: true },
             )?;
@@ -567,7 +579,7 @@ fn mla(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
             "indexer.proj.weight",
             hi,
             d,
-            Kind::Matrix,
+            Kind::Island,
         )?;
         cx.matrix(
             i,
@@ -575,7 +587,7 @@ fn mla(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
             "indexer_compressor_gate.weight",
             di,
             d,
-            Kind::Matrix,
+            Kind::Island,
         )?;
         let ape = cx.read(
             &[&format!(
@@ -722,7 +734,7 @@ fn moe(cx: &mut Ctx, c: &TextConfig, i: usize) -> Result<(), ConvertError> {
 }
 
 /// llama.cpp's `general.file_type` for the main output type.
-fn file_type(o: OutType) -> u32 {
+pub(crate) fn file_type(o: OutType) -> u32 {
     match o {
         OutType::F32 => 0,
         OutType::F16 => 1,
@@ -731,67 +743,100 @@ fn file_type(o: OutType) -> u32 {
         OutType::Q4K => 15,
         OutType::Iq2Xxs => 19,
         OutType::Bf16 => 32,
+        OutType::Mxfp4 => 38,
     }
 }
 
-fn write_metadata(c: &TextConfig, opts: &Options, w: &mut GgufWriter) -> Result<(), ConvertError> {
+/// llama.cpp's `general.size_label` (gguf-py `size_label` over the written tensors):
+/// `{E}x{params of the non-expert tensors + one expert's}`, e.g. `288x18B`, or the plain
+/// parameter count without routed experts; `K`/`M`/`B`/`T` with at least two digits.
+pub fn size_label(tensors: &[ds4_gguf::TensorInfo]) -> String {
+    let (mut shared, mut per_expert, mut e_sum, mut e_tensors) = (0u64, 0u64, 0u64, 0u64);
+    for t in tensors {
+        let n = t.n_elements();
+        if t.name.contains("_exps.") && t.dims.len() >= 3 {
+            let e = t.dims[t.dims.len() - 1].max(1);
+            per_expert += n / e;
+            e_sum += e;
+            e_tensors += 1;
+        } else {
+            shared += n;
+        }
+    }
+    let rounded = |n: u64| {
+        let x = n as f64;
+        let (v, suffix) = if x > 1e12 {
+            (x * 1e-12, "T")
+        } else if x > 1e9 {
+            (x * 1e-9, "B")
+        } else if x > 1e6 {
+            (x * 1e-6, "M")
+        } else {
+            (x * 1e-3, "K")
+        };
+        // Python's round() is half-to-even; the digit count of a half case is the same.
+        let int_digits = format!("{}", v.round()).trim_start_matches('0').len();
+        format!("{v:.*}{suffix}", 2usize.saturating_sub(int_digits))
+    };
+    match e_sum.checked_div(e_tensors) {
+        Some(e) => format!("{e}x{}", rounded(shared + per_expert)),
+        None => rounded(shared + per_expert),
+    }
+}
+
+/// The metadata llama.cpp's converter writes for `glm5-next` (same keys and value
+/// types), plus this project's extension `kda.head_count` only when the KDA head count
+/// differs from `attention.head_count` (llama.cpp's `glm5-next` has one head count).
+fn write_metadata(
+    c: &TextConfig,
+    opts: &Options,
+    size_label: String,
+    w: &mut GgufWriter,
+) -> Result<(), ConvertError> {
     let n = c.num_hidden_layers;
     let k = |s: &str| format!("{ARCH}.{s}");
     let u = |x: usize| Value::U32(x as u32);
+    let per_layer_f32 = |x: f32| Value::Array(vec![Value::F32(x); n]);
     let mut kv: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(ARCH.into())),
+        ("general.type".into(), Value::String("model".into())),
         ("general.name".into(), Value::String(opts.name.clone())),
+        ("general.size_label".into(), Value::String(size_label)),
         (
             "general.file_type".into(),
             Value::U32(file_type(opts.outtype)),
         ),
         ("general.quantization_version".into(), Value::U32(2)),
-        (k("vocab_size"), u(c.vocab_size)),
+        (k("block_count"), u(n)),
         (k("context_length"), u(c.max_position_embeddings)),
         (k("embedding_length"), u(c.hidden_size)),
-        (k("block_count"), u(n)),
         (k("feed_forward_length"), u(c.intermediate_size)),
-        (k("expert_feed_forward_length"), u(c.moe_intermediate_size)),
-        (
-            k("expert_shared_feed_forward_length"),
-            u(c.moe_intermediate_size * c.n_shared_experts),
-        ),
-        (k("expert_count"), u(c.n_routed_experts)),
-        (k("expert_used_count"), u(c.num_experts_per_tok)),
-        (k("expert_shared_count"), u(c.n_shared_experts)),
-        (k("expert_group_count"), u(c.n_group)),
-        (k("expert_group_used_count"), u(c.topk_group)),
-        (
-            k("expert_weights_scale"),
-            Value::F32(c.routed_scaling_factor),
-        ),
-        (k("expert_weights_norm"), Value::Bool(c.norm_topk_prob)),
-        (k("expert_gating_func"), Value::U32(2)),
-        (
-            k("leading_dense_block_count"),
-            u(c.mlp_layer_types
-                .iter()
-                .take(n)
-                .take_while(|t| *t == "dense")
-                .count()),
-        ),
         (k("attention.head_count"), u(c.num_attention_heads)),
+        // 0 marks a KDA layer, 1 an MLA layer (one latent shared by the heads), as INT32
+        // (what gguf-py writes for a list of Python ints).
         (
             k("attention.head_count_kv"),
             Value::Array(
                 (0..n)
-                    .map(|i| {
-                        Value::U32(if c.is_kda(i) {
-                            0
-                        } else {
-                            c.num_key_value_heads as u32
-                        })
-                    })
+                    .map(|i| Value::I32(if c.is_kda(i) { 0 } else { 1 }))
                     .collect(),
             ),
         ),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(c.rms_norm_eps),
+        ),
+        (k("expert_count"), u(c.n_routed_experts)),
+        (k("expert_used_count"), u(c.num_experts_per_tok)),
+        (k("expert_group_count"), u(c.n_group)),
+        (k("expert_group_used_count"), u(c.topk_group)),
+        (k("vocab_size"), u(c.vocab_size)),
+        (k("attention.layer_norm_epsilon"), Value::F32(1e-6)),
+        (k("ssm.conv_kernel"), u(c.linear_conv_kernel_dim)),
+        (k("kda.head_dim"), u(c.linear_head_dim)),
         (k("attention.q_lora_rank"), u(c.q_lora_rank)),
         (k("attention.kv_lora_rank"), u(c.kv_lora_rank)),
+        (k("rope.dimension_count"), u(c.qk_rope_head_dim)),
         (
             k("attention.key_length"),
             u(c.kv_lora_rank + c.qk_rope_head_dim),
@@ -802,11 +847,6 @@ fn write_metadata(c: &TextConfig, opts: &Options, w: &mut GgufWriter) -> Result<
             u(c.qk_nope_head_dim + c.qk_rope_head_dim),
         ),
         (k("attention.value_length_mla"), u(c.v_head_dim)),
-        (
-            k("attention.layer_norm_rms_epsilon"),
-            Value::F32(c.rms_norm_eps),
-        ),
-        (k("attention.layer_norm_epsilon"), Value::F32(1e-6)),
         (k("attention.indexer.head_count"), u(c.index_n_heads)),
         (k("attention.indexer.key_length"), u(c.index_head_dim)),
         (k("attention.indexer.top_k"), u(c.index_topk)),
@@ -819,24 +859,40 @@ fn write_metadata(c: &TextConfig, opts: &Options, w: &mut GgufWriter) -> Result<
             k("attention.indexer.types"),
             Value::Array((0..n).map(|i| Value::Bool(c.full_indexer(i))).collect()),
         ),
-        (k("rope.dimension_count"), u(0)),
-        (k("ssm.conv_kernel"), u(c.linear_conv_kernel_dim)),
-        (k("kda.head_dim"), u(c.linear_head_dim)),
-        (k("kda.head_count"), u(c.linear_num_heads)),
         (k("hyper_connection.count"), u(c.hc_mult)),
         (
             k("hyper_connection.sinkhorn_iterations"),
             u(c.hc_sinkhorn_iters),
         ),
         (k("hyper_connection.epsilon"), Value::F32(c.hc_eps)),
-        (k("nextn_predict_layers"), u(0)),
+        (
+            k("leading_dense_block_count"),
+            u(c.mlp_layer_types
+                .iter()
+                .take(n)
+                .take_while(|t| *t == "dense")
+                .count()),
+        ),
+        (k("expert_feed_forward_length"), u(c.moe_intermediate_size)),
+        (k("expert_shared_count"), u(c.n_shared_experts)),
+        (
+            k("expert_weights_scale"),
+            Value::F32(c.routed_scaling_factor),
+        ),
+        (k("expert_weights_norm"), Value::Bool(c.norm_topk_prob)),
     ];
     if let Some(lb) = c.linear_lower_bound {
         kv.push((k("kda.gate_lower_bound"), Value::F32(lb)));
     }
+    if c.linear_num_heads != c.num_attention_heads {
+        kv.push((k("kda.head_count"), u(c.linear_num_heads)));
+    }
+    if let Some(f) = c.expert_gating_func {
+        kv.push((k("expert_gating_func"), Value::U32(f)));
+    }
     if let Some(l) = c.swiglu_limit {
-        kv.push((k("swiglu_clamp_exp"), Value::F32(l)));
-        kv.push((k("swiglu_clamp_shexp"), Value::F32(l)));
+        kv.push((k("swiglu_clamp_exp"), per_layer_f32(l)));
+        kv.push((k("swiglu_clamp_shexp"), per_layer_f32(l)));
     }
     for (key, v) in kv {
         w.add_metadata(key.clone(), v)

@@ -58,7 +58,23 @@ pub struct TextConfig {
     pub hc_sinkhorn_iters: usize,
     pub hidden_act: String,
     pub tie_word_embeddings: bool,
+    /// `expert_gating_func` when the config names the router's scoring function
+    /// (`scoring_func` and the other keys llama.cpp's converter looks for); only
+    /// sigmoid (2) is accepted. `None`: not written (sigmoid, llama.cpp's default for
+    /// this architecture).
+    pub expert_gating_func: Option<u32>,
 }
+
+/// The config keys llama.cpp's converter reads the router's scoring function from, in
+/// its order.
+const SCORE_KEYS: [&str; 6] = [
+    "score_function",
+    "scoring_func",
+    "score_func",
+    "moe_router_activation",
+    "moe_router_activation_func",
+    "expert_selection_fn",
+];
 
 fn get<'a>(c: &'a Value, k: &str) -> Option<&'a Value> {
     c.get(k).filter(|v| !v.is_null())
@@ -171,7 +187,21 @@ impl TextConfig {
                 "tie_word_embeddings",
                 boolean(&root, "tie_word_embeddings", false)?,
             )?,
+            expert_gating_func: None,
         };
+        if let Some((k, v)) = SCORE_KEYS
+            .iter()
+            .find_map(|k| get(c, k).or_else(|| get(&root, k)).map(|v| (*k, v)))
+        {
+            cfg.expert_gating_func = match v.as_str() {
+                Some("sigmoid") => Some(2),
+                _ => {
+                    return Err(ConvertError::Config(format!(
+                        "config.json: `{k}` is {v}; glm5_next routes with sigmoid"
+                    )));
+                }
+            };
+        }
         // Per-layer schedules (`__post_init__`).
         cfg.mlp_layer_types = strings(c, "mlp_layer_types")?.unwrap_or_else(|| {
             (0..n_layer)

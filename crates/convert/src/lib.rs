@@ -1,18 +1,21 @@
-//! `ds4-convert`: a Hugging Face checkpoint (`config.json` + `*.safetensors`) of the
-//! `glm5_next` family (GLM-5.3-Flash) to GGUF, with the tensor names and metadata keys
-//! llama.cpp uses for this architecture (`docs/glm5_next_gguf.md`), quantized with
-//! `ds4-quant` (F32, BF16, F16, Q8_0; Q4_K, Q2_K, IQ2_XXS for the routed experts).
+//! `ds4-convert`: a Hugging Face checkpoint (`config.json` + `*.safetensors`) to GGUF,
+//! with the tensor names and metadata keys llama.cpp uses for the architecture, for the
+//! families `glm5_next` (GLM-5.3-Flash, `docs/glm5_next_gguf.md`) and `deepseek_v4`
+//! (DeepSeek-V4-Flash, llama.cpp's `deepseek4`, `docs/deepseek4_gguf.md`), quantized
+//! with `ds4-quant` (F32, BF16, F16, Q8_0; Q4_K, Q2_K, IQ2_XXS, MXFP4 for the routed
+//! experts). The family comes from `config.json`'s `model_type` / `architectures`
+//! ([`Family::detect`]).
 //!
 //! The binary's `convert` subcommand is [`ConvertArgs`] + [`run`]. Modules:
-//! [`hf_config`] (the checkpoint's configuration), [`source`] (safetensors reading),
-//! [`glm5_next`] (the mapping), [`quantize`] (output types), [`synth`] (a random-weight
-//! model of GLM-5.3-Flash's geometry, for benchmarks), [`vocab`] (copying a tokenizer
-//! from another GGUF).
+//! [`hf_config`] (GLM-5.3's configuration), [`source`] (safetensors reading),
+//! [`glm5_next`] and [`deepseek4`] (the mappings), [`quantize`] (output types),
+//! [`synth`] (a random-weight model of GLM-5.3-Flash's geometry, for benchmarks),
+//! [`vocab`] (tokenizers: copied from another GGUF or built from `tokenizer.json`).
 //!
 //! The GGUF is assembled in memory before it is written (`ds4_gguf::GgufWriter`), so
-//! the output must fit in RAM; converting the full GLM-5.3-Flash needs a streaming
-//! writer.
+//! the output must fit in RAM; converting the full models needs a streaming writer.
 
+pub mod deepseek4;
 pub mod glm5_next;
 pub mod hf_config;
 pub mod quantize;
@@ -42,6 +45,61 @@ pub enum ConvertError {
     Tensor(String),
     #[error(transparent)]
     Gguf(#[from] ds4_gguf::GgufError),
+}
+
+/// The model families the converter knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// GLM-5.3-Flash (`model_type` `glm5_next`, `Glm5NextForConditionalGeneration`).
+    Glm5Next,
+    /// DeepSeek-V4-Flash (`model_type` `deepseek_v4`, `DeepseekV4ForCausalLM`).
+    DeepSeekV4,
+}
+
+impl Family {
+    /// The family of a checkpoint from its `config.json` text: `model_type` (also a
+    /// nested `text_config.model_type`), else `architectures`.
+    ///
+    /// # Errors
+    /// [`ConvertError::Config`] for malformed JSON or a family this converter does not
+    /// know, naming what the config says and the families it knows.
+    pub fn detect(text: &str) -> Result<Family, ConvertError> {
+        let root: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| ConvertError::Config(format!("config.json: {e}")))?;
+        let mt = |v: &serde_json::Value| {
+            v.get("model_type")
+                .and_then(|m| m.as_str())
+                .map(str::to_string)
+        };
+        let model_type = mt(&root).or_else(|| root.get("text_config").and_then(mt));
+        let archs: Vec<String> = root
+            .get("architectures")
+            .and_then(|a| a.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().map(str::to_string))
+            .collect();
+        match model_type.as_deref() {
+            Some("glm5_next" | "glm5_next_text") => return Ok(Family::Glm5Next),
+            Some("deepseek_v4") => return Ok(Family::DeepSeekV4),
+            _ => {}
+        }
+        for a in &archs {
+            match a.as_str() {
+                "Glm5NextForConditionalGeneration" | "Glm5NextForCausalLM" => {
+                    return Ok(Family::Glm5Next);
+                }
+                "DeepseekV4ForCausalLM" => return Ok(Family::DeepSeekV4),
+                _ => {}
+            }
+        }
+        Err(ConvertError::Config(format!(
+            "config.json: model_type {} with architectures {:?} is not a family this converter knows \
+             (glm5_next: Glm5NextForConditionalGeneration; deepseek_v4: DeepseekV4ForCausalLM)",
+            model_type.map_or("(none)".to_string(), |m| format!("'{m}'")),
+            archs
+        )))
+    }
 }
 
 /// What a conversion wrote.
@@ -95,9 +153,13 @@ pub struct ConvertArgs {
     /// Type of the weight matrices.
     #[arg(long = "outtype", value_enum, default_value = "bf16")]
     pub outtype: OutType,
-    /// Type of the routed experts' matrices (default: `--outtype`).
+    /// Type of the routed experts' matrices (default: `--outtype` for GLM-5.3, MXFP4 for
+    /// DeepSeek-V4).
     #[arg(long = "expert-type", value_enum)]
     pub expert_type: Option<OutType>,
+    /// DeepSeek-V4: also write the MTP block (`mtp.*` → llama.cpp's `blk.{L}.nextn.*`).
+    #[arg(long = "mtp")]
+    pub mtp: bool,
     /// Copy the tokenizer (`tokenizer.*` metadata) from this GGUF file (default: build it
     /// from the checkpoint's `tokenizer.json` when there is one).
     #[arg(long = "vocab-from")]
@@ -133,7 +195,7 @@ pub fn run(args: &ConvertArgs) -> Result<ConvertReport, ConvertError> {
             name: args
                 .name
                 .clone()
-                .unwrap_or_else(|| format!("glm5next-synthetic-{}", preset.name())),
+                .unwrap_or_else(|| format!("glm5-next-synthetic-{}", preset.name())),
         };
         glm5_next::convert(&src, &cfg, &opts, &mut w)?
     } else {
@@ -143,21 +205,30 @@ pub fn run(args: &ConvertArgs) -> Result<ConvertReport, ConvertError> {
         let name = args.name.clone().unwrap_or_else(|| {
             dir.file_name()
                 .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "glm5next".into())
+                .unwrap_or_else(|| "glm5-next".into())
         });
         let opts = Options {
             outtype: args.outtype,
             expert_type: args.expert_type,
             name,
         };
-        let report = convert_dir(dir, &opts, &mut w)?;
+        let report = convert_family(dir, &opts, args.mtp, &mut w)?;
         if vocab.is_none() {
-            let n_vocab = w
-                .metadata()
-                .get(&format!("{}.vocab_size", glm5_next::ARCH))
-                .and_then(|v| v.as_u64())
-                .unwrap_or(0) as usize;
-            for (k, v) in vocab::from_hf(dir, n_vocab)?.unwrap_or_default() {
+            let text = read_config(dir)?;
+            let (n_vocab, flavor) = match Family::detect(&text)? {
+                Family::Glm5Next => (
+                    w.metadata()
+                        .get(&format!("{}.vocab_size", glm5_next::ARCH))
+                        .and_then(|v| v.as_u64())
+                        .unwrap_or(0) as usize,
+                    vocab::Flavor::GLM,
+                ),
+                Family::DeepSeekV4 => (
+                    deepseek4::Config::parse(&text)?.vocab_size,
+                    vocab::Flavor::DEEPSEEK,
+                ),
+            };
+            for (k, v) in vocab::from_hf_with(dir, n_vocab, &flavor)?.unwrap_or_default() {
                 w.add_metadata(k, v)?;
             }
         }
@@ -170,7 +241,16 @@ pub fn run(args: &ConvertArgs) -> Result<ConvertReport, ConvertError> {
     Ok(report)
 }
 
-/// Converts the checkpoint in `dir` into `w`.
+/// The text of `dir/config.json`.
+fn read_config(dir: &Path) -> Result<String, ConvertError> {
+    let cfg_path = dir.join("config.json");
+    std::fs::read_to_string(&cfg_path).map_err(|e| ConvertError::Io {
+        path: cfg_path.display().to_string(),
+        source: e,
+    })
+}
+
+/// Converts the checkpoint in `dir` into `w`, for the family its `config.json` names.
 ///
 /// # Errors
 /// As [`run`].
@@ -179,13 +259,42 @@ pub fn convert_dir(
     opts: &Options,
     w: &mut GgufWriter,
 ) -> Result<ConvertReport, ConvertError> {
-    let cfg_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&cfg_path).map_err(|e| ConvertError::Io {
-        path: cfg_path.display().to_string(),
-        source: e,
-    })?;
-    let cfg = TextConfig::parse(&text)?;
+    convert_family(dir, opts, false, w)
+}
+
+/// As [`convert_dir`], with DeepSeek-V4's MTP block when `mtp`.
+///
+/// # Errors
+/// As [`run`]; `mtp` for a family without MTP export.
+pub fn convert_family(
+    dir: &Path,
+    opts: &Options,
+    mtp: bool,
+    w: &mut GgufWriter,
+) -> Result<ConvertReport, ConvertError> {
+    let text = read_config(dir)?;
+    let family = Family::detect(&text)?;
     let src = source::SafetensorsDir::open(dir)?;
-    let _span = tracing::info_span!("convert", dir = %dir.display()).entered();
-    glm5_next::convert(&src, &cfg, opts, w)
+    let _span = tracing::info_span!("convert", dir = %dir.display(), ?family).entered();
+    match family {
+        Family::Glm5Next => {
+            if mtp {
+                return Err(ConvertError::Config(
+                    "--mtp: the glm5_next converter does not export the MTP layer".into(),
+                ));
+            }
+            let cfg = TextConfig::parse(&text)?;
+            glm5_next::convert(&src, &cfg, opts, w)
+        }
+        Family::DeepSeekV4 => {
+            let cfg = deepseek4::Config::parse(&text)?;
+            let o = deepseek4::Options {
+                outtype: opts.outtype,
+                expert_type: opts.expert_type,
+                name: opts.name.clone(),
+                mtp,
+            };
+            deepseek4::convert(&src, &cfg, &o, w)
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! Output types and the encoding of f32 tensors into them with `ds4-quant`'s reference
-//! quantizers (ggml's `quantize_row_*_ref`; IQ2_XXS without an importance matrix weighs
+//! quantizers (ggml's `quantize_row_*_ref`, MXFP4 included; IQ2_XXS without an importance matrix weighs
 //! the error by `x²`, i.e. by weight magnitude).
 
 use ds4_gguf::GgmlType;
@@ -24,6 +24,9 @@ pub enum OutType {
     Q2K,
     #[value(name = "iq2_xxs")]
     Iq2Xxs,
+    /// MXFP4 (32-value blocks, an E8M0 scale): DeepSeek-V4's routed experts.
+    #[value(name = "mxfp4")]
+    Mxfp4,
 }
 
 impl OutType {
@@ -37,6 +40,7 @@ impl OutType {
             OutType::Q4K => GgmlType::Q4_K,
             OutType::Q2K => GgmlType::Q2_K,
             OutType::Iq2Xxs => GgmlType::IQ2_XXS,
+            OutType::Mxfp4 => GgmlType::MXFP4,
         }
     }
 
@@ -47,14 +51,16 @@ impl OutType {
 }
 
 /// The type a row of `cols` values can take when `want` is asked: `want` when `cols`
-/// is a whole number of its blocks, else Q8_0 when `cols` is a multiple of 32, else F32.
+/// is a whole number of its blocks, else Q8_0 when `want` is a coarser block type and
+/// `cols` is a multiple of 32, else F16 — what llama.cpp's converter writes when a row
+/// cannot be quantized (`QuantError` → F16).
 pub fn fit(want: GgmlType, cols: usize) -> GgmlType {
     if cols.is_multiple_of(want.block_size()) {
         want
-    } else if cols.is_multiple_of(GgmlType::Q8_0.block_size()) {
+    } else if want != GgmlType::Q8_0 && cols.is_multiple_of(GgmlType::Q8_0.block_size()) {
         GgmlType::Q8_0
     } else {
-        GgmlType::F32
+        GgmlType::F16
     }
 }
 
@@ -100,7 +106,8 @@ mod tests {
     fn fallback_types() {
         assert_eq!(fit(GgmlType::Q4_K, 512), GgmlType::Q4_K);
         assert_eq!(fit(GgmlType::Q4_K, 64), GgmlType::Q8_0);
-        assert_eq!(fit(GgmlType::Q8_0, 40), GgmlType::F32);
+        assert_eq!(fit(GgmlType::Q8_0, 40), GgmlType::F16);
+        assert_eq!(fit(GgmlType::Q4_K, 40), GgmlType::F16);
         assert_eq!(fit(GgmlType::BF16, 40), GgmlType::BF16);
     }
 

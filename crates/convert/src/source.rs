@@ -22,6 +22,21 @@ pub trait TensorSource: Sync {
     fn read(&self, name: &str) -> Result<Option<Vec<f32>>, ConvertError>;
     /// Every tensor name.
     fn names(&self) -> Vec<String>;
+    /// The stored dtype, shape and bytes of `name` (for the formats [`TensorSource::read`]
+    /// does not decode: FP8 and FP4 weights and their scales); `None` when absent or not
+    /// stored as raw bytes.
+    fn raw(&self, name: &str) -> Option<Raw> {
+        let _ = name;
+        None
+    }
+}
+
+/// A tensor as stored (see [`TensorSource::raw`]).
+#[derive(Debug, Clone)]
+pub struct Raw {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
 }
 
 /// The `*.safetensors` files of a checkpoint directory, memory-mapped.
@@ -88,9 +103,19 @@ pub fn to_f32(dtype: Dtype, bytes: &[u8], name: &str) -> Result<Vec<f32>, Conver
             .chunks_exact(2)
             .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
+        // Id tables (DeepSeek-V4's `tid2eid`): small integers, exact in f32.
+        Dtype::I64 => bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
+            .collect(),
+        Dtype::I32 => bytes
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32)
+            .collect(),
         other => {
             return Err(ConvertError::Tensor(format!(
-                "tensor '{name}' has dtype {other:?} (F32, BF16 or F16 expected)"
+                "tensor '{name}' has dtype {other:?} (F32, BF16, F16 or an integer id table expected; FP8 and \
+                 FP4 weights need their `.scale`)"
             )));
         }
     })
@@ -117,24 +142,53 @@ impl TensorSource for SafetensorsDir {
     fn names(&self) -> Vec<String> {
         self.index.keys().cloned().collect()
     }
+
+    fn raw(&self, name: &str) -> Option<Raw> {
+        let &(fi, dtype, ref shape) = self.index.get(name)?;
+        let (_, map) = &self.maps[fi];
+        let st = SafeTensors::deserialize(map).ok()?;
+        let view = st.tensor(name).ok()?;
+        Some(Raw {
+            dtype,
+            shape: shape.clone(),
+            bytes: view.data().to_vec(),
+        })
+    }
 }
 
-/// Tensors held in memory (name → shape, values).
+/// Tensors held in memory (name → shape, values; or stored bytes in `raw`).
 #[derive(Default)]
 pub struct MemorySource {
     pub tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    /// Tensors as stored (FP8, FP4 and their scales).
+    pub raw: BTreeMap<String, Raw>,
 }
 
 impl TensorSource for MemorySource {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.tensors.get(name).map(|(s, _)| s.clone())
+        self.tensors
+            .get(name)
+            .map(|(s, _)| s.clone())
+            .or_else(|| self.raw.get(name).map(|r| r.shape.clone()))
     }
 
     fn read(&self, name: &str) -> Result<Option<Vec<f32>>, ConvertError> {
-        Ok(self.tensors.get(name).map(|(_, v)| v.clone()))
+        match (self.tensors.get(name), self.raw.get(name)) {
+            (Some((_, v)), _) => Ok(Some(v.clone())),
+            (None, Some(r)) => to_f32(r.dtype, &r.bytes, name).map(Some),
+            (None, None) => Ok(None),
+        }
     }
 
     fn names(&self) -> Vec<String> {
-        self.tensors.keys().cloned().collect()
+        self.tensors
+            .keys()
+            .chain(self.raw.keys())
+            .cloned()
+            .collect()
+    }
+
+    fn raw(&self, name: &str) -> Option<Raw> {
+        self.raw.get(name).cloned()
     }
 }

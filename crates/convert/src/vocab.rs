@@ -1,9 +1,13 @@
 //! Tokenizer metadata: copied from another GGUF file (every `tokenizer.*` key), or built
 //! from a checkpoint's Hugging Face `tokenizer.json` (byte-level BPE) the way llama.cpp's
-//! converter does for GLM-4.5 and later (`tokenizer.ggml.model = gpt2`, pre-tokenizer
-//! `glm4`, special tokens `<|endoftext|>` (EOS, padding), `<|user|>` (end of turn) and
-//! `<|observation|>` (end of message), no BOS added, the chat template of
-//! `tokenizer_config.json` or `chat_template.jinja`).
+//! converter does (`tokenizer.ggml.model = gpt2`, `add_{bos,eos}_token` as gguf-py's
+//! `SpecialVocab` reads them, the chat template of `tokenizer_config.json` or
+//! `chat_template.jinja`), per family ([`Flavor`]): GLM-4.5 and later (pre-tokenizer
+//! `glm4`, special tokens `<|endoftext|>` (EOS, padding, unknown), `[gMASK]` (BOS, which
+//! llama.cpp's `glm4` pre-tokenizer never adds), `<|user|>` (end of turn),
+//! `<|observation|>` (end of message)) and DeepSeek-V3/V4 (pre-tokenizer `deepseek-v3`,
+//! `<｜begin▁of▁sentence｜>` BOS, `<｜end▁of▁sentence｜>` EOS, BOS added unless
+//! `tokenizer_config.json` says otherwise).
 
 use std::path::Path;
 
@@ -62,14 +66,65 @@ fn read_json(path: &Path) -> Result<Option<Json>, ConvertError> {
     }
 }
 
+/// How a family's tokenizer is written (see the module header).
+#[derive(Debug, Clone, Copy)]
+pub struct Flavor {
+    /// `tokenizer.ggml.pre`.
+    pub pre: &'static str,
+    /// `(tokenizer.ggml.{key}, token text)` of the special tokens.
+    pub specials: &'static [(&'static str, &'static str)],
+    /// `tokenizer.ggml.add_bos_token` when neither `tokenizer_config.json` nor the
+    /// post-processor decides it (`None`: not written).
+    pub add_bos: Option<bool>,
+}
+
+impl Flavor {
+    /// GLM-4.5 and later (GLM-5.3).
+    pub const GLM: Flavor = Flavor {
+        pre: "glm4",
+        specials: &[
+            ("eos_token_id", "<|endoftext|>"),
+            ("padding_token_id", "<|endoftext|>"),
+            ("eot_token_id", "<|user|>"),
+            ("unknown_token_id", "<|endoftext|>"),
+            ("eom_token_id", "<|observation|>"),
+            ("bos_token_id", "[gMASK]"),
+        ],
+        add_bos: None,
+    };
+    /// DeepSeek-V3 and V4.
+    pub const DEEPSEEK: Flavor = Flavor {
+        pre: "deepseek-v3",
+        specials: &[
+            ("bos_token_id", "<｜begin▁of▁sentence｜>"),
+            ("eos_token_id", "<｜end▁of▁sentence｜>"),
+            ("padding_token_id", "<｜end▁of▁sentence｜>"),
+        ],
+        add_bos: Some(true),
+    };
+}
+
+/// GLM's tokenizer (see [`from_hf_with`]).
+///
+/// # Errors
+/// As [`from_hf_with`].
+pub fn from_hf(dir: &Path, n_vocab: usize) -> Result<Option<Vec<(String, Value)>>, ConvertError> {
+    from_hf_with(dir, n_vocab, &Flavor::GLM)
+}
+
 /// The `tokenizer.*` metadata of the checkpoint in `dir` (from `tokenizer.json`,
-/// `tokenizer_config.json`, `chat_template.jinja`), with the token list padded to
-/// `n_vocab` entries (`[PAD{i}]`, unused); `None` when there is no `tokenizer.json`.
+/// `tokenizer_config.json`, `chat_template.jinja`) in `flavor`, with the token list
+/// padded to `n_vocab` entries (`[PAD{i}]`, unused); `None` when there is no
+/// `tokenizer.json`.
 ///
 /// # Errors
 /// [`ConvertError::Config`] for a tokenizer that is not byte-level BPE, duplicate or
 /// missing ids, or more tokens than `n_vocab`.
-pub fn from_hf(dir: &Path, n_vocab: usize) -> Result<Option<Vec<(String, Value)>>, ConvertError> {
+pub fn from_hf_with(
+    dir: &Path,
+    n_vocab: usize,
+    flavor: &Flavor,
+) -> Result<Option<Vec<(String, Value)>>, ConvertError> {
     let Some(tok) = read_json(&dir.join("tokenizer.json"))? else {
         return Ok(None);
     };
@@ -151,25 +206,44 @@ pub fn from_hf(dir: &Path, n_vocab: usize) -> Result<Option<Vec<(String, Value)>
         ),
         (
             "tokenizer.ggml.pre".to_string(),
-            Value::String("glm4".into()),
+            Value::String(flavor.pre.into()),
         ),
     ];
-    for (key, text) in [
-        ("eos_token_id", "<|endoftext|>"),
-        ("padding_token_id", "<|endoftext|>"),
-        ("eot_token_id", "<|user|>"),
-        ("eom_token_id", "<|observation|>"),
-        ("bos_token_id", "[gMASK]"),
-    ] {
+    for &(key, text) in flavor.specials {
         if let Some(id) = id_of(text) {
             kv.push((format!("tokenizer.ggml.{key}"), id));
         }
     }
-    kv.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)));
+    let config = read_json(&dir.join("tokenizer_config.json"))?;
+    // add_{bos,eos}_token as llama.cpp's converter (gguf-py SpecialVocab) sets them:
+    // from tokenizer_config.json, else false when tokenizer.json's post-processor is a
+    // ByteLevel one, else not written.
+    let byte_level_post = tok.get("post_processor").is_some_and(|pp| {
+        std::iter::once(pp)
+            .chain(
+                pp.get("processors")
+                    .and_then(Json::as_array)
+                    .into_iter()
+                    .flatten(),
+            )
+            .any(|p| p.get("type").and_then(Json::as_str) == Some("ByteLevel"))
+    });
+    for which in ["bos", "eos"] {
+        let key = format!("add_{which}_token");
+        let set = config
+            .as_ref()
+            .and_then(|c| c.get(&key))
+            .and_then(Json::as_bool)
+            .or(byte_level_post.then_some(false))
+            .or(if which == "bos" { flavor.add_bos } else { None });
+        if let Some(b) = set {
+            kv.push((format!("tokenizer.ggml.{key}"), Value::Bool(b)));
+        }
+    }
     kv.push(("tokenizer.ggml.tokens".into(), Value::Array(texts)));
     kv.push(("tokenizer.ggml.token_type".into(), Value::Array(types)));
     kv.push(("tokenizer.ggml.merges".into(), Value::Array(merges)));
-    let template = match read_json(&dir.join("tokenizer_config.json"))?.and_then(|c| {
+    let template = match config.and_then(|c| {
         c.get("chat_template")
             .and_then(Json::as_str)
             .map(str::to_string)

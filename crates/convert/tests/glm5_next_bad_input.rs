@@ -1,33 +1,57 @@
-//! Bad input gives clear errors: GGUF metadata that contradicts the tensor shapes, the
-//! layout the reference cannot run (a `shared` indexer layer after a KDA layer), missing
-//! tensors, a wrong sign convention, and the same problems in a checkpoint handed to
-//! the converter.
+//! Bad input gives clear errors: GGUF metadata that contradicts the tensor shapes (the
+//! error names the key), the layout the reference cannot run (a `shared` indexer layer
+//! after a KDA layer), missing tensors, a wrong sign convention, and the same problems
+//! in a checkpoint handed to the converter.
 
 mod common;
 
 use std::sync::Arc;
 
 use common::*;
+use ds4_convert::glm5_next::ARCH;
 use ds4_convert::source::{MemorySource, SafetensorsDir, TensorSource};
 use ds4_convert::{Options, OutType, TextConfig};
 use ds4_engine::backend::cpu::CpuBackend;
 use ds4_engine::families::glm5_next::Glm5Next;
 use ds4_gguf::{GgufFile, GgufWriter, Value};
 
+/// The metadata of a file being rewritten, in order.
+type Meta = Vec<(String, Value)>;
+
+/// Sets `{ARCH}.k` to `v`.
+fn set(m: &mut Meta, k: &str, v: Value) {
+    let k = key(k);
+    match m.iter_mut().find(|(n, _)| *n == k) {
+        Some(e) => e.1 = v,
+        None => m.push((k, v)),
+    }
+}
+
+/// Removes `{ARCH}.k`.
+fn remove(m: &mut Meta, k: &str) {
+    let k = key(k);
+    m.retain(|(n, _)| *n != k);
+}
+
 /// The fixture model as a GGUF, rewritten: `meta` edits the metadata, tensors named in
 /// `drop` are left out, `edit` may replace a tensor's bytes.
 fn rewritten(
-    meta: impl Fn(&mut GgufWriter),
+    meta: impl Fn(&mut Meta),
     drop: &[&str],
     edit: impl Fn(&str, &mut Vec<u8>),
 ) -> Option<Result<Glm5Next<CpuBackend>, String>> {
     let dir = fixture("lowerbound_sparse_f32");
     let src = GgufFile::from_bytes(gguf_bytes(&dir, OutType::F32, None)).unwrap();
+    let mut kv: Meta = src
+        .metadata()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    meta(&mut kv);
     let mut w = GgufWriter::new();
-    for (k, v) in src.metadata().iter() {
-        w.add_metadata(k, v.clone()).unwrap();
+    for (k, v) in kv {
+        w.add_metadata(k, v).unwrap();
     }
-    meta(&mut w);
     for t in src.tensors() {
         if drop.contains(&t.name.as_str()) {
             continue;
@@ -50,31 +74,63 @@ fn expect_err(r: Option<Result<Glm5Next<CpuBackend>, String>>, needles: &[&str])
     }
 }
 
+/// `{ARCH}.k`.
+fn key(k: &str) -> String {
+    format!("{ARCH}.{k}")
+}
+
 #[test]
 fn metadata_contradicting_shapes() {
     expect_err(
         rewritten(
-            |w| drop(w.set_metadata("glm5next.attention.kv_lora_rank", Value::U32(32))),
+            |m| set(m, "attention.kv_lora_rank", Value::U32(32)),
             &[],
             |_, _| {},
         ),
         &["blk.1.attn_k_b.weight", "shape"],
     );
     expect_err(
-        rewritten(
-            |w| drop(w.set_metadata("glm5next.kda.head_dim", Value::U32(8))),
-            &[],
-            |_, _| {},
-        ),
-        &["blk.0.", "shape"],
+        rewritten(|m| set(m, "kda.head_dim", Value::U32(8)), &[], |_, _| {}),
+        &[&key("kda.head_dim"), "8 contradicts blk.0.ssm_f_a.weight"],
     );
     expect_err(
         rewritten(
-            |w| drop(w.set_metadata("glm5next.hyper_connection.count", Value::U32(2))),
+            |m| set(m, "hyper_connection.count", Value::U32(2)),
             &[],
             |_, _| {},
         ),
         &["hc_attn_fn", "shape"],
+    );
+}
+
+/// The fixture has 3 KDA heads and 4 attention heads, so its file carries
+/// `kda.head_count`; without it the KDA head count is `attention.head_count` (llama.cpp's
+/// reading), which the projections contradict: the error names the key, not a shape.
+#[test]
+fn kda_head_count_is_named() {
+    let src = GgufFile::from_bytes(gguf_bytes(
+        &fixture("lowerbound_sparse_f32"),
+        OutType::F32,
+        None,
+    ))
+    .unwrap();
+    assert_eq!(src.get(&key("kda.head_count")), Some(&Value::U32(3)));
+    assert_eq!(src.get(&key("attention.head_count")), Some(&Value::U32(4)));
+    expect_err(
+        rewritten(|m| remove(m, "kda.head_count"), &[], |_, _| {}),
+        &[
+            &key("kda.head_count"),
+            "absent",
+            &key("attention.head_count"),
+            "blk.0.attn_q.weight has 48 rows = 3 heads × 16",
+        ],
+    );
+    expect_err(
+        rewritten(|m| set(m, "kda.head_count", Value::U32(2)), &[], |_, _| {}),
+        &[
+            &key("kda.head_count"),
+            "2 contradicts blk.0.attn_q.weight: 48 rows = 3 heads",
+        ],
     );
 }
 
@@ -89,7 +145,7 @@ fn shared_indexer_after_kda_is_rejected() {
     );
     expect_err(
         rewritten(
-            |w| drop(w.set_metadata("glm5next.attention.indexer.types", types.clone())),
+            |m| set(m, "attention.indexer.types", types.clone()),
             &[],
             |_, _| {},
         ),

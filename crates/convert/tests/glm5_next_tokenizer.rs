@@ -82,6 +82,7 @@ fn hf_tokenizer_and_template_convert_and_load() {
         output: out.clone(),
         outtype: OutType::F32,
         expert_type: None,
+        mtp: false,
         vocab_from: None,
         name: None,
         synthetic: None,
@@ -90,7 +91,7 @@ fn hf_tokenizer_and_template_convert_and_load() {
     let report = ds4_convert::run(&args).unwrap();
     assert!(report.unused.is_empty(), "{:?}", report.unused);
     let lm = LoadedModel::open(&out).unwrap();
-    assert_eq!(lm.model.info().architecture, "glm5next");
+    assert_eq!(lm.model.info().architecture, "glm5-next");
     let t = &lm.tokenizer;
     assert_eq!(t.n_vocab(), 320);
     let ids = t.encode("hello hello", false, false);

@@ -20,8 +20,6 @@
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 #define DEC_WARPS 4
 #define MAX_GROUP 8

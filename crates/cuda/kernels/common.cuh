@@ -28,6 +28,7 @@ typedef long long i64;
 #define T_Q4_1 3
 #define T_Q5_0 6
 #define T_Q8_0 8
+#define T_Q2_K 10
 #define T_Q4_K 12
 #define T_Q5_K 13
 #define T_Q6_K 14
@@ -35,6 +36,10 @@ typedef long long i64;
 #define T_BF16 30
 
 #define MAX_PLANES 4
+
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
 
 // A quantized matrix on the GPU: one pointer per field plane (see src/layout.rs).
 struct Planes {
@@ -62,6 +67,30 @@ __device__ __forceinline__ u16 f2bf(float f) {
     return h;
 }
 
+// bf16 bits to f32.
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float((u32)h << 16); }
+
+// `x` rounded to bf16 (round to nearest even) when `rb`, else `x`: the reference's cast
+// points of a bf16 model (`Prec::Bf16`).
+__device__ __forceinline__ float rnd(float x, int rb) { return rb ? bf2f(f2bf(x)) : x; }
+
+// Element i of a float weight of ggml type ty (F32, F16 or BF16).
+__device__ __forceinline__ float wval(const u8* w, int ty, i64 i) {
+    if (ty == T_F32) return ((const float*)w)[i];
+    if (ty == T_F16) return h2f(((const u16*)w)[i]);
+    return bf2f(((const u16*)w)[i]);
+}
+
+// Programmatic dependent launch: wait for the previous kernel before reading its results
+// (every kernel run inside a step calls this first), and let the next one start early.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+__device__ __forceinline__ float sigmoidf_ref(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+__device__ __forceinline__ float siluf_ref(float x) { return __fmul_rn(x, sigmoidf_ref(x)); }
+// PyTorch's softplus (threshold 20), as written (not log1p).
+__device__ __forceinline__ float softplusf_ref(float x) { return x > 20.f ? x : logf(__fadd_rn(1.0f, expf(x))); }
+
 __device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
 __device__ __forceinline__ u32 ld_u32(const u8* p) { return *(const u32*)p; }
 
@@ -81,6 +110,32 @@ __device__ __forceinline__ int warp_sum_i(int v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+// Block-wide sum of a double (blockDim.x a multiple of 32, at most 1024 threads);
+// `red` is shared scratch of 32 doubles. Every thread gets the total.
+__device__ __forceinline__ double block_sum_d(double v, double* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int k = 0; k < (int)(blockDim.x >> 5); ++k) t += red[k];
+    return t;
+}
+
+// Block-wide max of a float; `red` as above (floats).
+__device__ __forceinline__ float block_max_f(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = red[0];
+    for (int k = 1; k < (int)(blockDim.x >> 5); ++k) t = fmaxf(t, red[k]);
+    return t;
 }
 
 // Spreads the 4 low bits of `b` to bit 0 of each byte (bit i -> byte i).
@@ -167,6 +222,92 @@ __device__ const u64 IQ2XXS_GRID[256] = {
 
 // ggml ksigns_iq2xs[i]: the 7 stored sign bits plus an eighth that makes the parity even.
 __device__ __forceinline__ u32 iq2_signs(u32 i) { return i | ((__popc(i) & 1u) << 7); }
+
+// ---- products with float weights (F32, F16, BF16), one warp per output row ----
+
+#define FG_TOK 4
+
+// One product with a float weight: rows of n_in contiguous values, n_tok tokens
+// (`first`: its first block in a multi-product launch).
+struct FloatSeg {
+    const u8* w;
+    const float* x;
+    float* out;
+    const float* bias;
+    i32 ty, n_out, n_in, n_tok, rb, first;
+};
+
+// Lane `lane`'s share of row `wr` · x for tokens t0 .. t0+FG_TOK: 16-byte weight loads
+// (8 half-width or 4 f32 values) when the row allows, else one value per lane.
+__device__ __forceinline__ void row_part(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int t0, int n_tok,
+                                         int lane, float* acc) {
+    const int per = ty == T_F32 ? 4 : 8;
+    if (n_in % (32 * per) == 0 && ((u64)wr & 15) == 0) {
+        for (int c0 = lane * per; c0 < n_in; c0 += 32 * per) {
+            float wv[8];
+            const uint4 raw = *(const uint4*)(wr + (i64)c0 * (ty == T_F32 ? 4 : 2));
+            if (ty == T_F32) {
+                wv[0] = __uint_as_float(raw.x);
+                wv[1] = __uint_as_float(raw.y);
+                wv[2] = __uint_as_float(raw.z);
+                wv[3] = __uint_as_float(raw.w);
+            } else {
+                const u32 r4[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const u16 lo = (u16)(r4[q] & 0xFFFF), hi = (u16)(r4[q] >> 16);
+                    wv[2 * q] = ty == T_F16 ? h2f(lo) : bf2f(lo);
+                    wv[2 * q + 1] = ty == T_F16 ? h2f(hi) : bf2f(hi);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < FG_TOK; ++k) {
+                if (t0 + k >= n_tok) break;
+                const float* xr = x + (i64)(t0 + k) * x_ts + c0;
+#pragma unroll
+                for (int q = 0; q < 8; ++q)
+                    if (q < per) acc[k] = __fadd_rn(acc[k], __fmul_rn(wv[q], xr[q]));
+            }
+        }
+        return;
+    }
+    for (int c = lane; c < n_in; c += 32) {
+        const float wv = wval(wr, ty, c);
+#pragma unroll
+        for (int k = 0; k < FG_TOK; ++k)
+            if (t0 + k < n_tok) acc[k] = __fadd_rn(acc[k], __fmul_rn(wv, x[(i64)(t0 + k) * x_ts + c]));
+    }
+}
+
+// Row r of one product for every token, by one warp.
+__device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int n_tok,
+                                          float* out, i64 o_ts, const float* bias, int r, int rb) {
+    const int lane = threadIdx.x & 31;
+    for (int t0 = 0; t0 < n_tok; t0 += FG_TOK) {
+        float acc[FG_TOK];
+#pragma unroll
+        for (int k = 0; k < FG_TOK; ++k) acc[k] = 0.f;
+        row_part(wr, ty, x, x_ts, n_in, t0, n_tok, lane, acc);
+#pragma unroll
+        for (int k = 0; k < FG_TOK; ++k) {
+            const float v = warp_sum(acc[k]);
+            if (lane == 0 && t0 + k < n_tok) {
+                const float b = bias ? bias[r] : 0.f;
+                out[(i64)(t0 + k) * o_ts + r] = rnd(__fadd_rn(v, b), rb);
+            }
+        }
+    }
+}
+
+// ---- quantized matrices ----
+
+// Matrix `e` of a stack of quantized matrices: plane i starts e·stride[i] bytes on.
+__device__ __forceinline__ Planes expert_planes(const Planes& w, const i64* stride, int e) {
+    Planes p;
+#pragma unroll
+    for (int i = 0; i < MAX_PLANES; ++i) p.p[i] = w.p[i] ? w.p[i] + e * stride[i] : nullptr;
+    return p;
+}
 
 // Elements per block of a type.
 __device__ __forceinline__ int block_elems(int ty) {
@@ -255,6 +396,21 @@ __device__ void dequant_chunk(int ty, const Planes& w, i64 blk, int c, float* y)
         }
         break;
     }
+    case T_Q2_K: {
+        // Chunk c: half n = c/4, pair j = c%4 (bits 2j of qs[32n..32n+32)); scales
+        // 8n+2j (elements 0..15) and 8n+2j+1 (16..31): low nibble scale, high min.
+        const int n = c >> 2, j = c & 3;
+        const float d = h2f(ld_u16(w.p[2] + blk * 4));
+        const float dmin = h2f(ld_u16(w.p[2] + blk * 4 + 2));
+        const u8* sc = w.p[0] + blk * 16 + 8 * n + 2 * j;
+        const u8* q = w.p[1] + blk * 64 + 32 * n;
+        for (int h = 0; h < 2; ++h) {
+            const float dl = __fmul_rn(d, (float)(sc[h] & 0xF)), ml = __fmul_rn(dmin, (float)(sc[h] >> 4));
+            for (int l = 0; l < 16; ++l)
+                y[16 * h + l] = __fsub_rn(__fmul_rn(dl, (float)((q[16 * h + l] >> (2 * j)) & 3)), ml);
+        }
+        break;
+    }
     case T_IQ2_XXS: {
         const float d = h2f(ld_u16(w.p[0] + blk * 2));
         const u8* q = w.p[1] + blk * 64 + c * 8;
@@ -300,3 +456,26 @@ struct StepInfo {
 };
 
 __device__ __forceinline__ const u32* step_tokens(const StepInfo* s) { return (const u32*)(s + 1); }
+
+// Σ_j w[j]·y[j·stride + c] over the k slots of one token in increasing expert id (the
+// order the CPU backend sums them), f32.
+__device__ __forceinline__ float sum_slots(const float* y, i64 stride, const i32* ids, const float* w, int k,
+                                           int c) {
+    int order[32];
+    for (int j = 0; j < k; ++j) order[j] = j;
+    for (int a = 1; a < k; ++a) {  // insertion sort by expert id (k ≤ 32)
+        const int s = order[a];
+        int b = a - 1;
+        while (b >= 0 && ids[order[b]] > ids[s]) {
+            order[b + 1] = order[b];
+            --b;
+        }
+        order[b + 1] = s;
+    }
+    float acc = 0.f;
+    for (int a = 0; a < k; ++a) {
+        const int j = order[a];
+        acc = __fadd_rn(acc, __fmul_rn(__ldcg(y + j * stride + c), w[j]));
+    }
+    return acc;
+}

@@ -4,8 +4,6 @@
 
 #include "common.cuh"
 
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 // dst[k] = field byte k % size of block k / size: one plane of a GGUF-layout tensor.
 extern "C" __global__ void split_plane(const u8* src, u8* dst, i64 n_blocks, int block_bytes, int field_off,
@@ -55,6 +53,7 @@ extern "C" __global__ void synth_blocks(u8* dst, int ty, int block_bytes, i64 n_
             put_u16(o + 208, (u16)((1u << 10) | mant));
             break;
         case T_IQ2_XXS: put_u16(o, (u16)((4u << 10) | mant)); break;
+        case T_Q2_K: put_u16(o + 80, (u16)((3u << 10) | mant)); put_u16(o + 82, (u16)((3u << 10) | mant)); break;
         default: break;
         }
     }
@@ -98,5 +97,34 @@ extern "C" __global__ void dequant_bf16(const Planes w, int ty, i64 rows, int co
             v.w = (u32)f2bf(y[8 * k + 6]) | ((u32)f2bf(y[8 * k + 7]) << 16);
             o[k] = v;
         }
+    }
+}
+
+// out[t, s] = row tokens[t] of a table (quantized planes, or a float matrix in p[0]),
+// for s < streams (the hyper-connection streams), rounded (`rb`). One block per token.
+extern "C" __global__ void embed_streams(const Planes w, int ty, int cols, const StepInfo* step, int streams, int rb,
+                                         float* out) {
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x;
+    if (t >= step->n_tok) return;
+    const i64 row = step_tokens(step)[t];
+    float* o = out + (i64)t * streams * cols;
+    if (ty == T_F32 || ty == T_F16 || ty == T_BF16) {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+            const i64 k = row * cols + c;
+            const float v = ty == T_F32 ? ((const float*)w.p[0])[k]
+                          : ty == T_F16 ? h2f(((const u16*)w.p[0])[k]) : bf2f(((const u16*)w.p[0])[k]);
+            for (int s = 0; s < streams; ++s) o[(i64)s * cols + c] = rnd(v, rb);
+        }
+        return;
+    }
+    const int be = block_elems(ty), nbr = cols / be;
+    float y[32];
+    for (int c = threadIdx.x; c < cols / 32; c += blockDim.x) {
+        const int e = c * 32;
+        dequant_chunk(ty, w, row * nbr + e / be, (e % be) / 32, y);
+        for (int s = 0; s < streams; ++s)
+            for (int l = 0; l < 32; ++l) o[(i64)s * cols + e + l] = rnd(y[l], rb);
     }
 }

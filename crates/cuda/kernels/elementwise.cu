@@ -5,8 +5,6 @@
 
 #include "common.cuh"
 
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 // One block per row: out[r] = x[r] * 1/sqrt(mean(x[r]²) + eps) * w.
 extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* out, int n, float eps) {
@@ -70,4 +68,43 @@ extern "C" __global__ void copy_f32(const float* src, float* dst, i64 n) {
     pdl_wait();
     pdl_trigger();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) dst[i] = src[i];
+}
+
+// ---- the reference-arithmetic elementwise operations (`Prec::F32`/`Bf16`) ----
+
+extern "C" __global__ void fill_f32(float* x, i64 n, float v) {
+    pdl_wait();
+    pdl_trigger();
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) x[i] = v;
+}
+
+// out = round(round(silu(min(g, lim)))·clamp(u, −lim, lim)).
+extern "C" __global__ void swiglu_ref(const float* g, const float* u, float* out, i64 n, float lim, int rb) {
+    pdl_wait();
+    pdl_trigger();
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const float gv = fminf(g[i], lim);
+        const float uv = fmaxf(fminf(u[i], lim), -lim);
+        out[i] = rnd(__fmul_rn(rnd(siluf_ref(gv), rb), uv), rb);
+    }
+}
+
+// x = round(x + y).
+extern "C" __global__ void add_round(float* x, const float* y, i64 n, int rb) {
+    pdl_wait();
+    pdl_trigger();
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        x[i] = rnd(__fadd_rn(x[i], y[i]), rb);
+}
+
+// x[r, c] = round(x[r, c]·sigmoid(gate[r, c or 0])) over rows × cols.
+extern "C" __global__ void scale_sigmoid(float* x, const float* gate, i64 rows, int cols, int gate_cols, int rb) {
+    pdl_wait();
+    pdl_trigger();
+    const i64 n = rows * cols;
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const i64 r = i / cols;
+        const float g = gate[gate_cols == 1 ? r : i];
+        x[i] = rnd(__fmul_rn(x[i], sigmoidf_ref(g)), rb);
+    }
 }

@@ -40,6 +40,8 @@ struct Seg {
     i32 type2;
     i32 rows;
     i32 row0;           // first global row of this segment
+    float lim;          // pair: the reference's clamp (silu_ref)
+    i32 silu_ref;       // pair: silu(min(gate, lim))·clamp(up) in the references' arithmetic
 };
 
 struct GemvParams {
@@ -65,8 +67,6 @@ struct Act {
     const i32* bs;   // Q8_K sums of 16
 };
 
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 __device__ __forceinline__ void prefetch_l2(const void* p, u32 bytes) {
     // Bulk prefetch needs a 16-byte aligned start and a multiple of 16 bytes.
@@ -272,6 +272,34 @@ struct UQ6_K {
     }
 };
 
+// Q2_K: 8 units per 256-block; unit u: half n = u/4, pair j = u%4: elements
+// 128n + 32j .. +32 are bits 2j of qs[32n .. 32n+32); sub-blocks of 16 with scale bytes
+// 8n+2j and 8n+2j+1 (low nibble: scale, high nibble: min), as ggml's
+// vec_dot_q2_K_q8_K: d·Σ sc·q·x − dmin·Σ m·bsum.
+struct UQ2_K {
+    static constexpr int UPB = 8;
+    uint4 q0, q1; u32 dm; u16 sc;
+    __device__ void load(const Planes& w, i64 gb, int u) {
+        const int n = u >> 2, j = u & 3;
+        q0 = *(const uint4*)(w.p[1] + gb * 64 + 32 * n);
+        q1 = *(const uint4*)(w.p[1] + gb * 64 + 32 * n + 16);
+        dm = ld_u32(w.p[2] + gb * 4);
+        sc = ld_u16(w.p[0] + gb * 16 + 8 * n + 2 * j);
+    }
+    __device__ float dot(const Act& a, int b, int u) const {
+        const int n = u >> 2, j = u & 3;
+        const int e = 128 * n + 32 * j;
+        const i8* x = a.qk + b * 256 + e;
+        const int s0 = dot4(map4(q0, 0x03030303u, 2 * j), lds16(x), 0);
+        const int s1 = dot4(map4(q1, 0x03030303u, 2 * j), lds16(x + 16), 0);
+        const int sc0 = sc & 0xFF, sc1 = sc >> 8;
+        const i32* bs = a.bs + b * 16 + e / 16;
+        const int isum = (sc0 & 0xF) * s0 + (sc1 & 0xF) * s1;
+        const int msum = (sc0 >> 4) * bs[0] + (sc1 >> 4) * bs[1];
+        return a.dk[b] * (h2f(dm & 0xFFFF) * (float)isum - h2f(dm >> 16) * (float)msum);
+    }
+};
+
 // IQ2_XXS: unit = one 32-element sub-block (8 bytes of qs).
 struct UIQ2_XXS {
     static constexpr int UPB = 8;
@@ -347,6 +375,7 @@ template <> struct UnitOf<T_Q4_K> { using U = UQ4_K; static constexpr int BE = 2
 template <> struct UnitOf<T_Q5_K> { using U = UQ5_K; static constexpr int BE = 256; };
 template <> struct UnitOf<T_Q6_K> { using U = UQ6_K; static constexpr int BE = 256; };
 template <> struct UnitOf<T_IQ2_XXS> { using U = UIQ2_XXS; static constexpr int BE = 256; };
+template <> struct UnitOf<T_Q2_K> { using U = UQ2_K; static constexpr int BE = 256; };
 
 // out[m] = row `row` of matrix m (w0, and w1 when M = 2, both of type TY) · activation;
 // loads are issued in groups of up to GMAX steps per matrix.
@@ -374,6 +403,7 @@ __device__ void row_dot(int ty, const Planes& w0, const Planes& w1, i64 row, int
     case T_Q5_K: row_dot_t<T_Q5_K, M>(w0, w1, row, n_in, a, lane, out); break;
     case T_Q6_K: row_dot_t<T_Q6_K, M>(w0, w1, row, n_in, a, lane, out); break;
     case T_IQ2_XXS: row_dot_t<T_IQ2_XXS, M>(w0, w1, row, n_in, a, lane, out); break;
+    case T_Q2_K: row_dot_t<T_Q2_K, M>(w0, w1, row, n_in, a, lane, out); break;
     default:
 #pragma unroll
         for (int m = 0; m < M; ++m) out[m] = 0.f;
@@ -394,6 +424,7 @@ __device__ void plane_row_bytes(int ty, int n_in, u32* b) {
     case T_Q5_K: b[0] = 4 * n256; b[1] = 12 * n256; b[2] = 32 * n256; b[3] = 128 * n256; break;
     case T_Q6_K: b[0] = 128 * n256; b[1] = 64 * n256; b[2] = 16 * n256; b[3] = 2 * n256; break;
     case T_IQ2_XXS: b[0] = 2 * n256; b[1] = 64 * n256; break;
+    case T_Q2_K: b[0] = 16 * n256; b[1] = 64 * n256; b[2] = 4 * n256; break;
     default: break;
     }
 }
@@ -438,7 +469,8 @@ __device__ __forceinline__ void epilogue(const Seg& s, int r, float v, float u) 
     if (s.out3) {
         s.out[r] = v;
         s.out2[r] = u;
-        s.out3[r] = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
+        s.out3[r] = s.silu_ref ? __fmul_rn(siluf_ref(fminf(v, s.lim)), fmaxf(fminf(u, s.lim), -s.lim))
+                               : __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
     } else {
         if (s.bias) v = __fadd_rn(v, s.bias[r]);
         s.out[r] = v;
@@ -670,6 +702,111 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv(const Gemv
     GEMV_KERNEL(gemv_q6_k##SUF, T_Q6_K, false, MINB, G, CB)                                           \
     GEMV_KERNEL(gemv_q6_k_pair##SUF, T_Q6_K, true, MINB2, G2, CB)                                     \
     GEMV_KERNEL(gemv_iq2_xxs##SUF, T_IQ2_XXS, false, MINB, G, CB)                                     \
-    GEMV_KERNEL(gemv_iq2_xxs_pair##SUF, T_IQ2_XXS, true, MINB2, G2, CB)
+    GEMV_KERNEL(gemv_iq2_xxs_pair##SUF, T_IQ2_XXS, true, MINB2, G2, CB)                               \
+    GEMV_KERNEL(gemv_q2_k##SUF, T_Q2_K, false, MINB, G, CB)                                           \
+    GEMV_KERNEL(gemv_q2_k_pair##SUF, T_Q2_K, true, MINB2, G2, CB)
 
 GEMV_TYPED(, 4, 2, 3, 2, 2)
+
+// ---- routed experts: one launch for every (token, chosen expert) pair ----
+
+// The experts of an MoE layer as one stacked tensor per projection: matrix `e` of a
+// plane starts `e·estride[p]` bytes after plane p's start.
+struct ExpertGemv {
+    Planes w, w2;       // gate (and up) or down
+    i64 estride[MAX_PLANES], estride2[MAX_PLANES];
+    i32 type, type2;
+    const float* x;     // activations: tokens × x_tstride (gate/up) or (token, slot) rows (down)
+    i32 x_tstride;
+    const i32* ids;     // n_tok × k chosen experts (null: matrix j for slot j, per-head weights)
+    i32 k, n_in, rows, need, rb;
+    float lim;          // SwiGLU clamp (INFINITY: none)
+    float* out;         // gate/up: (token, slot) × rows of silu(gate)·up; down: (token, slot) × rows
+};
+
+// Pair mode (gate/up): blockIdx.y = t·k + j; each warp computes rows of the chosen
+// expert's gate and up for token t and writes round(round(silu(min(g, lim)))·clamp(u)).
+// Down mode (`w2` unused): the activation is row t·k + j of `x` and the output its
+// product with the expert's down matrix.
+template <bool PAIR>
+__device__ __forceinline__ void expert_body(const ExpertGemv& E) {
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ double red[GEMV_WARPS];
+    pdl_wait();
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int pair = blockIdx.y;
+    const int t = pair / E.k;
+    const int e = E.ids ? E.ids[pair] : pair % E.k;  // no ids: pair j of a row uses matrix j
+    GemvParams G;
+    G.x = E.x + (PAIR ? (i64)t * E.x_tstride : (i64)pair * E.x_tstride);
+    G.norm_w = nullptr;
+    G.h_out = nullptr;
+    G.n_in = E.n_in;
+    G.need = E.need;
+    G.eps = 0.f;
+    const Act a = build_act<4>(G, smem, red);
+    const Planes w0 = expert_planes(E.w, E.estride, e);
+    const Planes w1 = PAIR ? expert_planes(E.w2, E.estride2, e) : w0;
+    const int wpb = blockDim.x >> 5;
+    for (int r = blockIdx.x * wpb + warp; r < E.rows; r += gridDim.x * wpb) {
+        float v[2] = {0.f, 0.f};
+        if (PAIR && E.type == E.type2) {
+            row_dot<2>(E.type, w0, w1, r, E.n_in, a, lane, v);
+        } else {
+            row_dot<1>(E.type, w0, w0, r, E.n_in, a, lane, v);
+            if (PAIR) row_dot<1>(E.type2, w1, w1, r, E.n_in, a, lane, v + 1);
+        }
+        if (lane == 0) {
+            float o;
+            if (PAIR) {
+                const float g = fminf(rnd(v[0], E.rb), E.lim);
+                const float u = fmaxf(fminf(rnd(v[1], E.rb), E.lim), -E.lim);
+                o = rnd(__fmul_rn(rnd(siluf_ref(g), E.rb), u), E.rb);
+            } else {
+                o = rnd(v[0], E.rb);
+            }
+            E.out[(i64)pair * E.rows + r] = o;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv_experts_gate_up(const ExpertGemv E) {
+    expert_body<true>(E);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv_experts_down(const ExpertGemv E) {
+    expert_body<false>(E);
+}
+
+// The down products of one token's experts and, in the last of the k blocks of each row
+// block to finish, the weighted sum over the experts (moe_reduce's arithmetic) plus an
+// optional addend (the shared expert's output): decode's experts down, sum and add in one
+// launch.
+struct ReduceTail {
+    const float* w;     // routing weights [k]
+    float* out;         // [rows]
+    const float* add;   // optional [rows], added after the rounding
+    u32* counters;      // [gridDim.x], zero between launches
+    i32 rb;
+};
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+    gemv_experts_down_sum(const ExpertGemv E, const ReduceTail R) {
+    __shared__ bool last;
+    expert_body<false>(E);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(R.counters + blockIdx.x, 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) R.counters[blockIdx.x] = 0u;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+    if (lane) return;
+    for (int r = blockIdx.x * wpb + warp; r < E.rows; r += gridDim.x * wpb) {
+        float o = rnd(sum_slots(E.out, E.rows, E.ids, R.w, E.k, r), R.rb);
+        if (R.add) o = __fadd_rn(o, R.add[r]);
+        R.out[r] = o;
+    }
+}

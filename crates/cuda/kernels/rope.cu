@@ -8,8 +8,6 @@
 
 #include "common.cuh"
 
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 // x: n_tok rows of n_head * head_dim; one block per token.
 extern "C" __global__ void rope_rows(float* x, const StepInfo* step, int n_head, int head_dim, int n_dims, int neox,

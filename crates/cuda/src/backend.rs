@@ -38,12 +38,12 @@ use crate::weights::{CudaWeight, Source, load};
 
 /// An f32 activation buffer on the device.
 pub struct CudaBuf {
-    mem: Arc<DevMem>,
-    len: usize,
+    pub(crate) mem: Arc<DevMem>,
+    pub(crate) len: usize,
 }
 
 impl CudaBuf {
-    fn ptr(&self) -> DPtr {
+    pub(crate) fn ptr(&self) -> DPtr {
         self.mem.ptr()
     }
 }
@@ -65,7 +65,7 @@ impl CudaKv {
 
 /// One step's inputs: they live in the device's step buffer; this records how many.
 pub struct CudaStep {
-    n_tok: usize,
+    pub(crate) n_tok: usize,
 }
 
 /// Counters of what the backend ran, for `bench`.
@@ -99,10 +99,10 @@ pub struct ProfileRow {
     pub bytes: u64,
 }
 
-struct State {
+pub(crate) struct State {
     recs: HashMap<ThreadId, Recording>,
     step_bufs: HashMap<ThreadId, DevMem>,
-    graphs: GraphCache,
+    pub(crate) graphs: GraphCache,
     blas: Option<Blas>,
     gemm_w: Option<DevMem>,
     gemm_x: Option<DevMem>,
@@ -116,6 +116,10 @@ struct State {
     graph_events: Option<(Event, Event, bool)>,
     profile: Vec<ProfileRow>,
     profile_events: Vec<Event>,
+    /// Scratch memory of multi-launch operations, by purpose (`crate::moe_ops`).
+    pub(crate) scratch: HashMap<&'static str, Arc<DevMem>>,
+    /// RoPE inverse-frequency tables on the device, by their f32 bits.
+    rope_tables: HashMap<Vec<u32>, Arc<DevMem>>,
 }
 
 /// Page-locked host memory.
@@ -136,13 +140,14 @@ impl Drop for Pinned {
 
 /// The CUDA backend on one device.
 pub struct CudaBackend {
-    gpu: Arc<Gpu>,
-    k: Kernels,
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) k: Kernels,
     state: Mutex<State>,
     synthetic: Option<u64>,
     graphs: AtomicBool,
     pdl: AtomicBool,
     fused_attention: AtomicBool,
+    fuse_decode: AtomicBool,
     profile: AtomicBool,
     prefetch: AtomicU32,
     gemv_typed: AtomicBool,
@@ -173,7 +178,8 @@ impl CudaBackend {
     /// `DS4_CUDA_GRAPHS=0` disables graph capture and `DS4_CUDA_PDL=0` programmatic
     /// dependent launch (both on by default); `DS4_CUDA_FUSED_ATTN=1` turns on the
     /// one-launch decode attention, for comparisons (docs/benchmarks.md has the
-    /// measurements: the defaults are the fastest measured); `DS4_CUDA_PREFETCH=N` sets
+    /// measurements: the defaults are the fastest measured); `DS4_CUDA_FUSE=0` turns off
+    /// the decode fusions across operations (for bisecting, see [`crate::lower::Ctx`]); `DS4_CUDA_PREFETCH=N` sets
     /// the GEMV's L2 prefetch distance in rows (default 0: only each warp's first row);
     /// `DS4_CUDA_GEMV_TYPED=0` runs every GEMV launch on the generic kernel (default:
     /// single-type launches of short rows on the typed kernels).
@@ -212,12 +218,15 @@ impl CudaBackend {
                 graph_events: None,
                 profile: Vec::new(),
                 profile_events: Vec::new(),
+                scratch: HashMap::new(),
+                rope_tables: HashMap::new(),
             }),
             gpu,
             synthetic: None,
             graphs: AtomicBool::new(env_flag("DS4_CUDA_GRAPHS", true)),
             pdl: AtomicBool::new(env_flag("DS4_CUDA_PDL", true)),
             fused_attention: AtomicBool::new(env_flag("DS4_CUDA_FUSED_ATTN", false)),
+            fuse_decode: AtomicBool::new(env_flag("DS4_CUDA_FUSE", true)),
             profile: AtomicBool::new(false),
             prefetch: AtomicU32::new(
                 std::env::var("DS4_CUDA_PREFETCH")
@@ -332,11 +341,32 @@ impl CudaBackend {
         self.gpu.sync()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn record(&self, op: Op, keep: &[&Arc<DevMem>]) {
+    /// The device copy of this thread's current step inputs (0 before any step).
+    pub(crate) fn step_ptr(&self) -> DPtr {
+        let tid = std::thread::current().id();
+        self.lock().step_bufs.get(&tid).map_or(0, |m| m.ptr())
+    }
+
+    /// The inverse frequencies of `rope` on the device (uploaded once per table).
+    pub(crate) fn rope_table(&self, rope: &Rope) -> EngineResult<Arc<DevMem>> {
+        let v = rope.inv_freq();
+        let key: Vec<u32> = v.iter().map(|x| x.to_bits()).collect();
+        if let Some(m) = self.lock().rope_tables.get(&key) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(self.alloc(v.len() * 4, "rope frequencies")?);
+        self.gpu
+            .htod(m.ptr(), crate::weights::as_bytes(&v))
+            .map_err(engine_err)?;
+        self.lock().rope_tables.insert(key, m.clone());
+        Ok(m)
+    }
+
+    pub(crate) fn record(&self, op: Op, keep: &[&Arc<DevMem>]) {
         let tid = std::thread::current().id();
         let mut st = self.lock();
         st.recs
@@ -416,6 +446,7 @@ impl CudaBackend {
             gemv_occupancy: &occ,
             gemv_prefetch: self.prefetch.load(Ordering::Relaxed),
             fused_attention: self.fused_attention.load(Ordering::Relaxed),
+            fuse_decode: self.fuse_decode.load(Ordering::Relaxed),
             gemv_typed: self.gemv_typed.load(Ordering::Relaxed),
             step: rec.step_ptr,
             n_tok: rec.n_tok,
@@ -566,7 +597,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn buf_of(&self, b: &CudaBuf, len: usize, what: &str) -> EngineResult<DPtr> {
+    pub(crate) fn buf_of(&self, b: &CudaBuf, len: usize, what: &str) -> EngineResult<DPtr> {
         if len > b.len {
             return Err(EngineError::Backend(format!(
                 "{what}: {len} values requested from a buffer of {}",
@@ -578,7 +609,7 @@ impl CudaBackend {
 
     /// Device memory of `bytes`, or an out-of-memory error naming `what` and the free
     /// memory.
-    fn alloc(&self, bytes: usize, what: &str) -> EngineResult<DevMem> {
+    pub(crate) fn alloc(&self, bytes: usize, what: &str) -> EngineResult<DevMem> {
         self.gpu
             .alloc(bytes)
             .map_err(|e| match self.gpu.mem_info() {
@@ -608,7 +639,42 @@ const IMPLEMENTED: &[&str] = &[
     "swiglu",
     "add",
     "copy",
+    "fill",
     "read",
+    "write",
+    "read_ids",
+    "write_ids",
+    "store_rows",
+];
+
+/// The operations implemented in the references' arithmetic (`Prec::F32`/`Bf16`).
+const IMPLEMENTED_REFERENCE: &[&str] = &[
+    "embed",
+    "rms_norm",
+    "layer_norm",
+    "matmul",
+    "matmul_grouped",
+    "swiglu",
+    "add",
+    "copy",
+    "fill",
+    "read",
+    "write",
+    "read_ids",
+    "write_ids",
+    "store_rows",
+    "scale_sigmoid",
+    "moe_route",
+    "moe_experts",
+    "hc_pre",
+    "hc_post",
+    "hc_head",
+    "delta_net",
+    "delta_replay",
+    "gated_norm",
+    "compress",
+    "dsa_select",
+    "mla_attention",
 ];
 
 fn unsupported(what: &str) -> EngineError {
@@ -637,10 +703,12 @@ impl Backend for CudaBackend {
     }
 
     fn lacks(&self, ops: &[&'static str], p: Prec) -> Vec<&'static str> {
-        ops.iter()
-            .copied()
-            .filter(|o| p != Prec::Ggml || !IMPLEMENTED.contains(o))
-            .collect()
+        let have = if p == Prec::Ggml {
+            IMPLEMENTED
+        } else {
+            IMPLEMENTED_REFERENCE
+        };
+        ops.iter().copied().filter(|o| !have.contains(o)).collect()
     }
 
     fn weight(&self, file: &Arc<GgufFile>, info: &TensorInfo) -> EngineResult<CudaWeight> {
@@ -658,11 +726,9 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn weight_f32(&self, name: &str, _dims: &[usize], _values: &[f32]) -> EngineResult<CudaWeight> {
-        Err(EngineError::Unsupported {
-            backend: "cuda",
-            what: format!("weights re-laid-out at load time ('{name}')"),
-        })
+    fn weight_f32(&self, name: &str, dims: &[usize], values: &[f32]) -> EngineResult<CudaWeight> {
+        crate::weights::from_values(&self.gpu, dims, values)
+            .map_err(|e| EngineError::Backend(format!("weight '{name}': {e}")))
     }
 
     fn buf(&self, len: usize) -> EngineResult<CudaBuf> {
@@ -743,13 +809,13 @@ impl Backend for CudaBackend {
         step: &CudaStep,
         table: &CudaWeight,
         streams: usize,
-        _p: Prec,
+        p: Prec,
         out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        if streams != 1 {
-            return Err(unsupported("embed into hyper-connection streams"));
+        if streams != 1 || p != Prec::Ggml {
+            return self.embed_op(step, table, streams, p, out);
         }
-        let (tm, m) = table.mat();
+        let (tm, m) = table.mat().map_err(engine_err)?;
         let o = self.buf_of(out, step.n_tok * m.cols as usize, "embed")?;
         self.record(Op::Embed { table: m, out: o }, &[tm, &out.mem]);
         Ok(())
@@ -765,10 +831,14 @@ impl Backend for CudaBackend {
         p: Prec,
         out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        let (Some(w), Prec::Ggml) = (w, p) else {
-            return Err(unsupported("rms_norm in the reference's arithmetic"));
+        // ggml's RMSNorm sums f32 squares, the references f64 ones: within an ulp of the
+        // mean, so the f32 policy shares the kernel that fuses into the GEMV prologue.
+        let (Some(w), Prec::Ggml | Prec::F32) = (w, p) else {
+            return self.rms_norm_ref_op(x, w, rows, cols, eps, p, out);
         };
-        let (wm, n) = w.vec();
+        let Ok((wm, n)) = w.vec() else {
+            return self.rms_norm_ref_op(x, Some(w), rows, cols, eps, p, out);
+        };
         if n != cols {
             return Err(EngineError::Backend(format!(
                 "rms_norm: a weight of {n} for rows of {cols}"
@@ -799,13 +869,18 @@ impl Backend for CudaBackend {
         p: Prec,
         out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        if p != Prec::Ggml {
-            return Err(unsupported("matmul in the reference's arithmetic"));
+        if let CudaWeight::Float { .. } = w {
+            return self.float_matmul(w, bias, x, rows, 1, p, out);
         }
-        let (wm, m) = w.mat();
+        if p == Prec::Bf16 {
+            return Err(unsupported(
+                "products of quantized weights with bf16 rounding",
+            ));
+        }
+        let (wm, m) = w.mat().map_err(engine_err)?;
         let xp = self.buf_of(x, rows * m.cols as usize, "matmul input")?;
         let op = self.buf_of(out, rows * m.rows as usize, "matmul output")?;
-        let b = bias.map(|b| b.vec());
+        let b = bias.map(|b| b.vec()).transpose().map_err(engine_err)?;
         let mut keep = vec![wm, &x.mem, &out.mem];
         if let Some((bm, _)) = b {
             keep.push(bm);
@@ -896,14 +971,18 @@ impl Backend for CudaBackend {
         p: Prec,
         out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        if p != Prec::Ggml || limit.is_some() {
-            return Err(unsupported("swiglu in the reference's arithmetic"));
+        if p == Prec::Bf16 {
+            return self.swiglu_ref_op(gate, up, len, limit, p, out);
         }
+        // ggml's SwiGLU has no clamp (the CPU backend's Ggml policy neither).
+        let reference = p == Prec::F32;
         let op = Op::Swiglu {
             gate: self.buf_of(gate, len, "swiglu")?,
             up: self.buf_of(up, len, "swiglu")?,
             len: len as u32,
             out: self.buf_of(out, len, "swiglu")?,
+            lim: limit.filter(|_| reference).unwrap_or(f32::INFINITY),
+            reference,
         };
         self.record(op, &[&gate.mem, &up.mem, &out.mem]);
         Ok(())
@@ -911,7 +990,7 @@ impl Backend for CudaBackend {
 
     fn add(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize, p: Prec) -> EngineResult<()> {
         if p == Prec::Bf16 {
-            return Err(unsupported("add with bf16 rounding"));
+            return self.add_round_op(x, y, len);
         }
         let op = Op::Add {
             x: self.buf_of(x, len, "add")?,
@@ -974,222 +1053,256 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn fill(&self, _buf: &mut CudaBuf, _off: usize, _len: usize, _value: f32) -> EngineResult<()> {
-        Err(unsupported("fill"))
+    fn fill(&self, buf: &mut CudaBuf, off: usize, len: usize, value: f32) -> EngineResult<()> {
+        self.fill_op(buf, off, len, value)
     }
 
-    fn write(&self, _buf: &mut CudaBuf, _off: usize, _data: &[f32]) -> EngineResult<()> {
-        Err(unsupported("write"))
+    fn write(&self, buf: &mut CudaBuf, off: usize, data: &[f32]) -> EngineResult<()> {
+        let p = self.buf_of(buf, off + data.len(), "write")? + 4 * off as u64;
+        self.flush_this_thread()?;
+        self.gpu
+            .htod(p, crate::weights::as_bytes(data))
+            .map_err(engine_err)
     }
 
     fn read_ids(
         &self,
-        _ids: &CudaBuf,
-        _off: usize,
-        _len: usize,
-        _out: &mut Vec<i32>,
+        ids: &CudaBuf,
+        off: usize,
+        len: usize,
+        out: &mut Vec<i32>,
     ) -> EngineResult<()> {
-        Err(unsupported("read_ids"))
+        let mut v = Vec::with_capacity(len);
+        self.read(ids, off, len, &mut v)?;
+        out.extend(v.iter().map(|x| x.to_bits() as i32));
+        Ok(())
+    }
+
+    fn write_ids(&self, ids: &mut CudaBuf, off: usize, data: &[i32]) -> EngineResult<()> {
+        let bits: Vec<f32> = data.iter().map(|&x| f32::from_bits(x as u32)).collect();
+        self.write(ids, off, &bits)
     }
 
     fn store_rows(
         &self,
         _step: &CudaStep,
-        _src: &CudaBuf,
-        _rows: usize,
-        _row_len: usize,
-        _dst: &mut CudaBuf,
-        _cap: usize,
+        src: &CudaBuf,
+        rows: usize,
+        row_len: usize,
+        dst: &mut CudaBuf,
+        cap: usize,
     ) -> EngineResult<()> {
-        Err(unsupported("store_rows"))
+        self.store_rows_op(src, rows, row_len, dst, cap)
     }
 
-    fn layer_norm(
+    fn rms_norm_cast_once(
         &self,
         _x: &CudaBuf,
-        _w: &CudaWeight,
-        _b: &CudaWeight,
+        _w: Option<&CudaWeight>,
         _rows: usize,
         _cols: usize,
         _eps: f32,
         _p: Prec,
         _out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("layer_norm"))
+        Err(unsupported("rms_norm_cast_once"))
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CudaBuf,
+        w: &CudaWeight,
+        b: &CudaWeight,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+        p: Prec,
+        out: &mut CudaBuf,
+    ) -> EngineResult<()> {
+        self.layer_norm_op(x, w, b, rows, cols, eps, p, out)
     }
 
     fn matmul_grouped(
         &self,
-        _w: &CudaWeight,
-        _x: &CudaBuf,
-        _rows: usize,
-        _p: Prec,
-        _out: &mut CudaBuf,
+        w: &CudaWeight,
+        x: &CudaBuf,
+        rows: usize,
+        p: Prec,
+        out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("matmul_grouped"))
+        match w {
+            CudaWeight::Float { n, .. } => self.float_matmul(w, None, x, rows, *n, p, out),
+            _ => Err(unsupported("grouped products of quantized weights")),
+        }
     }
 
     fn scale_sigmoid(
         &self,
-        _x: &mut CudaBuf,
-        _gate: &CudaBuf,
-        _rows: usize,
-        _cols: usize,
-        _gate_cols: usize,
-        _p: Prec,
+        x: &mut CudaBuf,
+        gate: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        gate_cols: usize,
+        p: Prec,
     ) -> EngineResult<()> {
-        Err(unsupported("scale_sigmoid"))
+        self.scale_sigmoid_op(x, gate, rows, cols, gate_cols, p)
     }
 
     fn moe_route(
         &self,
         _step: &CudaStep,
-        _logits: &CudaBuf,
-        _rows: usize,
-        _bias: Option<&CudaWeight>,
-        _hash: Option<&CudaWeight>,
-        _r: &Routing,
-        _p: Prec,
-        _ids: &mut CudaBuf,
-        _weights: &mut CudaBuf,
+        logits: &CudaBuf,
+        rows: usize,
+        bias: Option<&CudaWeight>,
+        hash: Option<&CudaWeight>,
+        r: &Routing,
+        p: Prec,
+        ids: &mut CudaBuf,
+        weights: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("moe_route"))
+        self.moe_route_op(logits, rows, bias, hash, r, p, ids, weights)
     }
 
     fn moe_experts(
         &self,
-        _x: &CudaBuf,
-        _rows: usize,
-        _ids: &CudaBuf,
-        _weights: &CudaBuf,
-        _k: usize,
-        _experts: &Experts<'_, CudaWeight>,
-        _limit: Option<f32>,
-        _p: Prec,
-        _out: &mut CudaBuf,
+        x: &CudaBuf,
+        rows: usize,
+        ids: &CudaBuf,
+        weights: &CudaBuf,
+        k: usize,
+        experts: &Experts<'_, CudaWeight>,
+        limit: Option<f32>,
+        wp: Prec,
+        p: Prec,
+        out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("moe_experts"))
+        if wp != Prec::F32 {
+            // bf16 routing weights round each weighted expert output (DeepSeek-V4's bf16
+            // model): not on CUDA yet.
+            return Err(unsupported("moe_experts with bf16 routing weights"));
+        }
+        self.moe_experts_op(x, rows, ids, weights, k, experts, limit, p, out)
     }
 
     fn hc_pre(
         &self,
-        _x: &CudaBuf,
-        _rows: usize,
-        _w: &HcWeights<'_, CudaWeight>,
-        _shape: &HcShape,
-        _p: Prec,
-        _out: &mut CudaBuf,
-        _mix: &mut CudaBuf,
+        x: &CudaBuf,
+        rows: usize,
+        w: &HcWeights<'_, CudaWeight>,
+        shape: &HcShape,
+        p: Prec,
+        out: &mut CudaBuf,
+        mix: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("hc_pre"))
+        self.hc_pre_op(x, rows, w, shape, p, out, mix)
     }
 
     fn hc_post(
         &self,
-        _x: &mut CudaBuf,
-        _y: &CudaBuf,
-        _mix: &CudaBuf,
-        _rows: usize,
-        _shape: &HcShape,
-        _p: Prec,
+        x: &mut CudaBuf,
+        y: &CudaBuf,
+        mix: &CudaBuf,
+        rows: usize,
+        shape: &HcShape,
+        p: Prec,
     ) -> EngineResult<()> {
-        Err(unsupported("hc_post"))
+        self.hc_post_op(x, y, mix, rows, shape, p)
     }
 
     fn hc_head(
         &self,
-        _x: &CudaBuf,
-        _rows: usize,
-        _w: Option<&HcWeights<'_, CudaWeight>>,
-        _shape: &HcShape,
-        _p: Prec,
-        _out: &mut CudaBuf,
+        x: &CudaBuf,
+        rows: usize,
+        w: Option<&HcWeights<'_, CudaWeight>>,
+        shape: &HcShape,
+        p: Prec,
+        out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("hc_head"))
+        self.hc_head_op(x, rows, w, shape, p, out)
     }
 
     fn delta_net(
         &self,
         _step: &CudaStep,
-        _rows: Range<usize>,
-        _x: &DeltaIn<'_, Self>,
-        _w: &DeltaWeights<'_, CudaWeight>,
-        _state: &mut DeltaState<'_, Self>,
-        _journal: Option<&mut DeltaJournal<Self>>,
-        _shape: &DeltaShape,
-        _form: DeltaForm,
-        _p: Prec,
-        _out: &mut CudaBuf,
+        rows: Range<usize>,
+        x: &DeltaIn<'_, Self>,
+        w: &DeltaWeights<'_, CudaWeight>,
+        state: &mut DeltaState<'_, Self>,
+        journal: Option<&mut DeltaJournal<Self>>,
+        shape: &DeltaShape,
+        form: DeltaForm,
+        p: Prec,
+        out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("delta_net"))
+        self.delta_net_op(rows, x, w, state, journal, shape, form, p, out)
     }
 
     fn delta_replay(
         &self,
-        _journal: &DeltaJournal<Self>,
-        _range: Range<usize>,
-        _shape: &DeltaShape,
-        _state: &mut DeltaState<'_, Self>,
+        journal: &DeltaJournal<Self>,
+        range: Range<usize>,
+        shape: &DeltaShape,
+        state: &mut DeltaState<'_, Self>,
     ) -> EngineResult<()> {
-        Err(unsupported("delta_replay"))
+        self.delta_replay_op(journal, range, shape, state)
     }
 
     fn gated_norm(
         &self,
-        _o: &CudaBuf,
-        _z: &CudaBuf,
-        _w: &CudaWeight,
-        _rows: usize,
-        _shape: &DeltaShape,
-        _p: Prec,
-        _out: &mut CudaBuf,
+        o: &CudaBuf,
+        z: &CudaBuf,
+        w: &CudaWeight,
+        rows: usize,
+        shape: &DeltaShape,
+        p: Prec,
+        out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("gated_norm"))
+        self.gated_norm_op(o, z, w, rows, shape, p, out)
     }
 
     fn compress(
         &self,
-        _step: &CudaStep,
-        _kv: &CudaBuf,
-        _gate: &CudaBuf,
-        _cap: usize,
-        _ape: &CudaWeight,
-        _norm: Option<&CudaWeight>,
-        _rope: Option<&Rope>,
-        _shape: &CompressShape,
-        _p: Prec,
-        _entries: &mut CudaBuf,
+        step: &CudaStep,
+        kv: &CudaBuf,
+        gate: &CudaBuf,
+        cap: usize,
+        ape: &CudaWeight,
+        norm: Option<&CudaWeight>,
+        rope: Option<&Rope>,
+        shape: &CompressShape,
+        p: Prec,
+        entries: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("compress"))
+        self.compress_op(step, kv, gate, cap, ape, norm, rope, shape, p, entries)
     }
 
     fn dsa_select(
         &self,
         _step: &CudaStep,
-        _q: &CudaBuf,
-        _w: &CudaBuf,
-        _entries: &CudaBuf,
-        _rows: usize,
-        _shape: &SelectShape,
-        _ids: &mut CudaBuf,
+        q: &CudaBuf,
+        w: &CudaBuf,
+        entries: &CudaBuf,
+        rows: usize,
+        shape: &SelectShape,
+        ids: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("dsa_select"))
+        self.dsa_select_op(q, w, entries, rows, shape, ids)
     }
 
     fn mla_attention(
         &self,
         _step: &CudaStep,
-        _q: &CudaBuf,
-        _latent: &CudaBuf,
-        _k_b: &CudaWeight,
-        _v_b: &CudaWeight,
-        _sel: Option<&CudaBuf>,
-        _rows: usize,
-        _shape: &MlaShape,
-        _p: Prec,
-        _out: &mut CudaBuf,
+        q: &CudaBuf,
+        latent: &CudaBuf,
+        k_b: &CudaWeight,
+        v_b: &CudaWeight,
+        sel: Option<&CudaBuf>,
+        rows: usize,
+        shape: &MlaShape,
+        p: Prec,
+        out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("mla_attention"))
+        self.mla_op(q, latent, k_b, v_b, sel, rows, shape, p, out)
     }
 
     fn sink_attention(

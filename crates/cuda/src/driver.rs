@@ -353,6 +353,14 @@ impl Args {
         self
     }
 
+    /// Arguments from slots already laid out (`offs`: the first word of each).
+    pub fn from_slots(words: &[u64], offs: &[u16]) -> Self {
+        Args {
+            words: words.to_vec(),
+            offs: offs.iter().map(|&o| o as usize).collect(),
+        }
+    }
+
     fn ptrs(&self) -> Vec<*mut c_void> {
         self.offs
             .iter()

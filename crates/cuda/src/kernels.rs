@@ -18,7 +18,7 @@ pub struct Kernels {
     /// The same for launches whose matrices are all of one type, with fewer registers
     /// and more blocks per SM: `gemv_typed[GEMV_TYPES index][pair]`
     /// (`gemv_<type>[_pair]` in kernels/gemv.cu).
-    pub gemv_typed: [[Func; 2]; 8],
+    pub gemv_typed: [[Func; 2]; 9],
     pub rms_norm_rows: Func,
     pub add_inplace: Func,
     pub swiglu: Func,
@@ -40,6 +40,50 @@ pub struct Kernels {
     pub attn_decode_fused_128: Func,
     pub attn_prefill_64: Func,
     pub attn_prefill_128: Func,
+    /// The MoE families' kernels (see each module's header).
+    pub gemv_experts_gate_up: Func,
+    pub gemv_experts_down: Func,
+    pub gemv_float: Func,
+    pub gemv_float_multi: Func,
+    pub gemv_float_experts: Func,
+    pub rms_norm_ref: Func,
+    pub layer_norm_ref: Func,
+    pub gated_norm: Func,
+    pub moe_route: Func,
+    pub moe_reduce: Func,
+    pub router_route: Func,
+    pub gemv_experts_down_sum: Func,
+    pub moe_sort: Func,
+    pub moe_mma_gate_up: Func,
+    pub moe_mma_down: Func,
+    pub hc_mixes: Func,
+    pub hc_pre_finish: Func,
+    pub hc_pre_one: Func,
+    pub hc_post_pre: Func,
+    pub hc_post: Func,
+    pub hc_head: Func,
+    pub delta_conv: Func,
+    pub delta_inputs: Func,
+    pub delta_conv_state: Func,
+    pub delta_recurrent_16: Func,
+    pub delta_recurrent_32: Func,
+    pub delta_recurrent_64: Func,
+    pub delta_recurrent_128: Func,
+    pub delta_step_16: Func,
+    pub delta_step_32: Func,
+    pub delta_step_64: Func,
+    pub delta_step_128: Func,
+    pub store_rows: Func,
+    pub compress_windows: Func,
+    pub dsa_scores: Func,
+    pub dsa_topk: Func,
+    pub mla_attend: Func,
+    pub mla_expand: Func,
+    pub fill_f32: Func,
+    pub swiglu_ref: Func,
+    pub add_round: Func,
+    pub scale_sigmoid: Func,
+    pub embed_streams: Func,
     modules: Vec<Module>,
 }
 
@@ -49,7 +93,7 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 /// The weight types with typed GEMV kernels and their kernel-name stems.
-pub const GEMV_TYPES: [(GgmlType, &str); 8] = [
+pub const GEMV_TYPES: [(GgmlType, &str); 9] = [
     (GgmlType::Q4_0, "q4_0"),
     (GgmlType::Q4_1, "q4_1"),
     (GgmlType::Q5_0, "q5_0"),
@@ -58,6 +102,7 @@ pub const GEMV_TYPES: [(GgmlType, &str); 8] = [
     (GgmlType::Q5_K, "q5_k"),
     (GgmlType::Q6_K, "q6_k"),
     (GgmlType::IQ2_XXS, "iq2_xxs"),
+    (GgmlType::Q2_K, "q2_k"),
 ];
 
 /// Largest dynamic shared memory the GEMV may use (its activation: ~2.6 bytes per input).
@@ -89,7 +134,7 @@ impl Kernels {
                 CudaError::Unsupported(format!("kernel {n} missing from the sources"))
             })
         };
-        let mut gemv_typed = [[Func(std::ptr::null_mut()); 2]; 8];
+        let mut gemv_typed = [[Func(std::ptr::null_mut()); 2]; 9];
         for (t, (_, stem)) in GEMV_TYPES.iter().enumerate() {
             gemv_typed[t] = [
                 get(&format!("gemv_{stem}"))?,
@@ -119,11 +164,55 @@ impl Kernels {
             attn_decode_fused_128: get("attn_decode_fused_128")?,
             attn_prefill_64: get("attn_prefill_64")?,
             attn_prefill_128: get("attn_prefill_128")?,
+            gemv_experts_gate_up: get("gemv_experts_gate_up")?,
+            gemv_experts_down: get("gemv_experts_down")?,
+            gemv_float: get("gemv_float")?,
+            gemv_float_multi: get("gemv_float_multi")?,
+            gemv_float_experts: get("gemv_float_experts")?,
+            rms_norm_ref: get("rms_norm_ref")?,
+            layer_norm_ref: get("layer_norm_ref")?,
+            gated_norm: get("gated_norm")?,
+            moe_route: get("moe_route")?,
+            moe_reduce: get("moe_reduce")?,
+            router_route: get("router_route")?,
+            gemv_experts_down_sum: get("gemv_experts_down_sum")?,
+            moe_sort: get("moe_sort")?,
+            moe_mma_gate_up: get("moe_mma_gate_up")?,
+            moe_mma_down: get("moe_mma_down")?,
+            hc_mixes: get("hc_mixes")?,
+            hc_pre_finish: get("hc_pre_finish")?,
+            hc_pre_one: get("hc_pre_one")?,
+            hc_post_pre: get("hc_post_pre")?,
+            hc_post: get("hc_post")?,
+            hc_head: get("hc_head")?,
+            delta_conv: get("delta_conv")?,
+            delta_inputs: get("delta_inputs")?,
+            delta_conv_state: get("delta_conv_state")?,
+            delta_recurrent_16: get("delta_recurrent_16")?,
+            delta_recurrent_32: get("delta_recurrent_32")?,
+            delta_recurrent_64: get("delta_recurrent_64")?,
+            delta_recurrent_128: get("delta_recurrent_128")?,
+            delta_step_16: get("delta_step_16")?,
+            delta_step_32: get("delta_step_32")?,
+            delta_step_64: get("delta_step_64")?,
+            delta_step_128: get("delta_step_128")?,
+            store_rows: get("store_rows")?,
+            compress_windows: get("compress_windows")?,
+            dsa_scores: get("dsa_scores")?,
+            dsa_topk: get("dsa_topk")?,
+            mla_attend: get("mla_attend")?,
+            mla_expand: get("mla_expand")?,
+            fill_f32: get("fill_f32")?,
+            swiglu_ref: get("swiglu_ref")?,
+            add_round: get("add_round")?,
+            scale_sigmoid: get("scale_sigmoid")?,
+            embed_streams: get("embed_streams")?,
             modules,
         };
         let smem = GEMV_MAX_SMEM.min(gpu.max_smem_optin);
         let typed = k.gemv_typed.iter().flatten();
-        for f in std::iter::once(&k.gemv).chain(typed) {
+        let experts = [&k.gemv_experts_gate_up, &k.gemv_experts_down];
+        for f in std::iter::once(&k.gemv).chain(typed).chain(experts) {
             // SAFETY: a valid function handle; the value is within the device's limit.
             unsafe {
                 result::function::set_function_attribute(
@@ -170,6 +259,49 @@ impl Kernels {
             attn_decode_fused_128: f(),
             attn_prefill_64: f(),
             attn_prefill_128: f(),
+            gemv_experts_gate_up: f(),
+            gemv_experts_down: f(),
+            gemv_float: f(),
+            gemv_float_multi: f(),
+            gemv_float_experts: f(),
+            rms_norm_ref: f(),
+            layer_norm_ref: f(),
+            gated_norm: f(),
+            moe_route: f(),
+            moe_reduce: f(),
+            router_route: f(),
+            gemv_experts_down_sum: f(),
+            moe_sort: f(),
+            moe_mma_gate_up: f(),
+            moe_mma_down: f(),
+            hc_mixes: f(),
+            hc_pre_finish: f(),
+            hc_pre_one: f(),
+            hc_post_pre: f(),
+            hc_post: f(),
+            hc_head: f(),
+            delta_conv: f(),
+            delta_inputs: f(),
+            delta_conv_state: f(),
+            delta_recurrent_16: f(),
+            delta_recurrent_32: f(),
+            delta_recurrent_64: f(),
+            delta_recurrent_128: f(),
+            delta_step_16: f(),
+            delta_step_32: f(),
+            delta_step_64: f(),
+            delta_step_128: f(),
+            store_rows: f(),
+            compress_windows: f(),
+            dsa_scores: f(),
+            dsa_topk: f(),
+            mla_attend: f(),
+            mla_expand: f(),
+            fill_f32: f(),
+            swiglu_ref: f(),
+            add_round: f(),
+            scale_sigmoid: f(),
+            embed_streams: f(),
             modules: Vec::new(),
         }
     }

@@ -27,13 +27,14 @@ pub fn fields(ty: GgmlType) -> Option<&'static [Field]> {
         Q5_K => &[(0, 4), (4, 12), (16, 32), (48, 128)],
         Q6_K => &[(0, 128), (128, 64), (192, 16), (208, 2)],
         IQ2_XXS => &[(0, 2), (2, 64)],
+        Q2_K => &[(0, 16), (16, 64), (80, 4)],
         _ => return None,
     })
 }
 
 /// The matrix types the CUDA backend supports (decode GEMV, embedding rows and the
 /// prefill dequantization).
-pub const MATRIX_TYPES: [GgmlType; 8] = [
+pub const MATRIX_TYPES: [GgmlType; 9] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -42,6 +43,7 @@ pub const MATRIX_TYPES: [GgmlType; 8] = [
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::IQ2_XXS,
+    GgmlType::Q2_K,
 ];
 
 /// Plane offsets within one allocation for `n_blocks` blocks of `ty`.

@@ -29,6 +29,7 @@ mod graph;
 pub mod kernels;
 pub mod layout;
 pub mod lower;
+mod moe_ops;
 pub mod ops;
 pub mod parity;
 pub mod probe;

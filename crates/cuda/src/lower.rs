@@ -23,7 +23,8 @@ use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
 use crate::kernels::{GEMV_TYPES, Kernels};
 use crate::layout::{gemv_smem_bytes, uses_q8k};
-use crate::ops::{MatRef, Op, RopeArgs};
+use crate::ops::{ExpertGemv, ReduceTail};
+use crate::ops::{FloatSeg, HC_COLS, MatRef, Op, RopeArgs};
 
 /// A kernel launch.
 pub struct Launch {
@@ -80,6 +81,10 @@ pub struct Ctx<'a> {
     /// One-token `rope, rope, attention` as one launch (`attn_decode_fused`) rather than
     /// three (correct, measured slower; off by default).
     pub fused_attention: bool,
+    /// Decode fusions across operations: an mHC write-back and the next pre
+    /// (`hc_post_pre`), the router and the routing (`router_route`), the experts' sum
+    /// and the add after it.
+    pub fuse_decode: bool,
     /// Whether single-type launches of rows up to [`TYPED_GEMV_MAX_INPUTS`] inputs run on
     /// the typed GEMV kernels (`Kernels::gemv_typed`); off: the generic kernel for all.
     pub gemv_typed: bool,
@@ -106,6 +111,9 @@ struct Seg {
     ty2: i32,
     rows: i32,
     row0: i32,
+    /// Pair epilogue: the reference's clamped SwiGLU (`silu_ref` 1) or ggml's.
+    lim: f32,
+    silu_ref: i32,
 }
 
 #[repr(C)]
@@ -184,6 +192,75 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
             i += used;
             continue;
         }
+        if let (Op::HcPost(post), Some(Op::HcPre { x, args })) = (ops[i], ops.get(i + 1))
+            && *x == post.x
+            && cx.fuse_decode
+        {
+            let mut a = Args::new();
+            a.push(post).push(*args);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.hc_post_pre,
+                grid: ((post.d as usize).div_ceil(HC_COLS) as u32, 1, 1),
+                block: HC_COLS as u32,
+                smem: 0,
+                args: a,
+                label: "hc_post_pre",
+                bytes: 0,
+            }));
+            i += 2;
+            continue;
+        }
+        if let (Op::FloatGemv(seg), Some(&Op::MoeRoute { p, counter })) = (ops[i], ops.get(i + 1))
+            && p.logits == seg.out
+            && seg.n_tok == 1
+            && cx.fuse_decode
+        {
+            let mut a = Args::new();
+            a.push(seg).push(p).push(counter);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.router_route,
+                grid: ((seg.n_out as u32).div_ceil(FLOAT_ROWS_PER_BLOCK), 1, 1),
+                block: FLOAT_ROWS_PER_BLOCK * 32,
+                smem: 0,
+                args: a,
+                label: "router_route",
+                bytes: 0,
+            }));
+            i += 2;
+            continue;
+        }
+        if let Op::ExpertsDown {
+            e,
+            tail,
+            grid_x,
+            smem,
+        } = ops[i]
+        {
+            // An add of the sum right after it becomes the tail's addend.
+            let (add, used) = match ops.get(i + 1) {
+                Some(&Op::Add { x, y, len })
+                    if cx.fuse_decode && x == tail.out && len == e.rows as u32 && y != tail.out =>
+                {
+                    (y, 2)
+                }
+                _ => (0, 1),
+            };
+            cmds.push(experts_down(
+                e,
+                ReduceTail { add, ..tail },
+                grid_x,
+                smem,
+                cx,
+            ));
+            i += used;
+            continue;
+        }
+        if let Op::FloatGemv(_) = ops[i] {
+            let (used, cmd) = float_group(ops, i, cx);
+            cmds.push(cmd);
+            i += used;
+            continue;
+        }
         if cx.n_tok == 1
             && let Some(used) = decode_attention(ops, i, cx, &mut cmds)?
         {
@@ -194,6 +271,82 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
         i += 1;
     }
     Ok(cmds)
+}
+
+/// `gemv_float_multi`'s parameters (kernels/float_gemv.cu).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FloatMulti {
+    s: [FloatSeg; FLOAT_SEGS],
+    n: i32,
+}
+
+/// Segments of one `gemv_float_multi` launch, and warps (output rows) per block.
+const FLOAT_SEGS: usize = 4;
+const FLOAT_ROWS_PER_BLOCK: u32 = 8;
+
+fn overlaps(a: &std::ops::Range<DPtr>, b: &std::ops::Range<DPtr>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// The float products from `ops[i]` on that can share one launch: consecutive, at most
+/// [`FLOAT_SEGS`], none reading or overwriting an earlier one's output.
+fn float_group(ops: &[Op], i: usize, cx: &Ctx) -> (usize, Cmd) {
+    let mut p = FloatMulti {
+        s: [FloatSeg::default(); FLOAT_SEGS],
+        n: 0,
+    };
+    let mut blocks = 0u32;
+    let mut used = 0;
+    while used < FLOAT_SEGS {
+        let Some(Op::FloatGemv(seg)) = ops.get(i + used) else {
+            break;
+        };
+        let clash = p.s[..used].iter().any(|e| {
+            overlaps(&e.writes(), &seg.reads())
+                || overlaps(&e.writes(), &seg.writes())
+                || overlaps(&e.reads(), &seg.writes())
+        });
+        if clash {
+            break;
+        }
+        p.s[used] = FloatSeg {
+            first: blocks as i32,
+            ..*seg
+        };
+        blocks += (seg.n_out as u32).div_ceil(FLOAT_ROWS_PER_BLOCK);
+        used += 1;
+    }
+    p.n = used as i32;
+    let mut a = Args::new();
+    a.push(p);
+    (
+        used,
+        Cmd::Launch(Launch {
+            f: cx.k.gemv_float_multi,
+            grid: (blocks, 1, 1),
+            block: FLOAT_ROWS_PER_BLOCK * 32,
+            smem: 0,
+            args: a,
+            label: "gemv_float",
+            bytes: 0,
+        }),
+    )
+}
+
+/// One token's experts down products with their weighted sum (`gemv_experts_down_sum`).
+fn experts_down(e: ExpertGemv, tail: ReduceTail, grid_x: u32, smem: u32, cx: &Ctx) -> Cmd {
+    let mut a = Args::new();
+    a.push(e).push(tail);
+    Cmd::Launch(Launch {
+        f: cx.k.gemv_experts_down_sum,
+        grid: (grid_x, e.k as u32, 1),
+        block: GEMV_THREADS,
+        smem,
+        args: a,
+        label: "experts_down_sum",
+        bytes: 0,
+    })
 }
 
 /// The input of a GEMV group: `x`, optionally RMS-normalized by (weight, eps) into `h`.
@@ -263,6 +416,8 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
                 up,
                 len,
                 out: act,
+                lim,
+                reference,
             }) = ops.get(j + 2)
             && x2 == src
             && w2.cols == inp.n
@@ -279,6 +434,8 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
             s.ty2 = w2.ty as i32;
             s.out2 = out2;
             s.out3 = act;
+            s.lim = lim;
+            s.silu_ref = reference as i32;
             need |= if uses_q8k(w2.ty) { 2 } else { 1 };
             seg_bytes.push(row_bytes(&w) + row_bytes(&w2));
             segs.push(s);
@@ -794,11 +951,25 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
                 }));
             }
         }
-        Op::Swiglu { gate, up, len, out } => {
+        Op::Swiglu {
+            gate,
+            up,
+            len,
+            out,
+            lim,
+            reference,
+        } => {
             let mut a = Args::new();
             a.push(gate).push(up).push(out).push(len as i64);
+            if reference {
+                a.push(lim).push(0i32);
+            }
             cmds.push(Cmd::Launch(Launch {
-                f: cx.k.swiglu,
+                f: if reference {
+                    cx.k.swiglu_ref
+                } else {
+                    cx.k.swiglu
+                },
                 grid: grid_1d(len as u64, cx.n_sm),
                 block: 256,
                 smem: 0,
@@ -833,6 +1004,67 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
                 bytes: 0,
             }));
         }
+        Op::FloatGemv(_) => cmds.push(float_group(std::slice::from_ref(op), 0, cx).1),
+        Op::ExpertsDown {
+            e,
+            tail,
+            grid_x,
+            smem,
+        } => cmds.push(experts_down(e, tail, grid_x, smem, cx)),
+        Op::MoeRoute { p, .. } => {
+            let mut a = Args::new();
+            a.push(p);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.moe_route,
+                grid: (p.rows as u32, 1, 1),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "moe_route",
+                bytes: 0,
+            }));
+        }
+        Op::HcPost(p) => {
+            let mut a = Args::new();
+            a.push(p.x)
+                .push(p.y)
+                .push(p.mix)
+                .push(1i32)
+                .push(p.n)
+                .push(p.d)
+                .push(p.rb);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.hc_post,
+                grid: grid_1d(p.d as u64, cx.n_sm),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "hc_post",
+                bytes: 0,
+            }));
+        }
+        Op::HcPre { x, args } => {
+            let mut a = Args::new();
+            a.push(x).push(args);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.hc_pre_one,
+                grid: (((2 + args.n) * args.n) as u32, 1, 1),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "hc_pre",
+                bytes: 0,
+            }));
+        }
+        Op::Kernel(k) => cmds.push(Cmd::Launch(Launch {
+            f: k.f,
+            grid: k.grid,
+            block: k.block,
+            smem: k.smem,
+            args: k.args.to_args(),
+            label: k.label,
+            bytes: 0,
+        })),
     }
     Ok(())
 }
@@ -959,6 +1191,8 @@ mod tests {
                 up,
                 len: n * f,
                 out: act,
+                lim: f32::INFINITY,
+                reference: false,
             });
             ops.push(Op::Matmul {
                 w: w(6, GgmlType::Q6_K, e, f),
@@ -1013,6 +1247,7 @@ mod tests {
             gemv_occupancy: &occ,
             gemv_prefetch: 2,
             fused_attention,
+            fuse_decode: true,
             gemv_typed: true,
             step: 99 << 40,
             n_tok,
@@ -1134,9 +1369,9 @@ mod tests {
 
     #[test]
     fn gemv_params_match_the_kernel_layout() {
-        // kernels/gemv.cu: Seg = 2 x 32-byte Planes + 5 pointers + 4 ints = 120 bytes;
-        // GemvParams = 3 Segs + 3 pointers + 6 4-byte fields = 408 bytes.
-        assert_eq!(std::mem::size_of::<Seg>(), 120);
-        assert_eq!(std::mem::size_of::<GemvParams>(), 408);
+        // kernels/gemv.cu: Seg = 2 x 32-byte Planes + 5 pointers + 6 4-byte fields = 128
+        // bytes; GemvParams = 3 Segs + 3 pointers + 6 4-byte fields = 432 bytes.
+        assert_eq!(std::mem::size_of::<Seg>(), 128);
+        assert_eq!(std::mem::size_of::<GemvParams>(), 432);
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use ds4_gguf::GgmlType;
 
-use crate::driver::{DPtr, DevMem};
+use crate::driver::{Args, DPtr, DevMem, Func};
 
 /// A quantized matrix on the device: planes (see [`crate::layout`]), type and shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +36,9 @@ pub struct RopeArgs {
 }
 
 /// One recorded operation (the `Backend` trait's operations, with device pointers).
+/// `Kernel` is the large variant; a step holds a few thousand ops in one vector, so the
+/// padding costs little and keeps ops `Copy` and comparable (graph keys).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Op {
     Embed {
@@ -75,11 +78,15 @@ pub enum Op {
         v: DPtr,
         out: DPtr,
     },
+    /// `silu(gate)·up`: ggml's arithmetic, or (`reference`) the PyTorch references'
+    /// `silu(min(gate, lim))·clamp(up, −lim, lim)` in f32.
     Swiglu {
         gate: DPtr,
         up: DPtr,
         len: u32,
         out: DPtr,
+        lim: f32,
+        reference: bool,
     },
     Add {
         x: DPtr,
@@ -91,6 +98,161 @@ pub enum Op {
         dst: DPtr,
         len: u32,
     },
+    /// `out = round(w · x + bias)` with a float weight (F32, F16, BF16): consecutive ones
+    /// that do not read each other's outputs share one launch ([`crate::lower`]).
+    FloatGemv(FloatSeg),
+    /// mHC write-back of one token (`hc_post`).
+    HcPost(HcPostArgs),
+    /// mHC pre of one token (`hc_pre_one`); right after an [`Op::HcPost`] of the same
+    /// streams both run as one launch (`hc_post_pre`).
+    HcPre {
+        x: DPtr,
+        args: HcPreArgs,
+    },
+    /// The routing of one token (`moe_route`); right after the router's
+    /// [`Op::FloatGemv`] both run as one launch (`router_route`, `counter` its
+    /// zeroed completion counter).
+    MoeRoute {
+        p: RouteParams,
+        counter: DPtr,
+    },
+    /// One token's experts down products and their weighted sum (`gemv_experts_down_sum`
+    /// over `grid_x` row blocks); an [`Op::Add`] of the sum right after it becomes its
+    /// `tail.add`.
+    ExpertsDown {
+        e: ExpertGemv,
+        tail: ReduceTail,
+        grid_x: u32,
+        smem: u32,
+    },
+    /// A launch recorded as is (the MoE families' operations, `crate::moe_ops`).
+    Kernel(KernelOp),
+}
+
+/// `HcPostArgs` of kernels/mhc.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HcPostArgs {
+    pub x: DPtr,
+    pub y: DPtr,
+    pub mix: DPtr,
+    pub n: i32,
+    pub d: i32,
+    pub rb: i32,
+}
+
+/// `HcPreArgs` of kernels/mhc.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HcPreArgs {
+    pub fn_: DPtr,
+    pub m: DPtr,
+    pub partials: DPtr,
+    pub counter: DPtr,
+    pub base: DPtr,
+    pub scale: DPtr,
+    pub out: DPtr,
+    pub mix: DPtr,
+    pub n: i32,
+    pub d: i32,
+    pub iters: i32,
+    pub rb: i32,
+    pub eps: f32,
+    pub norm_eps: f32,
+}
+
+/// Columns per block of `hc_post_pre` (kernels/mhc.cu `HC_COLS`).
+pub const HC_COLS: usize = 128;
+
+/// One float product as `gemv_float_multi` (kernels/float_gemv.cu) takes it: rows of
+/// `n_in` contiguous values, `n_tok` tokens; `first` is filled in by the lowering.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FloatSeg {
+    pub w: DPtr,
+    pub x: DPtr,
+    pub out: DPtr,
+    pub bias: DPtr,
+    pub ty: i32,
+    pub n_out: i32,
+    pub n_in: i32,
+    pub n_tok: i32,
+    pub rb: i32,
+    pub first: i32,
+}
+
+impl FloatSeg {
+    /// The bytes of `x` it reads and of `out` it writes.
+    pub fn reads(&self) -> std::ops::Range<DPtr> {
+        self.x..self.x + (self.n_tok as u64) * (self.n_in as u64) * 4
+    }
+
+    pub fn writes(&self) -> std::ops::Range<DPtr> {
+        self.out..self.out + (self.n_tok as u64) * (self.n_out as u64) * 4
+    }
+}
+
+/// A kernel launch recorded ready to enqueue: function, shape, arguments.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KernelOp {
+    pub f: Func,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub smem: u32,
+    pub args: KArgs,
+    pub label: &'static str,
+}
+
+/// Kernel arguments of fixed capacity (so that ops stay `Copy` and comparable): each
+/// argument in 8-byte slots, as [`Args`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KArgs {
+    words: [u64; 72],
+    offs: [u16; 16],
+    n_words: u16,
+    n: u8,
+}
+
+impl Default for KArgs {
+    fn default() -> Self {
+        KArgs {
+            words: [0; 72],
+            offs: [0; 16],
+            n_words: 0,
+            n: 0,
+        }
+    }
+}
+
+impl KArgs {
+    /// Appends one argument (a scalar, a pointer or a `#[repr(C)]` struct).
+    ///
+    /// # Panics
+    /// When the arguments exceed the capacity (a programming error: every kernel's
+    /// parameters are fixed).
+    pub fn push<T: Copy>(&mut self, v: T) -> &mut Self {
+        let n = std::mem::size_of::<T>().div_ceil(8).max(1);
+        let off = self.n_words as usize;
+        assert!(
+            off + n <= self.words.len() && (self.n as usize) < self.offs.len(),
+            "kernel arguments exceed {} words",
+            self.words.len()
+        );
+        // SAFETY: the slots hold at least size_of::<T>() bytes, u64-aligned.
+        unsafe { std::ptr::write_unaligned(self.words.as_mut_ptr().add(off) as *mut T, v) };
+        self.offs[self.n as usize] = off as u16;
+        self.n += 1;
+        self.n_words += n as u16;
+        self
+    }
+
+    /// The arguments in the driver's form.
+    pub fn to_args(&self) -> Args {
+        Args::from_slots(
+            &self.words[..self.n_words as usize],
+            &self.offs[..self.n as usize],
+        )
+    }
 }
 
 /// The pending operations of one step of one thread.
@@ -122,4 +284,59 @@ pub fn step_bytes(tokens: &[u32], pos0: usize) -> Vec<u8> {
         b.extend_from_slice(&t.to_le_bytes());
     }
     b
+}
+
+/// `ExpertGemv` of kernels/gemv.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExpertGemv {
+    pub w: [DPtr; 4],
+    pub w2: [DPtr; 4],
+    pub estride: [i64; 4],
+    pub estride2: [i64; 4],
+    pub ty: i32,
+    pub ty2: i32,
+    pub x: DPtr,
+    pub x_tstride: i32,
+    pub ids: DPtr,
+    pub k: i32,
+    pub n_in: i32,
+    pub rows: i32,
+    pub need: i32,
+    pub rb: i32,
+    pub lim: f32,
+    pub out: DPtr,
+}
+
+/// `RouteParams` of kernels/moe.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RouteParams {
+    pub logits: DPtr,
+    pub bias: DPtr,
+    pub hash: DPtr,
+    pub step: DPtr,
+    pub ids: DPtr,
+    pub weights: DPtr,
+    pub rows: i32,
+    pub n_expert: i32,
+    pub k: i32,
+    pub scoring: i32,
+    pub n_group: i32,
+    pub topk_group: i32,
+    pub norm: i32,
+    pub rb: i32,
+    pub vocab: i32,
+    pub scale: f32,
+}
+
+/// `ReduceTail` of kernels/gemv.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReduceTail {
+    pub w: DPtr,
+    pub out: DPtr,
+    pub add: DPtr,
+    pub counters: DPtr,
+    pub rb: i32,
 }

@@ -16,35 +16,86 @@ use crate::synth::generate;
 
 /// A weight tensor resident on the device.
 pub enum CudaWeight {
-    /// A quantized matrix (`rows × cols`) in field planes.
-    Matrix { mem: Arc<DevMem>, m: MatRef },
+    /// `n` stacked quantized matrices of `m.rows × m.cols` in field planes; matrix `e`
+    /// of plane `p` starts `e·estride[p]` bytes after the plane.
+    Matrix {
+        mem: Arc<DevMem>,
+        m: MatRef,
+        n: u32,
+        estride: [u64; 4],
+    },
+    /// `n` stacked float matrices (F32, F16 or BF16) of `rows × cols`, row-major.
+    Float {
+        mem: Arc<DevMem>,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        n: usize,
+    },
     /// An f32 vector.
     Vector { mem: Arc<DevMem>, len: usize },
+    /// An i32 table (token-id hash routing), `len` values.
+    Ints { mem: Arc<DevMem>, len: usize },
 }
 
+/// Float tensors of at most this many elements are kept as f32 on the device.
+const SMALL_FLOAT: usize = 1 << 20;
+
 impl CudaWeight {
-    pub(crate) fn mat(&self) -> (&Arc<DevMem>, MatRef) {
+    fn misuse(&self, want: &str) -> CudaError {
+        let have = match self {
+            CudaWeight::Matrix { .. } => "a quantized matrix",
+            CudaWeight::Float { .. } => "a float matrix",
+            CudaWeight::Vector { .. } => "a vector",
+            CudaWeight::Ints { .. } => "an integer table",
+        };
+        CudaError::Unsupported(format!("{have} used as {want}"))
+    }
+
+    pub(crate) fn mat(&self) -> Result<(&Arc<DevMem>, MatRef)> {
         match self {
-            CudaWeight::Matrix { mem, m } => (mem, *m),
-            CudaWeight::Vector { .. } => panic!(
-                "a vector weight used as a matrix (the model family passed the wrong tensor)"
-            ),
+            CudaWeight::Matrix { mem, m, .. } => Ok((mem, *m)),
+            _ => Err(self.misuse("a quantized matrix")),
         }
     }
 
-    pub(crate) fn vec(&self) -> (&Arc<DevMem>, usize) {
+    pub(crate) fn vec(&self) -> Result<(&Arc<DevMem>, usize)> {
         match self {
-            CudaWeight::Vector { mem, len } => (mem, *len),
-            CudaWeight::Matrix { .. } => panic!(
-                "a matrix weight used as a vector (the model family passed the wrong tensor)"
-            ),
+            CudaWeight::Vector { mem, len } => Ok((mem, *len)),
+            _ => Err(self.misuse("a vector")),
+        }
+    }
+
+    /// f32 values (a vector or a small float matrix, kept as F32) and their count.
+    pub(crate) fn values(&self) -> Result<(&Arc<DevMem>, usize)> {
+        match self {
+            CudaWeight::Vector { mem, len } => Ok((mem, *len)),
+            CudaWeight::Float {
+                mem,
+                ty: GgmlType::F32,
+                rows,
+                cols,
+                n,
+            } => Ok((mem, rows * cols * n)),
+            _ => Err(self.misuse("f32 values")),
+        }
+    }
+
+    /// The integer table and its length.
+    pub(crate) fn ints(&self) -> Result<(&Arc<DevMem>, usize)> {
+        match self {
+            CudaWeight::Ints { mem, len } => Ok((mem, *len)),
+            _ => Err(self.misuse("an integer table")),
         }
     }
 
     /// Device bytes held.
     pub fn bytes(&self) -> usize {
         match self {
-            CudaWeight::Matrix { mem, .. } | CudaWeight::Vector { mem, .. } => mem.bytes(),
+            CudaWeight::Matrix { mem, .. }
+            | CudaWeight::Float { mem, .. }
+            | CudaWeight::Vector { mem, .. }
+            | CudaWeight::Ints { mem, .. } => mem.bytes(),
         }
     }
 }
@@ -68,6 +119,18 @@ pub fn load(
 ) -> Result<CudaWeight> {
     let cols = info.dims.first().copied().unwrap_or(1) as usize;
     let rows = (info.n_elements() / (cols as u64).max(1)) as usize;
+    if info.dtype == GgmlType::I32 {
+        let v: Vec<u8> = match src {
+            Source::File(f) => f.tensor_data(info).to_vec(),
+            Source::Synthetic(_) => vec![0u8; info.n_elements() as usize * 4],
+        };
+        let mem = gpu.alloc(v.len().max(4))?;
+        gpu.htod(mem.ptr(), &v)?;
+        return Ok(CudaWeight::Ints {
+            mem: Arc::new(mem),
+            len: v.len() / 4,
+        });
+    }
     if info.dims.len() == 1 || rows == 1 {
         let v = match src {
             Source::File(f) => vector_f32(info, f.tensor_data(info))?,
@@ -81,6 +144,12 @@ pub fn load(
         });
     }
     let ty = info.dtype;
+    // Stacked matrices (experts, per-head weights): dims {cols, rows, n}.
+    let per_rows = info.dims.get(1).copied().unwrap_or(1) as usize;
+    let n_mats = rows / per_rows.max(1);
+    if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        return load_float(gpu, src, info, per_rows, cols, n_mats);
+    }
     if !MATRIX_TYPES.contains(&ty) {
         return Err(CudaError::Unsupported(format!(
             "tensor '{}' has type {ty}, which the CUDA backend does not run",
@@ -144,14 +213,78 @@ pub fn load(
             false,
         )?;
     }
+    let mut estride = [0u64; 4];
+    let blocks_per_mat = (per_rows * cols / ty.block_size()) as u64;
+    for (i, &(_, size)) in fields(ty).expect("supported type").iter().enumerate() {
+        estride[i] = blocks_per_mat * size as u64;
+    }
     Ok(CudaWeight::Matrix {
         mem: Arc::new(mem),
         m: MatRef {
             planes,
             ty,
-            rows: rows as u32,
+            rows: per_rows as u32,
             cols: cols as u32,
         },
+        n: n_mats as u32,
+        estride,
+    })
+}
+
+/// A float matrix (stack): small ones as f32, large ones in their file type.
+fn load_float(
+    gpu: &Arc<Gpu>,
+    src: Source,
+    info: &TensorInfo,
+    rows: usize,
+    cols: usize,
+    n: usize,
+) -> Result<CudaWeight> {
+    let elems = info.n_elements() as usize;
+    let (ty, bytes): (GgmlType, Vec<u8>) = match src {
+        Source::File(f) if elems > SMALL_FLOAT => (info.dtype, f.tensor_data(info).to_vec()),
+        Source::File(f) => (
+            GgmlType::F32,
+            as_bytes(&vector_f32(info, f.tensor_data(info))?).to_vec(),
+        ),
+        Source::Synthetic(seed) => (
+            GgmlType::F32,
+            as_bytes(&generate::vector(seed, &info.name, elems)).to_vec(),
+        ),
+    };
+    let mem = gpu.alloc(bytes.len().max(4))?;
+    gpu.htod(mem.ptr(), &bytes)?;
+    Ok(CudaWeight::Float {
+        mem: Arc::new(mem),
+        ty,
+        rows,
+        cols,
+        n,
+    })
+}
+
+/// A float weight built from values at load time (`Backend::weight_f32`), ggml dims
+/// `{cols, rows[, n]}`.
+pub fn from_values(gpu: &Arc<Gpu>, dims: &[usize], values: &[f32]) -> Result<CudaWeight> {
+    let cols = dims.first().copied().unwrap_or(1);
+    let rows = dims.get(1).copied().unwrap_or(1);
+    let n = dims.iter().skip(2).product::<usize>().max(1);
+    let mem = gpu.alloc((values.len() * 4).max(4))?;
+    gpu.htod(mem.ptr(), as_bytes(values))?;
+    let mem = Arc::new(mem);
+    Ok(if dims.len() == 1 {
+        CudaWeight::Vector {
+            mem,
+            len: values.len(),
+        }
+    } else {
+        CudaWeight::Float {
+            mem,
+            ty: GgmlType::F32,
+            rows,
+            cols,
+            n,
+        }
     })
 }
 

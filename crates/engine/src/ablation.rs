@@ -88,6 +88,49 @@ pub enum Ablation {
     SwigluGateClampedBelow,
     /// Final RMSNorm removed.
     FinalNormOff,
+    // DeepSeek-V4 (names in `Ablation::DEEPSEEK4`).
+    /// The final hyper-head collapse is the plain mean of the streams.
+    HcHeadMean,
+    /// Attention sinks removed (sink logit −inf).
+    SinksOff,
+    /// Attention sink logits 0.
+    SinksZero,
+    /// No unweighted RMSNorm of the per-head queries.
+    QBNormOff,
+    /// No `kv_norm` on the shared key/value.
+    KvNormOff,
+    /// The attention output's rope slice not rotated back.
+    NoInverseRopeOnOutput,
+    /// RoPE in NeoX halves instead of interleaved pairs, everywhere.
+    RopeNeoxPairs,
+    /// RoPE on the leading instead of the trailing channels, everywhere.
+    RopeLeadingDims,
+    /// Compressed layers use the main rope.
+    CompressRopeMainTheta,
+    /// The compress rope without YaRN.
+    CompressRopeNoYarn,
+    /// Sliding layers use the compress rope.
+    MainRopeCompressTheta,
+    /// Sliding window one token shorter.
+    SlidingWindowMinus1,
+    /// Grouped output projection with the head groups in reverse order.
+    WoAGroupsSwapped,
+    /// No compressed entries in the attention.
+    CompressionOff,
+    /// No `kv_norm` on the compressed entries.
+    CompressorNormOff,
+    /// The indexer selects every visible entry.
+    IndexerSelectAll,
+    /// Indexer queries and keys not rotated.
+    IndexerNoRope,
+    /// No `kv_norm` on the indexer's keys.
+    IndexerNormOff,
+    /// Hash layers route by the top-k of their scores.
+    HashRoutingAsScore,
+    /// Router scores by sigmoid instead of sqrt(softplus).
+    MoeScoreSigmoid,
+    /// Routing weights not renormalised.
+    MoeNoRenorm,
 }
 
 impl Ablation {
@@ -141,10 +184,58 @@ impl Ablation {
         (Ablation::FinalNormOff, "final_norm_off"),
     ];
 
+    /// The switches that apply to DeepSeek-V4, with the names of its sensitivity table
+    /// (`tools/reference/README.md`); several reuse GLM-5.3's switches for the same
+    /// perturbation.
+    pub const DEEPSEEK4: &[(Ablation, &'static str)] = &[
+        (Ablation::HcSinkhorn1, "hc_sinkhorn_1"),
+        (Ablation::HcSinkhorn19, "hc_sinkhorn_minus_1"),
+        (Ablation::HcCombTransposed, "hc_comb_transposed"),
+        (Ablation::HcPostOnes, "hc_post_ones"),
+        (Ablation::HcPreMean, "hc_pre_mean"),
+        (Ablation::HcInputNormOff, "hc_input_norm_off"),
+        (Ablation::HcEps0, "hc_eps_0"),
+        (Ablation::HcHeadMean, "hc_head_mean"),
+        (Ablation::SinksOff, "sinks_off"),
+        (Ablation::SinksZero, "sinks_zero"),
+        (Ablation::QBNormOff, "q_b_norm_off"),
+        (Ablation::KvNormOff, "kv_norm_off"),
+        (Ablation::NoInverseRopeOnOutput, "no_inverse_rope_on_output"),
+        (Ablation::RopeNeoxPairs, "rope_neox_pairs"),
+        (Ablation::RopeLeadingDims, "rope_leading_dims"),
+        (Ablation::CompressRopeMainTheta, "compress_rope_main_theta"),
+        (Ablation::CompressRopeNoYarn, "compress_rope_no_yarn"),
+        (Ablation::MainRopeCompressTheta, "main_rope_compress_theta"),
+        (Ablation::SlidingWindowMinus1, "sliding_window_minus_1"),
+        (Ablation::WoAGroupsSwapped, "wo_a_groups_swapped"),
+        (Ablation::CompressionOff, "compression_off"),
+        (Ablation::DsaApeOff, "compressor_ape_off"),
+        (Ablation::CompressorNormOff, "compressor_norm_off"),
+        (Ablation::IndexerSelectAll, "indexer_select_all"),
+        (Ablation::DsaReluOff, "indexer_relu_off"),
+        (Ablation::DsaHeadWeightsOnes, "indexer_head_weights_ones"),
+        (Ablation::IndexerNoRope, "indexer_no_rope"),
+        (Ablation::IndexerNormOff, "indexer_norm_off"),
+        (Ablation::HashRoutingAsScore, "hash_routing_as_score"),
+        (Ablation::MoeBiasOff, "moe_bias_off"),
+        (Ablation::MoeWeightsWithBias, "moe_weights_with_bias"),
+        (Ablation::MoeScoreSigmoid, "moe_score_sigmoid"),
+        (Ablation::MoeNoRenorm, "moe_no_renorm"),
+        (Ablation::MoeRoutedScaling1, "moe_routed_scaling_1"),
+        (Ablation::MoeSharedExpertOff, "moe_shared_expert_off"),
+        (Ablation::SwigluClampOff, "swiglu_clamp_off"),
+        (
+            Ablation::SwigluGateClampedBelow,
+            "swiglu_gate_clamped_below",
+        ),
+        (Ablation::FinalNormOff, "final_norm_off"),
+    ];
+
     /// The reference's name of this switch.
     pub fn name(self) -> &'static str {
         Self::ALL
             .iter()
+            .chain(Self::DEEPSEEK4)
             .find(|(a, _)| *a == self)
             .map_or("?", |(_, n)| n)
     }

@@ -25,6 +25,7 @@ pub(crate) mod ablation;
 pub mod backend;
 mod error;
 pub mod families;
+pub mod fixtures;
 pub mod generate;
 pub mod loaded;
 pub mod loader;
@@ -32,8 +33,6 @@ pub mod logprobs;
 pub mod model;
 pub mod sampler;
 pub mod session;
-#[cfg(test)]
-pub(crate) mod test_support;
 
 pub use error::{EngineError, Result, human_bytes};
 pub use loaded::LoadedModel;

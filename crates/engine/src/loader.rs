@@ -9,13 +9,15 @@ use ds4_gguf::{GgufFile, TensorInfo, Value};
 
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
+use crate::families::deepseek4::DeepSeek4;
 use crate::families::glm5_next::Glm5Next;
 use crate::families::llama::{Llama, Variant};
 use crate::model::Model;
 use crate::{EngineError, Result};
 
 /// Architectures this build can run.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "glm5-next", "glm5next"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] =
+    &["llama", "qwen2", "glm5-next", "glm5next", "deepseek4"];
 
 /// Loads the model in `file` on the CPU backend, with as many threads as rayon's
 /// global pool has (the CLI sizes it with `--threads`).
@@ -50,6 +52,7 @@ pub fn load_model_with<B: Backend>(
         a if crate::families::glm5_next::ARCH_NAMES.contains(&a) => {
             Arc::new(Glm5Next::load(backend, file, name)?)
         }
+        crate::families::deepseek4::ARCH => Arc::new(DeepSeek4::load(backend, file, name)?),
         other => return Err(EngineError::UnknownArchitecture(other.to_string())),
     };
     Ok(model)
@@ -315,6 +318,60 @@ impl<'a, B: Backend> TensorLoader<'a, B> {
             &[&[Some(cols), Some(rows), Some(n)]],
             (used as u64, n as u64),
         )
+    }
+
+    /// A tensor stored with ggml dims `file_dims` (checked) loaded with the same bytes as
+    /// `dims` (llama.cpp's `TENSOR_ALLOW_RESHAPE`: DeepSeek-V4's grouped `attn_output_a`,
+    /// `{n_in, G·ro}` in the file, `{n_in, ro, G}` as loaded), all of it read per decode
+    /// step.
+    pub fn reshaped(
+        &mut self,
+        name: &str,
+        file_dims: &[usize],
+        dims: &[usize],
+    ) -> Result<B::Weight> {
+        let info = self.require(&[name])?;
+        let want: Vec<Option<usize>> = file_dims.iter().map(|&d| Some(d)).collect();
+        let d = trimmed(info);
+        let mut w = want.clone();
+        while w.len() > 1 && w.last() == Some(&Some(1)) {
+            w.pop();
+        }
+        if d.len() != w.len() || w.iter().zip(&d).any(|(e, &g)| *e != Some(g)) {
+            return Err(EngineError::TensorShape {
+                name: info.name.clone(),
+                got: info.dims.clone(),
+                expected: file_dims.iter().map(|&x| x as u64).collect(),
+            });
+        }
+        if dims.iter().product::<usize>() != file_dims.iter().product::<usize>() {
+            return Err(EngineError::Backend(format!(
+                "reshaping '{name}' from {file_dims:?} to {dims:?} changes its size"
+            )));
+        }
+        let mut view = info.clone();
+        view.dims = dims.iter().map(|&x| x as u64).collect();
+        self.n_params += info.n_elements();
+        self.decode_bytes += info.n_bytes();
+        self.backend.weight(self.file, &view)
+    }
+
+    /// The values of an I32 tensor of ggml dims `dims` (an id table), for checks at load.
+    pub fn i32_values(&self, name: &str, dims: &[usize]) -> Result<Vec<i32>> {
+        let info = self.require(&[name])?;
+        if trimmed(info) != dims || info.dtype != ds4_gguf::GgmlType::I32 {
+            return Err(EngineError::TensorShape {
+                name: info.name.clone(),
+                got: info.dims.clone(),
+                expected: dims.iter().map(|&x| x as u64).collect(),
+            });
+        }
+        Ok(self
+            .file
+            .tensor_data(info)
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
     }
 
     /// A small tensor of any of `shapes` (ggml dims) under any of `names`, kept decoded

@@ -3,7 +3,7 @@
 //!
 //! ggml (`ggml-common.h`, `ggml-quants.c`, `ggml-cpu/quants.c`) is the specification
 //! of every format here. Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS as weights; Q8_0, Q8_1 and Q8_K as
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, MXFP4 as weights; Q8_0, Q8_1 and Q8_K as
 //! activations (they also dequantize and quantize).
 //!
 //! # Matrix products
@@ -32,7 +32,7 @@
 //! this project's fixtures; `DS4_GGML_TILED=1` turns them on). ggml's result depends on
 //! the kernel it picks: the type's `vec_dot` (eight f32 lanes per output), llamafile's
 //! tinyBLAS for float weights, or the kernels of weights it repacks at load (Q4_0, Q4_K,
-//! Q2_K with a multiple of 8 rows: a GEMM for groups of 4 tokens, a GEMV for the rest).
+//! Q2_K, MXFP4 with a multiple of 8 rows: a GEMM for groups of 4 tokens, a GEMV for the rest).
 //! Which one runs depends on the weight type, on [`Layout`] and on the number of tokens
 //! in the product, so a prompt gives llama.cpp's results when it is split into products
 //! as llama.cpp splits it (one product per batch of at most 512 tokens, then one per
@@ -129,13 +129,14 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 }
 
 /// The activation format ggml's CPU backend pairs with weights of type `ty`
-/// (`type_traits_cpu[ty].vec_dot_type` in `ggml-cpu.c`): Q8_0 for Q4_0, Q5_0 and Q8_0;
+/// (`type_traits_cpu[ty].vec_dot_type` in `ggml-cpu.c`): Q8_0 for Q4_0, Q5_0, Q8_0 and
+/// MXFP4;
 /// Q8_1 for Q4_1 and Q5_1; Q8_K for the K-quants and IQ2_XXS; the type itself for F32,
 /// F16 and BF16. Other types (which this crate cannot multiply) map to themselves.
 pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
     use GgmlType::*;
     match ty {
-        Q4_0 | Q5_0 | Q8_0 => Q8_0,
+        Q4_0 | Q5_0 | Q8_0 | MXFP4 => Q8_0,
         Q4_1 | Q5_1 => Q8_1,
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ2_XXS => Q8_K,
         other => other,

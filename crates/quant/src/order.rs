@@ -13,7 +13,7 @@
 //!
 //! # Which kernel ([`path`])
 //!
-//! - Weights that ggml repacks at load ([`repacks`]: Q4_0, Q4_K and Q2_K with a
+//! - Weights that ggml repacks at load ([`repacks`]: Q4_0, Q4_K, Q2_K and MXFP4 with a
 //!   multiple of 8 rows) use the repacked kernels: tokens `0..n - n % 4` of an
 //!   `n`-token product go through the 4-token GEMM when `n > 3`, the others through
 //!   the GEMV ([`Path::RepackGemm`], [`Path::RepackGemv`]).
@@ -43,6 +43,9 @@
 //!   mn[2k]·bsum32[2k] + mn[2k+1]·bsum32[2k+1], accm[k])`.
 //! - Q5_K: the `isum` term, and `summs = fma(-(da·dmin), Σ_j mn[j]·bsum32[j], summs)`.
 //!
+//! - MXFP4: two sets of lanes, even and odd blocks, added before the sum; an unpaired
+//!   last block is added as a scalar (`vec_dot_mxfp4`).
+//!
 //! Result: `hsum(acc)` = `((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))`,
 //! plus `summs` (Q4_1, Q5_1, Q5_K), plus `(accm0+accm2) + (accm1+accm3)` (Q4_K), times
 //! 0.125 for IQ2_XXS.
@@ -59,7 +62,8 @@
 //! One accumulator per output (plus one for the minimums): per group of `G` elements,
 //! `acc = fma(isum_G, d·da, acc)` and `accm = fma(msum_G, dmin·da, accm)`; result
 //! `acc - accm`. `G` = 256 for the GEMV of Q4_K and Q2_K, 64 for the GEMM of Q4_K, 128
-//! for the GEMM of Q2_K, 32 for Q4_0 (both).
+//! for the GEMM of Q2_K, 32 for Q4_0 and MXFP4 (both; MXFP4 runs Q4_0's kernels with its
+//! own values and scales).
 
 use crate::GgmlType;
 use crate::acts::ActRow;
@@ -84,7 +88,8 @@ pub(crate) enum Path {
 /// Whether ggml's CPU backend (x86, AVX-512) repacks a weight matrix of `ty` with `rows`
 /// rows when it loads a model (`ggml_repack_get_optimal_repack_type`).
 pub(crate) fn repacks(ty: GgmlType, rows: usize) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q2_K) && rows.is_multiple_of(8)
+    use GgmlType::*;
+    matches!(ty, Q4_0 | Q4_K | Q2_K | MXFP4) && rows.is_multiple_of(8)
 }
 
 /// Whether the tiled kernels take products of `ty` with 8 tokens or more.
@@ -138,7 +143,7 @@ pub(crate) fn path(
 /// Elements per accumulation group of the repacked kernels (see the module docs).
 pub(crate) fn repack_group(ty: GgmlType, gemm: bool) -> usize {
     match (ty, gemm) {
-        (GgmlType::Q4_0, _) => 32,
+        (GgmlType::Q4_0 | GgmlType::MXFP4, _) => 32,
         (GgmlType::Q4_K, true) => 64,
         (GgmlType::Q2_K, true) => 128,
         _ => 256,
@@ -162,6 +167,7 @@ pub(crate) fn dot(path: Path, ty: GgmlType, w: &[u8], a: &ActRow) -> f32 {
         return formats::float::dot(recipe, ty, w, a.f);
     }
     match path {
+        Path::VecDot if ty == GgmlType::MXFP4 => vec_dot_mxfp4(w, a),
         Path::VecDot => vec_dot(ty, w, a),
         Path::Tiled => tiled(ty, w, a),
         Path::RepackGemv => repacked(ty, w, a, repack_group(ty, false)),
@@ -268,6 +274,37 @@ fn vec_dot(ty: GgmlType, w: &[u8], a: &ActRow) -> f32 {
         IQ2_XXS => 0.125 * hsum8(&acc),
         _ => hsum8(&acc),
     }
+}
+
+/// ggml's `ggml_vec_dot_mxfp4_q8_0` (x86 AVX2 code): blocks in pairs, the even block of
+/// each pair into one set of eight lanes and the odd block into another
+/// (`acc[l] = fma(da·d, dot4(l), acc[l])`), the two sets added lane by lane and summed
+/// by `hsum8`; a last unpaired block is added as a scalar `fma(da·d, Σ v·a, sum)`.
+fn vec_dot_mxfp4(w: &[u8], a: &ActRow) -> f32 {
+    let ty = GgmlType::MXFP4;
+    let bytes = ty.type_size();
+    let nb = w.len() / bytes;
+    let mut u = Unpacked::default();
+    let mut acc = [[0f32; 8]; 2];
+    let pairs = nb / 2 * 2;
+    for b in 0..pairs {
+        formats::unpack(ty, &w[b * bytes..(b + 1) * bytes], &mut u);
+        let dd = a.d[b] * u.d;
+        let lanes = vec_lanes(ty, &u, a, b);
+        for (o, &v) in acc[b % 2].iter_mut().zip(&lanes) {
+            *o = dd.mul_add(v as f32, *o);
+        }
+    }
+    let both: [f32; 8] = std::array::from_fn(|l| acc[0][l] + acc[1][l]);
+    let mut sum = hsum8(&both);
+    if pairs < nb {
+        let b = pairs;
+        formats::unpack(ty, &w[b * bytes..(b + 1) * bytes], &mut u);
+        let qa = &a.qs[32 * b..32 * (b + 1)];
+        let s = idot(&u.vals, qa, 0, 32);
+        sum = (a.d[b] * u.d).mul_add(s as f32, sum);
+    }
+    sum
 }
 
 /// Sums of one group of `g` elements starting at block element `e0`:

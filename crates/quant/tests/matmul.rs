@@ -9,7 +9,7 @@ use ds4_quant::{
 };
 use proptest::prelude::*;
 
-const WEIGHTS: [GgmlType; 14] = [
+const WEIGHTS: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -24,6 +24,7 @@ const WEIGHTS: [GgmlType; 14] = [
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::IQ2_XXS,
+    GgmlType::MXFP4,
 ];
 
 /// Deterministic values in [-1, 1).

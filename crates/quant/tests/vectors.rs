@@ -40,6 +40,7 @@ fn ty(name: &str) -> GgmlType {
         "q5_k" => Q5_K,
         "q6_k" => Q6_K,
         "iq2_xxs" => IQ2_XXS,
+        "mxfp4" | "mxfp4_odd" => MXFP4,
         _ => panic!("unknown type {name}"),
     }
 }
@@ -120,7 +121,19 @@ fn activation_quantization_matches_ggml_cpu() {
 #[test]
 fn dot_products_match_ggml_cpu() {
     for name in [
-        "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq2_xxs",
+        "q4_0",
+        "q4_1",
+        "q5_0",
+        "q5_1",
+        "q8_0",
+        "q2_k",
+        "q3_k",
+        "q4_k",
+        "q5_k",
+        "q6_k",
+        "iq2_xxs",
+        "mxfp4",
+        "mxfp4_odd",
     ] {
         let t = ty(name);
         let w = read(&format!("dot/{name}.w.bin"));
@@ -161,6 +174,31 @@ fn dot_products_match_ggml_cpu() {
                 "{name} row {r}: ours {got}, f64 {exact}, tolerance {tol}"
             );
         }
+    }
+}
+
+/// MXFP4 against ggml itself (these vectors come from the `ggml_ref` harness, not from
+/// the `gguf` package): `dequantize_row_mxfp4` (subnormal and extreme scales included)
+/// and `quantize_row_mxfp4_ref`, bit for bit.
+#[test]
+fn mxfp4_matches_ggml() {
+    let blocks = read("dequant/mxfp4.blocks");
+    let want = read_f32("dequant/mxfp4.f32");
+    let mut got = vec![0f32; want.len()];
+    dequantize_row(GgmlType::MXFP4, &blocks, &mut got).unwrap();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            w.to_bits(),
+            "mxfp4 element {i}: got {g}, ggml {w}"
+        );
+    }
+    let x = read_f32("quant/mxfp4.ggml.in.f32");
+    let want = read("quant/mxfp4.ggml.bin");
+    let mut got = vec![0u8; want.len()];
+    quantize_row(GgmlType::MXFP4, &x, &mut got).unwrap();
+    for (b, (g, w)) in got.chunks(17).zip(want.chunks(17)).enumerate() {
+        assert_eq!(g, w, "mxfp4 block {b}");
     }
 }
 

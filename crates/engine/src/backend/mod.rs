@@ -22,8 +22,8 @@
 //!
 //! | area | operations |
 //! | --- | --- |
-//! | memory | [`buf`](Backend::buf), [`ids`](Backend::ids), [`copy`](Backend::copy), [`fill`](Backend::fill), [`read`](Backend::read), [`write`](Backend::write), [`read_ids`](Backend::read_ids), [`store_rows`](Backend::store_rows) |
-//! | dense | [`embed`](Backend::embed), [`rms_norm`](Backend::rms_norm), [`layer_norm`](Backend::layer_norm), [`matmul`](Backend::matmul), [`matmul_grouped`](Backend::matmul_grouped), [`rope`](Backend::rope), [`attention`](Backend::attention), [`swiglu`](Backend::swiglu), [`add`](Backend::add), [`scale_sigmoid`](Backend::scale_sigmoid) |
+//! | memory | [`buf`](Backend::buf), [`ids`](Backend::ids), [`copy`](Backend::copy), [`fill`](Backend::fill), [`read`](Backend::read), [`write`](Backend::write), [`read_ids`](Backend::read_ids), [`write_ids`](Backend::write_ids), [`store_rows`](Backend::store_rows) |
+//! | dense | [`embed`](Backend::embed), [`rms_norm`](Backend::rms_norm), [`rms_norm_cast_once`](Backend::rms_norm_cast_once), [`layer_norm`](Backend::layer_norm), [`matmul`](Backend::matmul), [`matmul_grouped`](Backend::matmul_grouped), [`rope`](Backend::rope), [`attention`](Backend::attention), [`swiglu`](Backend::swiglu), [`add`](Backend::add), [`scale_sigmoid`](Backend::scale_sigmoid) |
 //! | MoE | [`moe_route`](Backend::moe_route), [`moe_experts`](Backend::moe_experts) |
 //! | mHC | [`hc_pre`](Backend::hc_pre), [`hc_post`](Backend::hc_post), [`hc_head`](Backend::hc_head) |
 //! | linear attention | [`delta_net`](Backend::delta_net), [`delta_replay`](Backend::delta_replay), [`gated_norm`](Backend::gated_norm) |
@@ -194,6 +194,8 @@ pub trait Backend: Buffers + Send + Sync + 'static {
     fn write(&self, buf: &mut Self::Buf, off: usize, data: &[f32]) -> Result<()>;
     /// Reads `len` ids from `ids[off..]`, appending to `out`.
     fn read_ids(&self, ids: &Self::Ids, off: usize, len: usize, out: &mut Vec<i32>) -> Result<()>;
+    /// Writes host ids into `ids[off..off + data.len()]`.
+    fn write_ids(&self, ids: &mut Self::Ids, off: usize, data: &[i32]) -> Result<()>;
     /// Stores the step's rows: `dst[(pos0 + i) mod cap] = src[i]` for `i < rows`, rows of
     /// `row_len` values (a latent or indexer cache with `cap = n_ctx`, or a ring).
     fn store_rows(
@@ -229,12 +231,30 @@ pub trait Backend: Buffers + Send + Sync + 'static {
         p: Prec,
         out: &mut Self::Buf,
     ) -> Result<()>;
-    /// RMSNorm of `rows` rows of `cols` values: `y = x · rsqrt(mean(x²) + eps)` (sum of
-    /// squares in f64), times `w` when given. ggml/llama: `(x·r)·w` in f32. Reference
-    /// (`*RMSNorm` of GLM-5.3): `round(round(x·r)·w)` (`Prec::F32` gives the same as
-    /// ggml).
+    /// RMSNorm of `rows` rows of `cols` values: `y = x · rsqrt(mean(x²) + eps)`, times `w`
+    /// when given. ggml (`Prec::Ggml`): squares in f32 summed in f64, `(x·r)·w` in f32.
+    /// Reference (`*RMSNorm` of GLM-5.3): squares and sum in f64,
+    /// `round(round(x·r)·w)`.
     #[allow(clippy::too_many_arguments)]
     fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        w: Option<&Self::Weight>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+        p: Prec,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+    /// RMSNorm computed in f32 and cast once, `r = rsqrt(mean(x²) + eps)` (sum of squares
+    /// in f64) over `rows` rows of `cols` values: with `w`, `round(w · (x·r))` (the weight,
+    /// kept f32 by the reference, multiplies the f32 normalised values before the one
+    /// rounding: DeepSeek-V4's `DeepseekV4RMSNorm`); without, `round(x · round(r))` (the
+    /// scale factor is cast to the activations' dtype first: `DeepseekV4UnweightedRMSNorm`,
+    /// e.g. per head with `cols` the head size). Equal to [`Backend::rms_norm`] under
+    /// `Prec::F32`; the two differ in where a bf16 model rounds.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_cast_once(
         &self,
         x: &Self::Buf,
         w: Option<&Self::Weight>,
@@ -345,14 +365,18 @@ pub trait Backend: Buffers + Send + Sync + 'static {
 
     // ---- MoE ----
 
-    /// Routes `rows` tokens from their router logits `[rows, E]` (f32): scores by
-    /// `r.scoring`; choice scores `s + bias` (`e_score_correction_bias`, when given);
+    /// Routes `rows` tokens from their router logits `[rows, E]`: scores by `r.scoring`;
+    /// choice scores `s + bias` (`e_score_correction_bias`, f32, when given) in f32;
     /// with `n_group > 1` only the `topk_group` groups with the largest sums of their two
     /// best choice scores stay; the `n_used` best choice scores win (ties: lower id).
     /// With `hash` (DeepSeek-V4's `tid2eid [vocab, k]`), the experts are
     /// `hash[token]` instead. Weights are the unbiased scores of the chosen experts,
-    /// renormalised when `r.norm` (`/ (Σ + 1e-20)`), times `r.scale`, rounded by `p`.
-    /// Writes `ids [rows, k]` and `weights [rows, k]`.
+    /// renormalised when `r.norm` (`/ (Σ + 1e-20)`), times `r.scale`.
+    /// `p` is the router's dtype: under `Prec::F32` everything is f32 and only the final
+    /// weights are rounded (GLM-5.3's f32 router); under `Prec::Bf16` (a router in the
+    /// model dtype, DeepSeek-V4's) every step is a bf16 tensor operation: each score
+    /// function's result, the weight sum (accumulated in f32), the quotient and the
+    /// scaled weight are rounded. Writes `ids [rows, k]` and `weights [rows, k]`.
     #[allow(clippy::too_many_arguments)]
     fn moe_route(
         &self,
@@ -369,9 +393,11 @@ pub trait Backend: Buffers + Send + Sync + 'static {
     /// The routed experts' output `out [rows, D]` for `x [rows, D]`: per token and
     /// chosen expert `e` (`ids`, `weights` from [`Backend::moe_route`], `k` per token),
     /// `y_e = down_e · swiglu(gate_e · x, up_e · x)` (each product rounded by `p`, the
-    /// SwiGLU as [`Backend::swiglu`] with `limit`), `out = round(Σ_e w_e · y_e)` summed
-    /// in f32 (the reference's `grouped_mm` path). Reads the quantized expert weights
-    /// directly.
+    /// SwiGLU as [`Backend::swiglu`] with `limit`), `out = round(Σ_e wp(w_e · y_e))`
+    /// summed in f32 (the reference's `grouped_mm` path), where `wp` is the routing
+    /// weights' dtype: each weighted expert output is rounded by it (`Prec::F32`: f32
+    /// weights promote the product, GLM-5.3; `Prec::Bf16`: bf16 weights times bf16
+    /// outputs, DeepSeek-V4). Reads the quantized expert weights directly.
     #[allow(clippy::too_many_arguments)]
     fn moe_experts(
         &self,
@@ -382,6 +408,7 @@ pub trait Backend: Buffers + Send + Sync + 'static {
         k: usize,
         experts: &Experts<'_, Self::Weight>,
         limit: Option<f32>,
+        wp: Prec,
         p: Prec,
         out: &mut Self::Buf,
     ) -> Result<()>;

@@ -74,6 +74,49 @@ pub struct Rope {
 }
 
 impl Rope {
+    /// The PyTorch references' inverse frequencies (`n_dims / 2` values):
+    /// `1 / base^(2i/n)` in f32, YaRN-blended as `_compute_yarn_parameters` does.
+    pub fn inv_freq(&self) -> Vec<f32> {
+        let dim = self.n_dims;
+        let base = self.freq_base;
+        // base ** (arange(0, dim, 2) / dim) in f32.
+        let pos_freqs: Vec<f32> = (0..dim / 2)
+            .map(|i| base.powf((2 * i) as f32 / dim as f32))
+            .collect();
+        let Some(y) = self.yarn else {
+            return pos_freqs.iter().map(|p| 1.0 / p).collect();
+        };
+        let correction_dim = |rot: f64| {
+            (dim as f64
+                * (y.original_max_position as f64 / (rot * 2.0 * std::f64::consts::PI)).ln())
+                / (2.0 * (base as f64).ln())
+        };
+        let (mut low, mut high) = (
+            correction_dim(y.beta_fast as f64),
+            correction_dim(y.beta_slow as f64),
+        );
+        if y.truncate {
+            low = low.floor();
+            high = high.ceil();
+        }
+        let (low, mut high) = (low.max(0.0), high.min(dim as f64 - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        let (low, high) = (low as f32, high as f32);
+        pos_freqs
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                let extrapolation = 1.0 - ramp;
+                let inter = 1.0 / (y.factor * p);
+                let extra = 1.0 / p;
+                inter * (1.0 - extrapolation) + extra * extrapolation
+            })
+            .collect()
+    }
+
     /// The dense families' rope: the first `n_dims` dimensions, no scaling.
     pub fn plain(n_dims: usize, freq_base: f32, neox: bool) -> Self {
         Rope {

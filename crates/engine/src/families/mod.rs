@@ -1,4 +1,5 @@
 //! Model families, one file each, readable beside the reference they follow.
 
+pub mod deepseek4;
 pub mod glm5_next;
 pub mod llama;

@@ -5,12 +5,13 @@
 //! f32 operations) is defined in `order`, from the integers of [`Unpacked`]; the float
 //! formats' products are in [`float`]. Weight values pair with activations quantized to
 //! the weight type's `vec_dot_type` (ggml's CPU pairing: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1
-//! for Q4_1/Q5_1, Q8_K for the K-quants and IQ2_XXS).
+//! for Q4_1/Q5_1, Q8_K for the K-quants and IQ2_XXS, Q8_0 for MXFP4).
 
 pub(crate) mod float;
 pub(crate) mod iq2_grid;
 pub(crate) mod iq2_xxs;
 pub(crate) mod kquant_search;
+pub(crate) mod mxfp4;
 pub(crate) mod q2_k;
 pub(crate) mod q3_k;
 pub(crate) mod q4_0;
@@ -91,7 +92,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<Layout> {
         final_scale,
     };
     Some(match ty {
-        Q4_0 | Q5_0 | Q8_0 => b32(true, false),
+        Q4_0 | Q5_0 | Q8_0 | MXFP4 => b32(true, false),
         Q4_1 | Q5_1 => b32(false, true),
         Q2_K => k(16, true, false, 1.0),
         Q3_K => k(16, false, true, 1.0),
@@ -117,6 +118,7 @@ pub(crate) fn unpack(ty: GgmlType, b: &[u8], u: &mut Unpacked) {
         Q5_K => q5_k::unpack(b, u),
         Q6_K => q6_k::unpack(b, u),
         IQ2_XXS => iq2_xxs::unpack(b, u),
+        MXFP4 => mxfp4::unpack(b, u),
         _ => unreachable!("unpack called for {ty}, which has no integer layout"),
     }
 }
@@ -141,6 +143,7 @@ pub(crate) fn can_dequantize(ty: GgmlType) -> bool {
             | Q6_K
             | Q8_K
             | IQ2_XXS
+            | MXFP4
     )
 }
 
@@ -172,6 +175,7 @@ pub(crate) fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         Q6_K => q6_k::dequantize(src, dst),
         Q8_K => q8_k::dequantize(src, dst),
         IQ2_XXS => iq2_xxs::dequantize(src, dst),
+        MXFP4 => mxfp4::dequantize(src, dst),
         _ => float::dequantize(ty, src, dst),
     }
 }
@@ -194,6 +198,7 @@ pub(crate) fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         Q6_K => q6_k::quantize(src, dst),
         Q8_K => q8_k::quantize(src, dst),
         IQ2_XXS => iq2_xxs::quantize(src, dst),
+        MXFP4 => mxfp4::quantize(src, dst),
         _ => float::quantize(ty, src, dst),
     }
 }

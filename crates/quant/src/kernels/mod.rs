@@ -113,8 +113,9 @@ pub(crate) fn panel_rows(isa: Isa) -> usize {
 /// Whether the panel kernels handle `ty` along `path` (the row kernels handle
 /// everything).
 pub(crate) fn has_panel(isa: Isa, ty: GgmlType, path: Path) -> bool {
+    // MXFP4 runs on the portable reference of `order` only (no SIMD kernels yet).
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 {
+    if isa >= Isa::Avx2 && ty != GgmlType::MXFP4 {
         return formats::layout(ty).is_some_and(|l| gemm_panel::supports(path, &l));
     }
     let _ = (isa, ty, path);

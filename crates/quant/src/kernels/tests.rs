@@ -12,7 +12,7 @@ use crate::fp::f32_to_f16;
 use crate::{QMatrix, QuantizedActs, vec_dot_type};
 
 /// Weight types with matrix kernels.
-pub(crate) const WEIGHT_TYPES: [GgmlType; 14] = [
+pub(crate) const WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -27,6 +27,7 @@ pub(crate) const WEIGHT_TYPES: [GgmlType; 14] = [
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::IQ2_XXS,
+    GgmlType::MXFP4,
 ];
 
 /// xorshift64* — a tiny deterministic generator for test data.
@@ -118,9 +119,9 @@ fn paths(ty: GgmlType, cols: usize) -> Vec<Path> {
             }
             p
         }
-        Q4_0 | Q4_K | Q2_K => {
+        Q4_0 | Q4_K | Q2_K | MXFP4 => {
             let mut p = vec![Path::VecDot, Path::RepackGemv, Path::RepackGemm];
-            if ty != Q4_0 {
+            if !matches!(ty, Q4_0 | MXFP4) {
                 p.push(Path::Tiled);
             }
             p

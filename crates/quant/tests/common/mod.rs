@@ -94,7 +94,10 @@ pub fn check(name: &str, ty: GgmlType, variant: &str) {
         if !repack {
             let mut single = vec![f32::NAN; n * rows];
             let plain = QMatrix::new(ty, rows, k, &w).unwrap();
-            if !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q2_K) {
+            if !matches!(
+                ty,
+                GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q2_K | GgmlType::MXFP4
+            ) {
                 matmul_single_thread(&plain, &acts, &mut single).unwrap();
                 if single
                     .iter()

@@ -50,7 +50,7 @@ pub fn compress(
     }
     let ape_off = crate::ablated!(b, DsaApeOff);
     let plain_mean = crate::ablated!(b, DsaPoolPlainMean);
-    let inv = rope_.map(rope::inv_freq);
+    let inv = rope_.map(Rope::inv_freq);
     let windows = completed(pos0, n, m);
     if entries.len() < windows.end * c {
         return Err(EngineError::Backend(format!(

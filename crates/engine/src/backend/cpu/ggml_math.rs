@@ -135,6 +135,22 @@ pub fn softmax(row: &mut [f32]) {
     }
 }
 
+/// `ggml_compute_forward_rms_norm_f32` then the weight multiply of llama.cpp's graph:
+/// squares in f32 summed in f64, `scale = 1/sqrt(mean + eps)` in f32, `y = (x·scale)·w`.
+pub fn rms_norm_row(x: &mut [f32], w: Option<&[f32]>, eps: f32) {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len().max(1) as f64) as f32;
+    let scale = 1.0f32 / (mean + eps).sqrt();
+    match w {
+        Some(w) => {
+            for (v, &g) in x.iter_mut().zip(w) {
+                *v = (*v * scale) * g;
+            }
+        }
+        None => x.iter_mut().for_each(|v| *v *= scale),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -197,6 +197,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn write_ids(&self, ids: &mut Vec<i32>, off: usize, data: &[i32]) -> Result<()> {
+        ids.get_mut(off..off + data.len())
+            .ok_or_else(|| EngineError::Backend("write_ids out of range".into()))?
+            .copy_from_slice(data);
+        Ok(())
+    }
+
     fn store_rows(
         &self,
         step: &CpuStep,
@@ -262,7 +269,39 @@ impl Backend for CpuBackend {
         let x = span(x, 0, rows * cols, "rms_norm")?;
         let out = span_mut(out, 0, rows * cols, "rms_norm")?;
         out.copy_from_slice(x);
-        let work = |row: &mut [f32]| torch_math::rms_norm_row(row, w, eps, p);
+        let work = |row: &mut [f32]| {
+            if p == Prec::Ggml {
+                ggml_math::rms_norm_row(row, w, eps)
+            } else {
+                torch_math::rms_norm_row(row, w, eps, p)
+            }
+        };
+        if rows >= 16 {
+            use rayon::prelude::*;
+            out.par_chunks_mut(cols).for_each(work);
+        } else {
+            out.chunks_mut(cols).for_each(work);
+        }
+        Ok(())
+    }
+
+    fn rms_norm_cast_once(
+        &self,
+        x: &Vec<f32>,
+        w: Option<&CpuWeight>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+        p: Prec,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let w = w
+            .map(|w| w.expect_len(cols, "rms_norm_cast_once"))
+            .transpose()?;
+        let x = span(x, 0, rows * cols, "rms_norm_cast_once")?;
+        let out = span_mut(out, 0, rows * cols, "rms_norm_cast_once")?;
+        out.copy_from_slice(x);
+        let work = |row: &mut [f32]| torch_math::rms_norm_row_cast_once(row, w, eps, p);
         if rows >= 16 {
             use rayon::prelude::*;
             out.par_chunks_mut(cols).for_each(work);
@@ -579,6 +618,7 @@ impl Backend for CpuBackend {
         k: usize,
         experts: &Experts<'_, CpuWeight>,
         limit: Option<f32>,
+        wp: Prec,
         p: Prec,
         out: &mut Vec<f32>,
     ) -> Result<()> {
@@ -589,7 +629,7 @@ impl Backend for CpuBackend {
             .get(..rows * k)
             .ok_or_else(|| EngineError::Backend("moe_experts: ids too short".into()))?;
         let out = span_mut(out, 0, rows * d, "moe_experts")?;
-        moe::experts(self, x, rows, ids, w, k, experts, limit, p, out)
+        moe::experts(self, x, rows, ids, w, k, experts, limit, wp, p, out)
     }
 
     fn hc_pre(
@@ -848,6 +888,22 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let sinks = sinks.expect_len(shape.heads, "sink_attention sinks")?;
+        // Test switches: sinks removed (−inf) or left at the reference's init value 0.
+        let ablated_sinks: Vec<f32>;
+        let sinks = match (
+            crate::ablated!(self, SinksOff),
+            crate::ablated!(self, SinksZero),
+        ) {
+            (true, _) => {
+                ablated_sinks = vec![f32::NEG_INFINITY; shape.heads];
+                &ablated_sinks[..]
+            }
+            (_, true) => {
+                ablated_sinks = vec![0.0; shape.heads];
+                &ablated_sinks[..]
+            }
+            _ => sinks,
+        };
         let entries = entries.map(|(e, sel)| (&e[..], sel.map(|s| (&s[..], shape.per_query))));
         sink::attention(
             step.pos0, q, kv, window, cap, entries, sinks, rows, shape, p, out,

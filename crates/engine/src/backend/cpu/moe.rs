@@ -4,7 +4,8 @@
 //! Routing follows `Glm5NextTextTopkRouter` (sigmoid, correction bias, group-limited
 //! top-k), `DeepseekV4TopKRouter`/`DeepseekV4HashRouter` (sqrt-softplus, hash table) and
 //! `Qwen3_5MoeTopKRouter` (softmax); the experts the reference's `grouped_mm` path:
-//! each expert's output in the model dtype, weighted and summed in f32, rounded once.
+//! each expert's output in the model dtype, weighted in the routing weights' dtype,
+//! summed in f32, rounded once.
 
 use rayon::prelude::*;
 
@@ -27,15 +28,20 @@ pub fn route(
     weights: &mut [f32],
 ) -> Result<()> {
     let e = logits.len();
+    // Each score function is one tensor operation of the router's dtype `p`.
     let scores: Vec<f32> = match r.scoring {
-        Scoring::Sigmoid => logits.iter().map(|&l| torch_math::sigmoid(l)).collect(),
+        Scoring::Sigmoid => logits
+            .iter()
+            .map(|&l| p.round(torch_math::sigmoid(l)))
+            .collect(),
         Scoring::SqrtSoftplus => logits
             .iter()
-            .map(|&l| torch_math::softplus(l).sqrt())
+            .map(|&l| p.round(p.round(torch_math::softplus(l)).sqrt()))
             .collect(),
         Scoring::Softmax => {
             let mut s = logits.to_vec();
             torch_math::softmax(&mut s);
+            p.round_all(&mut s);
             s
         }
     };
@@ -91,8 +97,9 @@ pub fn route(
         })
         .collect();
     if r.norm {
-        let sum: f32 = w.iter().sum::<f32>() + 1e-20;
-        w.iter_mut().for_each(|v| *v /= sum);
+        // `w / (w.sum() + 1e-20)`: the sum accumulated in f32, each step a tensor of `p`.
+        let sum = p.round(p.round(w.iter().sum::<f32>()) + 1e-20);
+        w.iter_mut().for_each(|v| *v = p.round(*v / sum));
     }
     for (k, (&i, wv)) in chosen.iter().zip(w).enumerate() {
         ids[k] = i as i32;
@@ -126,6 +133,7 @@ pub fn experts(
     k: usize,
     ex: &Experts<'_, CpuWeight>,
     limit: Option<f32>,
+    wp: Prec,
     p: Prec,
     out: &mut [f32],
 ) -> Result<()> {
@@ -183,7 +191,7 @@ pub fn experts(
                 .iter_mut()
                 .zip(&y[row * d..(row + 1) * d])
             {
-                *a += v * w;
+                *a += wp.round(v * w);
             }
         }
     }

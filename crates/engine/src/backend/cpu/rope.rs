@@ -8,7 +8,7 @@
 //!   `angle = pos · inv_freq`, cos/sin in f32 times the attention factor, rounded to the
 //!   model dtype, then `x·cos + rotate(x)·sin` in f32, rounded.
 
-use crate::backend::{Prec, Rope, Yarn};
+use crate::backend::{Prec, Rope};
 
 /// ggml's `rope` of every row of `x` (rows of `n_head × head_dim`) at positions
 /// `pos0 + row`.
@@ -41,52 +41,6 @@ pub fn ggml(rope: &Rope, pos0: usize, n_head: usize, head_dim: usize, x: &mut [f
     }
 }
 
-/// transformers' inverse frequencies for `rope` (`n_dims / 2` values).
-pub fn inv_freq(rope: &Rope) -> Vec<f32> {
-    let dim = rope.n_dims;
-    let base = rope.freq_base;
-    // base ** (arange(0, dim, 2) / dim) in f32.
-    let pos_freqs: Vec<f32> = (0..dim / 2)
-        .map(|i| base.powf((2 * i) as f32 / dim as f32))
-        .collect();
-    match rope.yarn {
-        None => pos_freqs.iter().map(|p| 1.0 / p).collect(),
-        Some(y) => yarn_inv_freq(&y, dim, base, &pos_freqs),
-    }
-}
-
-/// `_compute_yarn_parameters`' blend of interpolated and extrapolated frequencies.
-fn yarn_inv_freq(y: &Yarn, dim: usize, base: f32, pos_freqs: &[f32]) -> Vec<f32> {
-    let correction_dim = |rot: f64| {
-        (dim as f64 * (y.original_max_position as f64 / (rot * 2.0 * std::f64::consts::PI)).ln())
-            / (2.0 * (base as f64).ln())
-    };
-    let (mut low, mut high) = (
-        correction_dim(y.beta_fast as f64),
-        correction_dim(y.beta_slow as f64),
-    );
-    if y.truncate {
-        low = low.floor();
-        high = high.ceil();
-    }
-    let (low, mut high) = (low.max(0.0), high.min(dim as f64 - 1.0));
-    if low == high {
-        high += 0.001;
-    }
-    let (low, high) = (low as f32, high as f32);
-    pos_freqs
-        .iter()
-        .enumerate()
-        .map(|(i, &p)| {
-            let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
-            let extrapolation = 1.0 - ramp;
-            let inter = 1.0 / (y.factor * p);
-            let extra = 1.0 / p;
-            inter * (1.0 - extrapolation) + extra * extrapolation
-        })
-        .collect()
-}
-
 /// transformers' rope of one head `h` (`head_dim` values) at position `pos` with
 /// frequencies `inv`.
 pub fn torch_head(rope: &Rope, inv: &[f32], pos: f32, p: Prec, h: &mut [f32]) {
@@ -115,7 +69,7 @@ pub fn torch_head(rope: &Rope, inv: &[f32], pos: f32, p: Prec, h: &mut [f32]) {
 /// transformers' rope of every row of `x` (rows of `n_head × head_dim`) at positions
 /// `pos0 + row`.
 pub fn torch(rope: &Rope, pos0: usize, n_head: usize, head_dim: usize, p: Prec, x: &mut [f32]) {
-    let inv = inv_freq(rope);
+    let inv = rope.inv_freq();
     for (i, row) in x.chunks_mut(n_head * head_dim).enumerate() {
         for h in row.chunks_mut(head_dim) {
             torch_head(rope, &inv, (pos0 + i) as f32, p, h);

@@ -6,10 +6,11 @@
 //!
 //! Two products ([`matmul`]), picked by the family's [`Prec`]:
 //!
-//! - ggml's (`Prec::Ggml`, and every quantized weight): `ds4_quant` quantizes the
+//! - ggml's (`Prec::Ggml`, and every other quantized weight): `ds4_quant` quantizes the
 //!   activations to the weight type's `vec_dot_type` per block and runs ggml's kernels
 //!   (for float weights too).
-//! - the PyTorch reference's (`Prec::F32`/`Bf16`, float weights): each weight row
+//! - the PyTorch reference's (`Prec::F32`/`Bf16`, float weights and MXFP4, whose
+//!   values are the checkpoint's FP4 values exactly): each weight row
 //!   decoded to f32 and dotted with the activations as given, accumulated in f32 by
 //!   [`dot_f32`]. (ggml's float kernels sum pairwise in `vdpbf16ps` and tinyBLAS
 //!   orders, which is no closer to PyTorch and, in the chaotic bf16 fixtures,
@@ -222,9 +223,11 @@ impl Mat<'_> {
             .map_err(|e| EngineError::Backend(format!("tensor '{}' as a matrix: {e}", self.w.name)))
     }
 
-    /// Whether the reference arithmetic multiplies this matrix as floats.
+    /// Whether the reference arithmetic multiplies this matrix as floats: float types,
+    /// and MXFP4, which holds a checkpoint's FP4 values exactly (DeepSeek-V4's routed
+    /// experts), so the reference's product of those values is a float product.
     fn float_path(&self, p: Prec) -> bool {
-        p != Prec::Ggml && is_float(self.w.ty)
+        p != Prec::Ggml && (is_float(self.w.ty) || self.w.ty == GgmlType::MXFP4)
     }
 
     /// `out[t·rows + r] = W[r] · x[t]` for `n` rows of `x` (see the module header),

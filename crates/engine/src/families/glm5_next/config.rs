@@ -1,15 +1,20 @@
 //! Hyperparameters of a `glm5_next` model, read from GGUF metadata, and the checks that
 //! reject models the reference cannot run.
 //!
-//! Keys follow llama.cpp's names for this architecture (`docs/glm5_next_gguf.md` has
-//! the full table): `{arch}.attention.*` for MLA and the DSA indexer
-//! (`attention.indexer.{head_count,key_length,top_k,kpool,types}`), `{arch}.kda.*` and
-//! `{arch}.ssm.conv_kernel` for KDA, `{arch}.hyper_connection.*` for mHC, the
-//! DeepSeek-style `{arch}.expert_*` keys for the MoE. A per-layer
-//! `attention.head_count_kv` array marks KDA layers with 0. Two keys are this project's
-//! extensions (llama.cpp's files do not need them for GLM-5.3-Flash): `kda.head_count`
-//! (default: `attention.head_count`) and `attention.indexer.kpool_select_tail`
-//! (default true). The semantics are `configuration_glm5_next.py` (doc §1).
+//! Keys are llama.cpp's for this architecture (`docs/glm5_next_gguf.md` has the full
+//! table; `{arch}` is `glm5-next`, or `glm5next` in files of earlier versions of our
+//! converter): `{arch}.attention.*` for MLA and the DSA indexer
+//! (`attention.indexer.{head_count,key_length,top_k,kpool,kpool_select_tail,types}`),
+//! `{arch}.kda.*` and `{arch}.ssm.conv_kernel` for KDA, `{arch}.hyper_connection.*` for
+//! mHC, the DeepSeek-style `{arch}.expert_*` keys for the MoE. A per-layer
+//! `attention.head_count_kv` array marks KDA layers with 0 (llama.cpp writes 1 for an
+//! MLA layer, earlier files the head count: any non-zero value is MLA). Absent keys
+//! take llama.cpp's defaults: `kda.head_count` — this project's one extension, written
+//! only when the KDA head count differs from `attention.head_count` — defaults to
+//! `attention.head_count`, `attention.indexer.kpool_select_tail` to true,
+//! `swiglu_clamp_shexp` to `swiglu_clamp_exp`, `expert_gating_func` to sigmoid (0 is
+//! read as sigmoid too), `nextn_predict_layers` (MTP layers counted in `block_count`)
+//! to 0. The semantics are `configuration_glm5_next.py` (doc §1).
 
 use ds4_gguf::Value;
 
@@ -45,6 +50,8 @@ pub enum Dtype {
 /// Hyperparameters (symbols of `docs/glm5_next.md` in brackets).
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The file's architecture name (the prefix of its keys).
+    pub arch: String,
     /// `[D]`
     pub n_embd: usize,
     /// `[V]`
@@ -61,6 +68,8 @@ pub struct Config {
     pub hc_eps: f32,
     /// KDA: heads `[Hk]`, head dim `[dk]` (= dv), conv kernel `[Kc]`, gate.
     pub kda_heads: usize,
+    /// Whether `kda_heads` comes from `kda.head_count` (else `attention.head_count`).
+    pub kda_heads_from_key: bool,
     pub kda_head_dim: usize,
     pub conv_kernel: usize,
     pub gate: Gate,
@@ -201,7 +210,9 @@ impl Config {
             }
             None => Gate::Softplus,
         };
+        let kda_head_count = m.usize_opt("kda.head_count")?;
         let cfg = Config {
+            arch: m.arch().to_string(),
             n_embd: m.usize("embedding_length")?,
             n_vocab,
             n_ctx_train: m.usize_opt("context_length")?.unwrap_or(4096),
@@ -213,7 +224,8 @@ impl Config {
             hc_mult: m.usize("hyper_connection.count")?,
             hc_sinkhorn_iters: m.usize("hyper_connection.sinkhorn_iterations")?,
             hc_eps: m.f32_opt("hyper_connection.epsilon")?.unwrap_or(1e-6),
-            kda_heads: m.usize_opt("kda.head_count")?.unwrap_or(mla_heads),
+            kda_heads: kda_head_count.unwrap_or(mla_heads),
+            kda_heads_from_key: kda_head_count.is_some(),
             kda_head_dim: m.usize("kda.head_dim")?,
             conv_kernel: m.usize("ssm.conv_kernel")?,
             gate,
@@ -334,6 +346,11 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The full name of key `k` in this file (`{arch}.k`).
+    pub fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
     }
 
     /// Number of layers `[L]`.

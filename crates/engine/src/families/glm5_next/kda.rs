@@ -69,13 +69,17 @@ impl<B: Backend> LinearAttention<B> {
         call: &KdaCall<'_, B>,
     ) -> Result<()> {
         let (s, p, sh) = (call.s, call.p, call.shape);
+        // Every product of the input first, then the low-rank second halves: independent
+        // products side by side, which a backend may run together.
         b.matmul(&self.q_proj, None, &sc.hn, s, p, &mut sc.q)?;
         b.matmul(&self.k_proj, None, &sc.hn, s, p, &mut sc.k)?;
         b.matmul(&self.v_proj, None, &sc.hn, s, p, &mut sc.v)?;
-        // g₀ = f_b(f_a(x)) (+ dt_bias inside the core); beta logits.
         b.matmul(&self.f_a_proj, None, &sc.hn, s, p, &mut sc.fa)?;
-        b.matmul(&self.f_b_proj, None, &sc.fa, s, p, &mut sc.g)?;
         b.matmul(&self.b_proj, None, &sc.hn, s, p, &mut sc.beta)?;
+        b.matmul(&self.g_a_proj, None, &sc.hn, s, p, &mut sc.ga)?;
+        // g₀ = f_b(f_a(x)) (+ dt_bias inside the core); the output gate z = g_b(g_a(x)).
+        b.matmul(&self.f_b_proj, None, &sc.fa, s, p, &mut sc.g)?;
+        b.matmul(&self.g_b_proj, None, &sc.ga, s, p, &mut sc.z)?;
         let x = DeltaIn {
             q: &sc.q,
             k: &sc.k,
@@ -140,8 +144,6 @@ impl<B: Backend> LinearAttention<B> {
             )?,
         }
         // Gated output norm per head over dv, then the output projection.
-        b.matmul(&self.g_a_proj, None, &sc.hn, s, p, &mut sc.fa)?;
-        b.matmul(&self.g_b_proj, None, &sc.fa, s, p, &mut sc.z)?;
         b.gated_norm(&sc.o, &sc.z, &self.o_norm, s, sh, p, &mut sc.o2)?;
         b.matmul(&self.o_proj, None, &sc.o2, s, p, &mut sc.y)
     }

@@ -53,21 +53,53 @@ pub fn hc<B: Backend>(
     })
 }
 
-/// Checks that the KDA projections have `Hk·dk` rows before anything else reads them,
-/// so a missing or wrong head count is reported as the metadata it is.
+/// Checks the KDA width against the projections before anything else reads them, so
+/// that a wrong or missing head count or head dimension is reported as the metadata key
+/// it is: `ssm_f_a` has `dk` rows (`kda.head_dim`), `attn_q` `Hk·dk`
+/// (`kda.head_count`, or `attention.head_count` when that key is absent, as llama.cpp
+/// reads it).
 fn check_kda_width<B: Backend>(l: &TensorLoader<B>, i: usize, c: &Config) -> Result<()> {
-    let qkv = c.qkv();
-    if let Some(info) = l.find(&[&n(i, "attn_q.weight")])
-        && info.dims.get(1).is_some_and(|&r| r as usize != qkv)
+    let rows = |s: &str| {
+        l.find(&[&n(i, s)])
+            .and_then(|t| t.dims.get(1))
+            .map(|&r| r as usize)
+    };
+    let dk = c.kda_head_dim;
+    if let Some(r) = rows("ssm_f_a.weight")
+        && r != dk
     {
         return Err(EngineError::Metadata {
-            key: "kda.head_count".into(),
+            key: c.key("kda.head_dim"),
             detail: format!(
-                " (blk.{i}.attn_q.weight has {} rows, but the KDA width is {} heads × {} \
-                 (kda.head_dim) = {qkv}; the head count is `{{arch}}.kda.head_count`, or \
-                 `{{arch}}.attention.head_count` when absent, as llama.cpp reads it)",
-                info.dims[1], c.kda_heads, c.kda_head_dim
+                " ({dk} contradicts blk.{i}.ssm_f_a.weight, whose {r} rows are the KDA head dimension)"
             ),
+        });
+    }
+    if let Some(r) = rows("attn_q.weight")
+        && r != c.qkv()
+    {
+        let width = if r.is_multiple_of(dk) {
+            format!("{r} rows = {} heads × {dk} (kda.head_dim)", r / dk)
+        } else {
+            format!("{r} rows, not a multiple of kda.head_dim = {dk}")
+        };
+        let detail = if c.kda_heads_from_key {
+            format!(
+                " ({} contradicts blk.{i}.attn_q.weight: {width})",
+                c.kda_heads
+            )
+        } else {
+            format!(
+                " (absent: the KDA head count is then {} = {}, as llama.cpp reads it, but \
+                 blk.{i}.attn_q.weight has {width}; a model whose KDA and attention head \
+                 counts differ needs this key)",
+                c.key("attention.head_count"),
+                c.kda_heads
+            )
+        };
+        return Err(EngineError::Metadata {
+            key: c.key("kda.head_count"),
+            detail,
         });
     }
     Ok(())

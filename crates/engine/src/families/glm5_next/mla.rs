@@ -100,7 +100,12 @@ impl<B: Backend> Attention<B> {
     ) -> Result<()> {
         let (s, p, sh) = (call.s, call.p, call.shape);
         let rq = sc.q_lat_len;
+        // Every product of the input side by side (a backend may run them together).
         b.matmul(&self.q_a_proj, None, &sc.hn, s, p, &mut sc.q_lat)?;
+        b.matmul(&self.kv_a_proj, None, &sc.hn, s, p, &mut sc.lat)?;
+        if let Some(ix) = &self.indexer {
+            ix.project(b, sc, call)?;
+        }
         if call.q_a_norm {
             b.rms_norm(
                 &sc.q_lat,
@@ -115,7 +120,6 @@ impl<B: Backend> Attention<B> {
             b.copy(&sc.q_lat, 0, &mut sc.q_lat_n, 0, s * rq)?;
         }
         b.matmul(&self.q_b_proj, None, &sc.q_lat_n, s, p, &mut sc.mq)?;
-        b.matmul(&self.kv_a_proj, None, &sc.hn, s, p, &mut sc.lat)?;
         if call.kv_a_norm {
             b.rms_norm(
                 &sc.lat,
@@ -154,8 +158,21 @@ impl<B: Backend> Attention<B> {
 }
 
 impl<B: Backend> Indexer<B> {
-    /// Appends the step's rows to `st`, completes the pooled keys and, when the layer
-    /// uses its own selection, writes each query's pool ids to `sc.sel`.
+    /// The products of the layer input: keys `wk x`, gates `gate x` and, when the layer
+    /// selects, the head weights `weights_proj x` (all in the model dtype).
+    fn project(&self, b: &B, sc: &mut Scratch<B>, call: &MlaCall<'_, B>) -> Result<()> {
+        let (s, p) = (call.s, call.p);
+        b.matmul(&self.wk, None, &sc.hn, s, p, &mut sc.ik)?;
+        b.matmul(&self.gate, None, &sc.hn, s, p, &mut sc.igs)?;
+        if call.selection == Selection::Own {
+            b.matmul(&self.weights_proj, None, &sc.hn, s, p, &mut sc.iw)?;
+        }
+        Ok(())
+    }
+
+    /// Appends the step's rows to `st` (after [`Indexer::project`]), completes the
+    /// pooled keys and, when the layer uses its own selection, writes each query's pool
+    /// ids to `sc.sel`.
     fn forward(
         &self,
         b: &B,
@@ -165,8 +182,7 @@ impl<B: Backend> Indexer<B> {
     ) -> Result<()> {
         let (s, p, sel) = (call.s, call.p, call.select);
         let di = sel.dim;
-        // k = LayerNorm(wk x), gs = gate x, both in the model dtype.
-        b.matmul(&self.wk, None, &sc.hn, s, p, &mut sc.ik)?;
+        // k = LayerNorm(wk x).
         if call.k_norm {
             b.layer_norm(
                 &sc.ik,
@@ -181,7 +197,6 @@ impl<B: Backend> Indexer<B> {
         } else {
             b.copy(&sc.ik, 0, &mut sc.ik_n, 0, s * di)?;
         }
-        b.matmul(&self.gate, None, &sc.hn, s, p, &mut sc.igs)?;
         b.store_rows(call.step, &sc.ik_n, s, di, &mut st.k, call.n_ctx)?;
         b.store_rows(call.step, &sc.igs, s, di, &mut st.gs, call.n_ctx)?;
         let pool = CompressShape {
@@ -204,7 +219,6 @@ impl<B: Backend> Indexer<B> {
         )?;
         if call.selection == Selection::Own {
             b.matmul(&self.wq_b, None, &sc.q_lat_n, s, p, &mut sc.iq)?;
-            b.matmul(&self.weights_proj, None, &sc.hn, s, p, &mut sc.iw)?;
             b.dsa_select(call.step, &sc.iq, &sc.iw, &st.pooled, s, sel, &mut sc.sel)?;
         }
         Ok(())

@@ -77,6 +77,19 @@ impl<B: Backend> Moe<B> {
     /// `sc.y [s, D]` for `sc.hn [s, D]`.
     pub(crate) fn forward(&self, b: &B, sc: &mut Scratch<B>, call: &MoeCall<'_, B>) -> Result<()> {
         let (s, p) = (call.s, call.p);
+        // The shared expert first (independent of the routed ones; it reads the input
+        // right after its norm, which a backend may fuse).
+        if call.shared {
+            self.shared.forward(
+                b,
+                &sc.hn,
+                s,
+                call.limit_shexp,
+                p,
+                [&mut sc.ff_gate, &mut sc.ff_up, &mut sc.ff_act],
+                &mut sc.y2,
+            )?;
+        }
         // The router is an f32 island.
         b.matmul(&self.router, None, &sc.hn, s, Prec::F32, &mut sc.router)?;
         b.moe_route(
@@ -103,19 +116,11 @@ impl<B: Backend> Moe<B> {
             call.routing.n_used,
             &experts,
             call.limit_exp,
+            Prec::F32,
             p,
             &mut sc.y,
         )?;
         if call.shared {
-            self.shared.forward(
-                b,
-                &sc.hn,
-                s,
-                call.limit_shexp,
-                p,
-                [&mut sc.ff_gate, &mut sc.ff_up, &mut sc.ff_act],
-                &mut sc.y2,
-            )?;
             b.add(&mut sc.y, &sc.y2, s * call.d, p)?;
         }
         Ok(())

@@ -65,3 +65,8 @@ fn broken_variants_fail_lowerbound_sparse() {
 fn broken_variants_fail_softplus_dense() {
     check("softplus_dense_f32");
 }
+
+#[test]
+fn broken_variants_fail_real_layout() {
+    check("real_layout_f32");
+}

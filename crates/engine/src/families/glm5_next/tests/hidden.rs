@@ -89,12 +89,14 @@ fn layers(name: &str, outtype: OutType, bound: Option<f64>) {
 fn hidden_states_f32() {
     layers("lowerbound_sparse_f32", OutType::F32, Some(1e-4));
     layers("softplus_dense_f32", OutType::F32, Some(1e-4));
+    layers("real_layout_f32", OutType::F32, Some(1e-4));
 }
 
 #[test]
 fn hidden_states_bf16_report() {
     layers("lowerbound_sparse_bf16", OutType::Bf16, None);
     layers("softplus_dense_bf16", OutType::Bf16, None);
+    layers("real_layout_bf16", OutType::Bf16, None);
 }
 
 /// The reference's indexer output of a `full` layer, per query row, as a sorted set.
@@ -157,4 +159,9 @@ fn indexer_selections_lowerbound_sparse() {
 #[test]
 fn indexer_selections_softplus_dense() {
     selections("softplus_dense_f32");
+}
+
+#[test]
+fn indexer_selections_real_layout() {
+    selections("real_layout_f32");
 }

@@ -4,6 +4,7 @@
 //! that the ablation switches, compiled only into test builds, are reachable.
 
 mod ablation;
+mod compat;
 mod hidden;
 mod parity;
 mod quant;
@@ -17,8 +18,8 @@ use ds4_gguf::{GgufFile, GgufWriter};
 
 use super::Glm5Next;
 use crate::backend::cpu::CpuBackend;
+pub use crate::fixtures::*;
 use crate::model::{Logits, Model};
-pub use crate::test_support::*;
 
 pub type Cpu = Glm5Next<CpuBackend>;
 

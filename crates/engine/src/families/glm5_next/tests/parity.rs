@@ -1,15 +1,20 @@
 //! Parity with the golden masters: at every prefill position and decode step,
 //! max |ours − reference| ≤ 1e-4 × max(1, std of the reference row) for f32 weights,
 //! the greedy tokens of all 32 decode steps identical; bf16 within the reference's own
-//! spread.
+//! spread. `real_layout` is also run from the file llama.cpp's own converter wrote
+//! (`real_layout_f32/llamacpp.gguf`), loaded directly.
 
 use ds4_convert::OutType;
 
 use super::*;
 
 fn check_f32(name: &str) {
-    let dir = dir(name);
-    let m = model(&dir, OutType::F32);
+    check_f32_model(name, name, model(&dir(name), OutType::F32));
+}
+
+/// The f32 check of model `m` against fixture `fixture` (`name` labels the messages).
+fn check_f32_model(fixture: &str, name: &str, m: Cpu) {
+    let dir = dir(fixture);
     let g = golden(&dir);
     let (pre, dec) = run_protocol(&m, &g);
     let e_pre = max_err(&pre, &g.prefill, g.vocab);
@@ -34,6 +39,24 @@ fn lowerbound_sparse_f32() {
 #[test]
 fn softplus_dense_f32() {
     check_f32("softplus_dense_f32");
+}
+
+#[test]
+fn real_layout_f32() {
+    check_f32("real_layout_f32");
+}
+
+/// llama.cpp's file (architecture `glm5-next`, its keys: no `kda.head_count`, per-layer
+/// `head_count_kv` 0/1, 4-D conv weights, no gating-function key), no converter of ours
+/// involved.
+#[test]
+fn real_layout_llamacpp_gguf_f32() {
+    let path = dir("real_layout_f32").join("llamacpp.gguf");
+    let m = load(std::fs::read(&path).unwrap());
+    assert_eq!(m.config().arch, "glm5-next");
+    assert_eq!(m.config().kda_heads, 4);
+    assert!(!m.config().kda_heads_from_key);
+    check_f32_model("real_layout_f32", "real_layout_f32 (llamacpp.gguf)", m);
 }
 
 /// bf16: the reference is not self-consistent in bf16 (prefilling token by token moves
@@ -87,4 +110,9 @@ fn lowerbound_sparse_bf16() {
 #[test]
 fn softplus_dense_bf16() {
     check_bf16("softplus_dense_bf16");
+}
+
+#[test]
+fn real_layout_bf16() {
+    check_bf16("real_layout_bf16");
 }

@@ -67,7 +67,11 @@ fn synth_model(outtype: OutType, expert: Option<OutType>) -> Cpu {
 
 #[test]
 fn fixture_types_against_reference() {
-    for name in ["lowerbound_sparse_f32", "softplus_dense_f32"] {
+    for name in [
+        "lowerbound_sparse_f32",
+        "softplus_dense_f32",
+        "real_layout_f32",
+    ] {
         let dir = dir(name);
         let g = golden(&dir);
         let base: Vec<f32> = g.prefill.iter().chain(&g.decode).copied().collect();

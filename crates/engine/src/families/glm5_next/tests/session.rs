@@ -41,7 +41,11 @@ fn split_run(m: &Cpu, g: &Golden, piece: usize) -> (Vec<f32>, Vec<f32>) {
 
 #[test]
 fn prompt_split_does_not_matter() {
-    for name in ["lowerbound_sparse_f32", "softplus_dense_f32"] {
+    for name in [
+        "lowerbound_sparse_f32",
+        "softplus_dense_f32",
+        "real_layout_f32",
+    ] {
         let (m, g) = setup(name);
         for piece in [64, 37, 1] {
             let (pre, dec) = split_run(&m, &g, piece);

@@ -9,10 +9,15 @@
 //! gpu_check bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS]
 //! gpu_check gemv                      single-matrix GEMV bandwidth (llama3-8b shapes)
 //! gpu_check warm-cache [ARCH]         compile the kernels into $DS4_CUDA_CACHE (no GPU needed)
+//! gpu_check conformance [FILTER]      every backend operation vs its reference (ds4-conformance)
+//! gpu_check model FIXTURE GGUF [--bf16] a MoE family's golden master on CUDA and the CPU
+//! gpu_check same-file SPEC|GGUF       a quantized MoE model: CUDA vs CPU top-10 log-probs
 //! ```
 //!
 //! Lines starting with `RESULT ` are JSON for the benchmark notes. Exit status 1 when a
 //! parity tolerance (docs/parity.md) is exceeded.
+
+mod families;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,7 +31,7 @@ use ds4_engine::backend::Prec;
 use ds4_engine::{Model, Session};
 use ds4_gguf::GgufFile;
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+pub(crate) type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -37,7 +42,10 @@ fn main() {
         Some("bench") => bench(&args[1..]),
         Some("gemv") => gemv_bench(),
         Some("warm-cache") => warm_cache(args.get(1).map_or("sm_90a", String::as_str)),
-        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] | gemv | warm-cache [ARCH]".into()),
+        Some("conformance") => families::conformance(args.get(1).map_or("", String::as_str)),
+        Some("model") => families::model(&args[1..]),
+        Some("same-file") => families::same_file(&args[1..]),
+        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");

@@ -1,11 +1,14 @@
-//! Test support for the model families' golden-master tests (test builds only): the
-//! fixture folders of `crates/engine/tests/fixtures/` (made by `tools/reference/`),
-//! `.npy` reading, and the parity metric of the fixtures' manifests.
+//! The golden-master fixtures of the model families (`crates/engine/tests/fixtures/`,
+//! made by `tools/reference/`): `.npy` reading and the parity metric of their
+//! manifests, for the families' tests and for the GPU checks that compare a device
+//! against the same references.
 
 use std::path::{Path, PathBuf};
 
-/// The fixture folder `family/name`, which must exist: a missing fixture is a failure,
-/// not a skip (the fixtures are committed).
+use serde_json::Value;
+
+/// The fixture folder `family/name` of this source tree, which must exist: a missing
+/// fixture is a failure, not a skip (the fixtures are committed).
 pub fn fixture(family: &str, name: &str) -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
@@ -63,7 +66,7 @@ pub fn npy_i32(path: &Path) -> Vec<i32> {
 }
 
 /// The manifest of a fixture.
-pub fn manifest(dir: &Path) -> serde_json::Value {
+pub fn manifest(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()
 }
 

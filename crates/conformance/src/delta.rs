@@ -1,0 +1,407 @@
+//! Delta-rule linear attention: `delta_net` (chunked and recurrent forms, KDA and the
+//! gated delta net), `delta_replay`, `gated_norm`. The reference is the recurrent
+//! definition, token by token in f64.
+
+use ds4_engine::backend::{
+    Backend, DeltaForm, DeltaIn, DeltaJournal, DeltaShape, DeltaState, DeltaWeights, Gate, OutGate,
+    Prec,
+};
+use ds4_gguf::GgmlType;
+
+use crate::data::{Rng, download, upload, weight, weight_of, wide};
+use crate::{Report, rel_err};
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn silu(x: f64) -> f64 {
+    x * sigmoid(x)
+}
+
+fn softplus(x: f64) -> f64 {
+    if x > 20.0 { x } else { (1.0 + x.exp()).ln() }
+}
+
+/// The per-token inputs and initial state of one case.
+struct Case {
+    n: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    conv0: Vec<f32>,
+    s0: Vec<f32>,
+}
+
+fn case(rng: &mut Rng, sh: &DeltaShape, n: usize) -> Case {
+    Case {
+        n,
+        q: rng.normal(n * sh.qk_len(), 1.0),
+        k: rng.normal(n * sh.qk_len(), 1.0),
+        v: rng.normal(n * sh.v_len(), 1.0),
+        g: rng.normal(n * sh.g_len(), 1.0),
+        beta: rng.normal(n * sh.v_heads, 1.0),
+        conv0: rng.normal(sh.conv_len(), 1.0),
+        s0: rng.normal(sh.state_len(), 0.05),
+    }
+}
+
+/// `(outputs [n, Hv·dv], final conv state, final recurrent state)` by the recurrent
+/// definition.
+fn reference(
+    c: &Case,
+    sh: &DeltaShape,
+    conv: [&[f64]; 3],
+    dt_bias: &[f64],
+    decay: &[f64],
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (qk, vl, hk, hv, dk, dv, kc) = (
+        sh.qk_len(),
+        sh.v_len(),
+        sh.k_heads,
+        sh.v_heads,
+        sh.k_dim,
+        sh.v_dim,
+        sh.kernel,
+    );
+    let ch = 2 * qk + vl;
+    // Pre-conv rows: the state's Kc−1 rows, then the tokens'.
+    let mut rows: Vec<Vec<f64>> = wide(&c.conv0).chunks(ch).map(|r| r.to_vec()).collect();
+    for t in 0..c.n {
+        let mut r = wide(&c.q[t * qk..(t + 1) * qk]);
+        r.extend(wide(&c.k[t * qk..(t + 1) * qk]));
+        r.extend(wide(&c.v[t * vl..(t + 1) * vl]));
+        rows.push(r);
+    }
+    let weight_of = |x: usize, s: usize| {
+        if x < qk {
+            conv[0][x * kc + s]
+        } else if x < 2 * qk {
+            conv[1][(x - qk) * kc + s]
+        } else {
+            conv[2][(x - 2 * qk) * kc + s]
+        }
+    };
+    let mut s = wide(&c.s0);
+    let mut out = Vec::with_capacity(c.n * vl);
+    for t in 0..c.n {
+        let mixed: Vec<f64> = (0..ch)
+            .map(|x| silu((0..kc).map(|j| weight_of(x, j) * rows[t + j][x]).sum()))
+            .collect();
+        let norm = |h: &[f64]| {
+            let r = (h.iter().map(|v| v * v).sum::<f64>() + 1e-6).sqrt();
+            h.iter().map(|v| v / r).collect::<Vec<f64>>()
+        };
+        for h in 0..hv {
+            let kh = h / (hv / hk);
+            let q: Vec<f64> = norm(&mixed[kh * dk..(kh + 1) * dk])
+                .iter()
+                .map(|v| v / (dk as f64).sqrt())
+                .collect();
+            let k = norm(&mixed[qk + kh * dk..qk + (kh + 1) * dk]);
+            let v = &mixed[2 * qk + h * dv..2 * qk + (h + 1) * dv];
+            let beta = sigmoid(c.beta[t * hv + h] as f64);
+            let g: Vec<f64> = (0..dk)
+                .map(|i| {
+                    let chn = h * sh.gate_channels + if sh.gate_channels == dk { i } else { 0 };
+                    let x = c.g[t * sh.g_len() + chn] as f64 + dt_bias[chn];
+                    match sh.gate {
+                        Gate::LowerBound(lb) => lb as f64 * sigmoid(decay[h] * x),
+                        Gate::Softplus => -decay[h] * softplus(x),
+                    }
+                })
+                .collect();
+            let st = &mut s[h * dk * dv..(h + 1) * dk * dv];
+            for i in 0..dk {
+                let e = g[i].exp();
+                st[i * dv..(i + 1) * dv].iter_mut().for_each(|x| *x *= e);
+            }
+            for j in 0..dv {
+                let kts: f64 = (0..dk).map(|i| k[i] * st[i * dv + j]).sum();
+                let delta = (v[j] - kts) * beta;
+                for i in 0..dk {
+                    st[i * dv + j] += k[i] * delta;
+                }
+            }
+            for j in 0..dv {
+                out.push((0..dk).map(|i| q[i] * st[i * dv + j]).sum());
+            }
+        }
+    }
+    let conv_state = rows[c.n..].concat();
+    (out, conv_state, s)
+}
+
+struct Weights<W> {
+    conv: [W; 3],
+    conv_v: [Vec<f64>; 3],
+    dt: W,
+    dt_v: Vec<f64>,
+    decay: W,
+    decay_v: Vec<f64>,
+}
+
+fn weights<B: Backend>(
+    b: &B,
+    rng: &mut Rng,
+    sh: &DeltaShape,
+) -> ds4_engine::Result<Weights<B::Weight>> {
+    let kc = sh.kernel;
+    let (cq, cqv) = weight(
+        b,
+        rng,
+        "ssm_conv1d_q.weight",
+        &[kc, sh.qk_len()],
+        GgmlType::F32,
+        0.5,
+    )?;
+    let (ck, ckv) = weight(
+        b,
+        rng,
+        "ssm_conv1d_k.weight",
+        &[kc, sh.qk_len()],
+        GgmlType::F32,
+        0.5,
+    )?;
+    let (cv, cvv) = weight(
+        b,
+        rng,
+        "ssm_conv1d_v.weight",
+        &[kc, sh.v_len()],
+        GgmlType::F32,
+        0.5,
+    )?;
+    let (dt, dt_v) = weight(b, rng, "ssm_dt.bias", &[sh.g_len()], GgmlType::F32, 0.5)?;
+    let rates: Vec<f32> = (0..sh.v_heads).map(|_| rng.uniform(0.2, 1.5)).collect();
+    let (decay, decay_v) = weight_of(b, rng, "decay", &[sh.v_heads], GgmlType::F32, &rates)?;
+    Ok(Weights {
+        conv: [cq, ck, cv],
+        conv_v: [cqv, ckv, cvv],
+        dt,
+        dt_v,
+        decay,
+        decay_v,
+    })
+}
+
+fn journal<B: Backend>(b: &B, sh: &DeltaShape, cap: usize) -> ds4_engine::Result<DeltaJournal<B>> {
+    Ok(DeltaJournal {
+        cap,
+        pre: b.buf(cap * (2 * sh.qk_len() + sh.v_len()))?,
+        k: b.buf(cap * sh.qk_len())?,
+        v: b.buf(cap * sh.v_len())?,
+        g: b.buf(cap * sh.g_len())?,
+        beta: b.buf(cap * sh.v_heads)?,
+    })
+}
+
+pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
+    let kda = DeltaShape {
+        k_heads: 64,
+        k_dim: 128,
+        v_heads: 64,
+        v_dim: 128,
+        kernel: 4,
+        gate: Gate::LowerBound(-5.0),
+        gate_channels: 128,
+        out_gate: OutGate::Sigmoid,
+        eps: 1e-5,
+    };
+    let gdn = DeltaShape {
+        k_heads: 16,
+        k_dim: 128,
+        v_heads: 32,
+        v_dim: 128,
+        kernel: 4,
+        gate: Gate::Softplus,
+        gate_channels: 1,
+        out_gate: OutGate::Silu,
+        eps: 1e-6,
+    };
+    let cases = [
+        (
+            kda,
+            DeltaForm::Chunked(64),
+            130,
+            "KDA (GLM-5.3) 64 × 128, chunked 64, 130 tokens",
+        ),
+        (
+            kda,
+            DeltaForm::Recurrent,
+            3,
+            "KDA (GLM-5.3), recurrent, 3 tokens one call each (decode)",
+        ),
+        (
+            gdn,
+            DeltaForm::Chunked(64),
+            70,
+            "gated delta net (Qwen3.5) 16/32 heads, chunked, 70 tokens",
+        ),
+        (
+            gdn,
+            DeltaForm::Recurrent,
+            2,
+            "gated delta net (Qwen3.5), recurrent, 2 tokens",
+        ),
+    ];
+    for (sh, form, n, what) in cases {
+        r.check("delta_net", what, |b, rng| {
+            let w = weights(b, rng, &sh)?;
+            let c = case(rng, &sh, n);
+            let (q, k, v, g, beta) = (
+                upload(b, &c.q)?,
+                upload(b, &c.k)?,
+                upload(b, &c.v)?,
+                upload(b, &c.g)?,
+                upload(b, &c.beta)?,
+            );
+            let (mut conv, mut s) = (upload(b, &c.conv0)?, upload(b, &c.s0)?);
+            let mut out = b.buf(n * sh.v_len())?;
+            let step = b.step(&vec![0; n], 100)?;
+            let x = DeltaIn {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+            };
+            let dw = DeltaWeights {
+                conv: [&w.conv[0], &w.conv[1], &w.conv[2]],
+                dt_bias: &w.dt,
+                decay: &w.decay,
+            };
+            let mut st = DeltaState {
+                conv: &mut conv,
+                s: &mut s,
+            };
+            // Decode calls the recurrent form once per token.
+            let per_token = form == DeltaForm::Recurrent && sh.k_heads == sh.v_heads;
+            let calls = if per_token { n } else { 1 };
+            for c in 0..calls {
+                let rows = if per_token { c..c + 1 } else { 0..n };
+                b.delta_net(
+                    &step,
+                    rows,
+                    &x,
+                    &dw,
+                    &mut st,
+                    None,
+                    &sh,
+                    form,
+                    Prec::F32,
+                    &mut out,
+                )?;
+            }
+            let cv = [&w.conv_v[0][..], &w.conv_v[1][..], &w.conv_v[2][..]];
+            let (want, want_conv, want_s) = reference(&c, &sh, cv, &w.dt_v, &w.decay_v);
+            let e_out = rel_err(&download(b, &out, n * sh.v_len())?, &want);
+            let e_conv = rel_err(&download(b, &conv, sh.conv_len())?, &want_conv);
+            let e_s = rel_err(&download(b, &s, sh.state_len())?, &want_s);
+            Ok((e_out.max(e_conv).max(e_s), 1e-4))
+        });
+    }
+    r.check(
+        "delta_replay",
+        "KDA 64 × 128: 5 journaled tokens replayed onto the start state",
+        |b, rng| {
+            let sh = kda;
+            let w = weights(b, rng, &sh)?;
+            let n = 5;
+            let c = case(rng, &sh, n);
+            let (mut conv, mut s) = (upload(b, &c.conv0)?, upload(b, &c.s0)?);
+            let mut j = journal(b, &sh, 8)?;
+            let dw = DeltaWeights {
+                conv: [&w.conv[0], &w.conv[1], &w.conv[2]],
+                dt_bias: &w.dt,
+                decay: &w.decay,
+            };
+            // Tokens at positions 6..11 wrap around the journal of 8 slots.
+            for t in 0..n {
+                let step = b.step(&[0], 6 + t)?;
+                let mut st = DeltaState {
+                    conv: &mut conv,
+                    s: &mut s,
+                };
+                let mut one = b.buf(sh.v_len())?;
+                let xt = DeltaIn {
+                    q: &upload(b, &c.q[t * sh.qk_len()..(t + 1) * sh.qk_len()])?,
+                    k: &upload(b, &c.k[t * sh.qk_len()..(t + 1) * sh.qk_len()])?,
+                    v: &upload(b, &c.v[t * sh.v_len()..(t + 1) * sh.v_len()])?,
+                    g: &upload(b, &c.g[t * sh.g_len()..(t + 1) * sh.g_len()])?,
+                    beta: &upload(b, &c.beta[t * sh.v_heads..(t + 1) * sh.v_heads])?,
+                };
+                b.delta_net(
+                    &step,
+                    0..1,
+                    &xt,
+                    &dw,
+                    &mut st,
+                    Some(&mut j),
+                    &sh,
+                    DeltaForm::Recurrent,
+                    Prec::F32,
+                    &mut one,
+                )?;
+            }
+            let (mut conv2, mut s2) = (upload(b, &c.conv0)?, upload(b, &c.s0)?);
+            b.delta_replay(
+                &j,
+                6..6 + n,
+                &sh,
+                &mut DeltaState {
+                    conv: &mut conv2,
+                    s: &mut s2,
+                },
+            )?;
+            let e_conv = rel_err(
+                &download(b, &conv2, sh.conv_len())?,
+                &wide(&download(b, &conv, sh.conv_len())?),
+            );
+            let e_s = rel_err(
+                &download(b, &s2, sh.state_len())?,
+                &wide(&download(b, &s, sh.state_len())?),
+            );
+            Ok((e_conv.max(e_s), 1e-6))
+        },
+    );
+    for (sh, what) in [
+        (kda, "sigmoid gate (KDA)"),
+        (gdn, "silu gate (gated delta net)"),
+    ] {
+        r.check(
+            "gated_norm",
+            format!("{what}, {} heads × {}, 3 rows", sh.v_heads, sh.v_dim),
+            |b, rng| {
+                let n = 3 * sh.v_len();
+                let (o, z) = (rng.normal(n, 1.0), rng.normal(n, 2.0));
+                let (w, wv) = weight(b, rng, "ssm_norm.weight", &[sh.v_dim], GgmlType::F32, 1.0)?;
+                let mut out = b.buf(n)?;
+                b.gated_norm(
+                    &upload(b, &o)?,
+                    &upload(b, &z)?,
+                    &w,
+                    3,
+                    &sh,
+                    Prec::F32,
+                    &mut out,
+                )?;
+                let mut want = Vec::with_capacity(n);
+                for (orow, zrow) in o.chunks(sh.v_dim).zip(z.chunks(sh.v_dim)) {
+                    let ms =
+                        orow.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / sh.v_dim as f64;
+                    let r = 1.0 / (ms + sh.eps as f64).sqrt();
+                    for j in 0..sh.v_dim {
+                        let act = match sh.out_gate {
+                            OutGate::Sigmoid => sigmoid(zrow[j] as f64),
+                            OutGate::Silu => silu(zrow[j] as f64),
+                        };
+                        want.push(wv[j] * orow[j] as f64 * r * act);
+                    }
+                }
+                Ok((rel_err(&download(b, &out, n)?, &want), 1e-6))
+            },
+        );
+    }
+}

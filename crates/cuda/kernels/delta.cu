@@ -1,0 +1,309 @@
+// Delta-rule linear attention (Kimi delta attention of GLM-5.3, the gated delta net of
+// Qwen3.5) on the device, in the CPU backend's arithmetic
+// (`engine/src/backend/cpu/delta.rs`):
+//
+// 1. `delta_conv`: the causal depthwise conv of the pre-conv q|k|v rows continuing the
+//    conv state, SiLU, rounded (`rb`); the pre-conv rows go to the journal.
+// 2. `delta_inputs`: per token and value head the kernel inputs — q, k L2-normalised
+//    (q times dk^-½), v, the log decays g from the gate projection + dt_bias, beta —
+//    into scratch and the journal.
+// 3. `delta_conv_state`: the conv state moves to the call's last Kc−1 pre-conv rows.
+// 4. `delta_recurrent_<dk>`: the recurrence token by token, one block per value head,
+//    thread j holding column j of the head's state `[dk, dv]` in registers:
+//    S ← S·exp(g), δ = (v − kᵀS)·β, S ← S + k⊗δ, o = qᵀS. The same kernel replays the
+//    journal (no output). The chunked form of the references is not used: the
+//    recurrence computes the same up to f32 rounding (doc §4.6).
+// 5. `delta_step_<dk>`: one token with as many key as value heads (KDA's decode step)
+//    as one launch: 1-4 per value head in the same arithmetic, bit for bit.
+
+#include "common.cuh"
+
+#define GATE_LOWER_BOUND 0
+#define GATE_SOFTPLUS 1
+
+struct DeltaParams {
+    // Inputs of the call, rows row0 .. row0+n of: q, k [·, hk·dk], v [·, hv·dv],
+    // g0 [·, hv·gc], b [·, hv].
+    const float* q;
+    const float* k;
+    const float* v;
+    const float* g0;
+    const float* b;
+    const float* conv_w[3];  // q, k, v kernels [channels, kc]
+    const float* dt_bias;    // [hv·gc]
+    const float* decay;      // [hv]
+    float* conv_state;       // [kc−1, C]
+    float* mixed;            // scratch [n, C]
+    // Kernel inputs: scratch [n, ·] or, for a replay, the journal.
+    float* kq;
+    float* kk;
+    float* kv;
+    float* kg;
+    float* kb;
+    // The journal (null: none) written by the forward kernels.
+    float* jpre;
+    float* jk;
+    float* jv;
+    float* jg;
+    float* jb;
+    const StepInfo* step;
+    float* out;  // [·, hv·dv], rows row0 .. (null: replay)
+    float* S;    // [hv, dk, dv]
+    i32 row0, n, hk, hv, dk, dv, kc, gc, gate, rb, cap;
+    // Replay: kernel inputs at journal slot (src_pos + t) mod cap; forward: src_cap 0.
+    i32 src_cap, src_pos;
+    float lb;
+};
+
+__device__ __forceinline__ int qk_len(const DeltaParams& P) { return P.hk * P.dk; }
+__device__ __forceinline__ int v_len(const DeltaParams& P) { return P.hv * P.dv; }
+
+// Pre-conv value of channel c for input row r (relative to the call).
+__device__ __forceinline__ float pre_val(const DeltaParams& P, int r, int c) {
+    const int qk = qk_len(P), vl = v_len(P);
+    const i64 row = P.row0 + r;
+    if (c < qk) return P.q[row * qk + c];
+    if (c < 2 * qk) return P.k[row * qk + c - qk];
+    return P.v[row * vl + c - 2 * qk];
+}
+
+__device__ __forceinline__ float conv_w(const DeltaParams& P, int c, int s) {
+    const int qk = qk_len(P);
+    if (c < qk) return P.conv_w[0][c * P.kc + s];
+    if (c < 2 * qk) return P.conv_w[1][(c - qk) * P.kc + s];
+    return P.conv_w[2][(c - 2 * qk) * P.kc + s];
+}
+
+// grid (n, ceil(C/256)): mixed[t, c] = round(silu(Σ_s w[c, s]·full[t + s, c])) where full
+// is the conv state's kc−1 rows followed by the call's rows.
+extern "C" __global__ void delta_conv(const DeltaParams P) {
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x;
+    const int C = 2 * qk_len(P) + v_len(P);
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int hist = P.kc - 1;
+    float acc = 0.f;
+    for (int s = 0; s < P.kc; ++s) {
+        const int fr = t + s;  // row of `full`
+        const float x = fr < hist ? P.conv_state[(i64)fr * C + c] : pre_val(P, fr - hist, c);
+        acc = __fadd_rn(acc, __fmul_rn(conv_w(P, c, s), x));
+    }
+    P.mixed[(i64)t * C + c] = rnd(siluf_ref(acc), P.rb);
+    if (P.jpre) {
+        const int slot = (P.step->pos0 + P.row0 + t) % P.cap;
+        P.jpre[(i64)slot * C + c] = pre_val(P, t, c);
+    }
+}
+
+// grid (n, hv), blockDim ≥ max(dk, dv), a multiple of 32: the kernel inputs of token t
+// and value head h.
+extern "C" __global__ void delta_inputs(const DeltaParams P) {
+    __shared__ double red[32];
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x, h = blockIdx.y, j = threadIdx.x;
+    const int qk = qk_len(P), vl = v_len(P), C = 2 * qk + vl;
+    const int group = P.hv / P.hk, kh = h / group;
+    const float* mx = P.mixed + (i64)t * C;
+    const int slot = P.jk ? (P.step->pos0 + P.row0 + t) % P.cap : 0;
+    // q, k of the key head (written once, by its first value head).
+    const float qv = j < P.dk ? mx[kh * P.dk + j] : 0.f;
+    const float kv = j < P.dk ? mx[qk + kh * P.dk + j] : 0.f;
+    const double qn = block_sum_d((double)__fmul_rn(qv, qv), red);
+    const double kn = block_sum_d((double)__fmul_rn(kv, kv), red);
+    if (h % group == 0 && j < P.dk) {
+        const float qs = __fdiv_rn(qv, sqrtf(__fadd_rn((float)qn, 1e-6f)));
+        const float ks = __fdiv_rn(kv, sqrtf(__fadd_rn((float)kn, 1e-6f)));
+        P.kq[(i64)t * qk + kh * P.dk + j] = __fmul_rn(qs, __fdiv_rn(1.0f, sqrtf((float)P.dk)));
+        P.kk[(i64)t * qk + kh * P.dk + j] = ks;
+        if (P.jk) P.jk[(i64)slot * qk + kh * P.dk + j] = ks;
+    }
+    if (j < P.dv) {
+        const float vv = mx[2 * qk + h * P.dv + j];
+        P.kv[(i64)t * vl + h * P.dv + j] = vv;
+        if (P.jv) P.jv[(i64)slot * vl + h * P.dv + j] = vv;
+    }
+    const int gl = P.hv * P.gc;
+    if (j < P.gc) {
+        const int ch = h * P.gc + j;
+        const float a = P.decay[h];
+        const float x = __fadd_rn(P.g0[(i64)(P.row0 + t) * gl + ch], P.dt_bias[ch]);
+        const float g = P.gate == GATE_LOWER_BOUND ? __fmul_rn(P.lb, sigmoidf_ref(__fmul_rn(a, x)))
+                                                   : __fmul_rn(-a, softplusf_ref(x));
+        P.kg[(i64)t * gl + ch] = g;
+        if (P.jg) P.jg[(i64)slot * gl + ch] = g;
+    }
+    if (j == 0) {
+        const float be = rnd(sigmoidf_ref(P.b[(i64)(P.row0 + t) * P.hv + h]), P.rb);
+        P.kb[(i64)t * P.hv + h] = be;
+        if (P.jb) P.jb[(i64)slot * P.hv + h] = be;
+    }
+}
+
+// One thread per channel: the conv state becomes the last kc−1 rows of (state, rows of
+// the call); with `src_cap` (a replay) the rows are journal slots (src_pos + t) mod cap.
+extern "C" __global__ void delta_conv_state(const DeltaParams P) {
+    pdl_wait();
+    pdl_trigger();
+    const int C = 2 * qk_len(P) + v_len(P);
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int hist = P.kc - 1;
+    float old[8];
+    for (int r = 0; r < hist; ++r) old[r] = P.conv_state[(i64)r * C + c];
+    for (int r = 0; r < hist; ++r) {
+        const int fr = P.n + r;  // row of full = (state, call rows)
+        float x;
+        if (fr < hist) x = old[fr];
+        else if (P.src_cap) x = P.jpre[(i64)((P.src_pos + fr - hist) % P.src_cap) * C + c];
+        else x = pre_val(P, fr - hist, c);
+        P.conv_state[(i64)r * C + c] = x;
+    }
+}
+
+// DK is the compiled size, P.dk ≤ DK the model's: rows i ≥ dk of the state are padding
+// with k = q = 0 (so they never reach u or o) and are never stored.
+template <int DK>
+__device__ __forceinline__ void recurrent_body(const DeltaParams& P) {
+    __shared__ float ks[DK], qs[DK], es[DK];
+    pdl_wait();
+    pdl_trigger();
+    const int h = blockIdx.x, j = threadIdx.x, dk = P.dk;
+    const int qk = qk_len(P), vl = v_len(P), gl = P.hv * P.gc;
+    const int kh = h / (P.hv / P.hk);
+    const bool col = j < P.dv;
+    float* Sh = P.S + (i64)h * dk * P.dv;
+    float s[DK];
+#pragma unroll
+    for (int i = 0; i < DK; ++i) s[i] = col && i < dk ? Sh[(i64)i * P.dv + j] : 0.f;
+    for (int t = 0; t < P.n; ++t) {
+        const i64 r = P.src_cap ? (P.src_pos + t) % P.src_cap : t;
+        __syncthreads();
+        for (int i = j; i < DK; i += blockDim.x) {
+            const bool in = i < dk;
+            ks[i] = in ? P.kk[r * qk + kh * dk + i] : 0.f;
+            qs[i] = in && P.out ? P.kq[r * qk + kh * dk + i] : 0.f;
+            const float g = in ? P.kg[r * gl + h * P.gc + (P.gc == dk ? i : 0)] : 0.f;
+            es[i] = expf(g);
+        }
+        __syncthreads();
+        if (!col) continue;
+        const float beta = P.kb[r * P.hv + h];
+        const float v = P.kv[r * vl + h * P.dv + j];
+        float u = 0.f;
+#pragma unroll
+        for (int i = 0; i < DK; ++i) {
+            s[i] = __fmul_rn(s[i], es[i]);
+            u = __fadd_rn(u, __fmul_rn(ks[i], s[i]));
+        }
+        const float d = __fmul_rn(__fsub_rn(v, u), beta);
+        float o = 0.f;
+#pragma unroll
+        for (int i = 0; i < DK; ++i) {
+            s[i] = __fadd_rn(s[i], __fmul_rn(ks[i], d));
+            o = __fadd_rn(o, __fmul_rn(qs[i], s[i]));
+        }
+        if (P.out) P.out[(i64)(P.row0 + t) * vl + h * P.dv + j] = rnd(o, P.rb);
+    }
+    if (col)
+#pragma unroll
+        for (int i = 0; i < DK; ++i)
+            if (i < dk) Sh[(i64)i * P.dv + j] = s[i];
+}
+
+extern "C" __global__ void delta_recurrent_16(const DeltaParams P) { recurrent_body<16>(P); }
+extern "C" __global__ void delta_recurrent_32(const DeltaParams P) { recurrent_body<32>(P); }
+extern "C" __global__ void delta_recurrent_64(const DeltaParams P) { recurrent_body<64>(P); }
+extern "C" __global__ void delta_recurrent_128(const DeltaParams P) { recurrent_body<128>(P); }
+
+// The conv of channel c for the call's one token: the kc−1 state rows then the pre-conv
+// value; the state shifts by one row and the pre-conv value goes to the journal.
+__device__ __forceinline__ float conv_one(const DeltaParams& P, int c, int C, int slot) {
+    const int hist = P.kc - 1;
+    float old[8];
+    for (int r = 0; r < hist; ++r) old[r] = P.conv_state[(i64)r * C + c];
+    const float cur = pre_val(P, 0, c);
+    float acc = 0.f;
+    for (int s = 0; s < P.kc; ++s) acc = __fadd_rn(acc, __fmul_rn(conv_w(P, c, s), s < hist ? old[s] : cur));
+    for (int r = 0; r < hist; ++r) P.conv_state[(i64)r * C + c] = r + 1 < hist ? old[r + 1] : cur;
+    if (P.jpre) P.jpre[(i64)slot * C + c] = cur;
+    return rnd(siluf_ref(acc), P.rb);
+}
+
+// grid hv (= hk), blockDim as delta_inputs': the conv of the head's q, k and v channels
+// (this block owns them, so it may shift their state), the kernel inputs, the
+// recurrence for the one token, the journal.
+template <int DK>
+__device__ __forceinline__ void step_body(const DeltaParams& P) {
+    __shared__ float ks[DK], qs[DK], es[DK], gs[DK];
+    __shared__ double red[32];
+    __shared__ float beta_sh;
+    pdl_wait();
+    pdl_trigger();
+    const int h = blockIdx.x, j = threadIdx.x, dk = P.dk;
+    const int qk = qk_len(P), vl = v_len(P), C = 2 * qk + vl, gl = P.hv * P.gc;
+    const int slot = P.cap ? (P.step->pos0 + P.row0) % P.cap : 0;
+    float mq = 0.f, mk = 0.f, mv = 0.f;
+    if (j < dk) {
+        mq = conv_one(P, h * dk + j, C, slot);
+        mk = conv_one(P, qk + h * dk + j, C, slot);
+    }
+    if (j < P.dv) mv = conv_one(P, 2 * qk + h * P.dv + j, C, slot);
+    const double qn = block_sum_d((double)__fmul_rn(mq, mq), red);
+    const double kn = block_sum_d((double)__fmul_rn(mk, mk), red);
+    if (j < dk) {
+        const float q = __fdiv_rn(mq, sqrtf(__fadd_rn((float)qn, 1e-6f)));
+        const float k = __fdiv_rn(mk, sqrtf(__fadd_rn((float)kn, 1e-6f)));
+        qs[j] = __fmul_rn(q, __fdiv_rn(1.0f, sqrtf((float)dk)));
+        ks[j] = k;
+        if (P.jk) P.jk[(i64)slot * qk + h * dk + j] = k;
+    }
+    for (int i = dk + j; i < DK; i += blockDim.x) qs[i] = ks[i] = 0.f;
+    if (j < P.dv && P.jv) P.jv[(i64)slot * vl + h * P.dv + j] = mv;
+    if (j < P.gc) {
+        const int ch = h * P.gc + j;
+        const float a = P.decay[h];
+        const float x = __fadd_rn(P.g0[(i64)P.row0 * gl + ch], P.dt_bias[ch]);
+        const float g = P.gate == GATE_LOWER_BOUND ? __fmul_rn(P.lb, sigmoidf_ref(__fmul_rn(a, x)))
+                                                   : __fmul_rn(-a, softplusf_ref(x));
+        gs[j] = g;
+        if (P.jg) P.jg[(i64)slot * gl + ch] = g;
+    }
+    if (j == 0) {
+        const float be = rnd(sigmoidf_ref(P.b[(i64)P.row0 * P.hv + h]), P.rb);
+        beta_sh = be;
+        if (P.jb) P.jb[(i64)slot * P.hv + h] = be;
+    }
+    __syncthreads();
+    for (int i = j; i < DK; i += blockDim.x) es[i] = i < dk ? expf(gs[P.gc == dk ? i : 0]) : 1.f;
+    __syncthreads();
+    if (j >= P.dv) return;
+    float* Sh = P.S + (i64)h * dk * P.dv;
+    float s[DK];
+#pragma unroll
+    for (int i = 0; i < DK; ++i) s[i] = i < dk ? Sh[(i64)i * P.dv + j] : 0.f;
+    float u = 0.f;
+#pragma unroll
+    for (int i = 0; i < DK; ++i) {
+        s[i] = __fmul_rn(s[i], es[i]);
+        u = __fadd_rn(u, __fmul_rn(ks[i], s[i]));
+    }
+    const float d = __fmul_rn(__fsub_rn(mv, u), beta_sh);
+    float o = 0.f;
+#pragma unroll
+    for (int i = 0; i < DK; ++i) {
+        s[i] = __fadd_rn(s[i], __fmul_rn(ks[i], d));
+        o = __fadd_rn(o, __fmul_rn(qs[i], s[i]));
+    }
+    P.out[(i64)P.row0 * vl + h * P.dv + j] = rnd(o, P.rb);
+#pragma unroll
+    for (int i = 0; i < DK; ++i)
+        if (i < dk) Sh[(i64)i * P.dv + j] = s[i];
+}
+
+extern "C" __global__ void delta_step_16(const DeltaParams P) { step_body<16>(P); }
+extern "C" __global__ void delta_step_32(const DeltaParams P) { step_body<32>(P); }
+extern "C" __global__ void delta_step_64(const DeltaParams P) { step_body<64>(P); }
+extern "C" __global__ void delta_step_128(const DeltaParams P) { step_body<128>(P); }

@@ -1,0 +1,342 @@
+// Cached rows, window compression, the DSA indexer's selection and multi-head latent
+// attention on the device, in the CPU backend's arithmetic
+// (`engine/src/backend/cpu/{dsa,mla}.rs`). Positions come from the step buffer, so a
+// captured decode graph stays valid as the sequence grows.
+
+#include "common.cuh"
+
+// dst[(pos0 + i) mod cap] = src[i] for the step's rows of `row_len` values.
+extern "C" __global__ void store_rows(const StepInfo* step, const float* src, float* dst, i32 rows, i32 row_len,
+                                      i32 cap) {
+    pdl_wait();
+    pdl_trigger();
+    const i64 n = (i64)rows * row_len;
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const i64 r = i / row_len;
+        const i64 slot = (step->pos0 + r) % cap;
+        dst[slot * row_len + (i - r * row_len)] = src[i];
+    }
+}
+
+struct CompressParams {
+    const StepInfo* step;
+    const float* kv;    // [cap, row_len] source rows, slot pos mod cap
+    const float* gate;  // same
+    const float* ape;   // [m, row_len]
+    const float* norm;  // optional [c]
+    float* entries;     // [·, c]
+    const float* inv_freq;  // optional RoPE inverse frequencies [rope_dims/2]
+    i32 cap, m, c, overlap, rope_dims, rb;
+    float eps, mscale;
+};
+
+// One block per window that may close in this step (blockIdx.x counts from pos0/m):
+// entries[w][d] = round(Σ_slots round(round(softmax(gate + ape)) · kv)), then the
+// optional RMS norm (f32 weight, one rounding) and RoPE at position w·m on the trailing
+// rope_dims (interleaved pairs).
+extern "C" __global__ void compress_windows(const CompressParams P) {
+    extern __shared__ float ent[];  // c values
+    __shared__ double red[32];
+    pdl_wait();
+    pdl_trigger();
+    const int pos0 = P.step->pos0, n = P.step->n_tok;
+    const int w = pos0 / P.m + blockIdx.x;
+    if (w >= (pos0 + n) / P.m) return;
+    const int rl = P.overlap ? 2 * P.c : P.c;
+    for (int d = threadIdx.x; d < P.c; d += blockDim.x) {
+        // Slots: (position, ape row, column).
+        const int n_slots = P.overlap ? (w > 0 ? 2 * P.m : P.m) : P.m;
+        float logit[256];
+        float mx = -INFINITY;
+        for (int s = 0; s < n_slots; ++s) {
+            int pos, j, col;
+            if (P.overlap && w > 0 && s < P.m) { pos = (w - 1) * P.m + s; j = s; col = d; }
+            else { const int ss = (P.overlap && w > 0) ? s - P.m : s; pos = w * P.m + ss; j = ss; col = P.overlap ? P.c + d : d; }
+            const i64 slot = (i64)(pos % P.cap) * rl + col;
+            logit[s & 255] = __fadd_rn(P.gate[slot], P.ape[(i64)j * rl + col]);
+            mx = fmaxf(mx, logit[s & 255]);
+        }
+        double z = 0.0;
+        for (int s = 0; s < n_slots; ++s) {
+            logit[s & 255] = expf(__fsub_rn(logit[s & 255], mx));
+            z += (double)logit[s & 255];
+        }
+        const float inv = (float)(1.0 / z);
+        float acc = 0.f;
+        for (int s = 0; s < n_slots; ++s) {
+            int pos, col;
+            if (P.overlap && w > 0 && s < P.m) { pos = (w - 1) * P.m + s; col = d; }
+            else { const int ss = (P.overlap && w > 0) ? s - P.m : s; pos = w * P.m + ss; col = P.overlap ? P.c + d : d; }
+            const float a = rnd(__fmul_rn(logit[s & 255], inv), P.rb);
+            acc = __fadd_rn(acc, rnd(__fmul_rn(a, P.kv[(i64)(pos % P.cap) * rl + col]), P.rb));
+        }
+        ent[d] = rnd(acc, P.rb);
+    }
+    __syncthreads();
+    if (P.norm) {
+        double ss = 0.0;
+        for (int d = threadIdx.x; d < P.c; d += blockDim.x) ss += (double)ent[d] * (double)ent[d];
+        ss = block_sum_d(ss, red);
+        const float r = __fdiv_rn(1.0f, sqrtf(__fadd_rn((float)(ss / (double)P.c), P.eps)));
+        for (int d = threadIdx.x; d < P.c; d += blockDim.x) ent[d] = rnd(__fmul_rn(P.norm[d], __fmul_rn(ent[d], r)), P.rb);
+        __syncthreads();
+    }
+    if (P.inv_freq) {
+        const int start = P.c - P.rope_dims;
+        for (int i = threadIdx.x; i < P.rope_dims / 2; i += blockDim.x) {
+            const float ang = __fmul_rn((float)(w * P.m), P.inv_freq[i]);
+            const float co = rnd(__fmul_rn(cosf(ang), P.mscale), P.rb), si = rnd(__fmul_rn(sinf(ang), P.mscale), P.rb);
+            const float x0 = ent[start + 2 * i], x1 = ent[start + 2 * i + 1];
+            ent[start + 2 * i] = rnd(__fadd_rn(__fmul_rn(x0, co), __fmul_rn(-x1, si)), P.rb);
+            ent[start + 2 * i + 1] = rnd(__fadd_rn(__fmul_rn(x1, co), __fmul_rn(x0, si)), P.rb);
+        }
+        __syncthreads();
+    }
+    for (int d = threadIdx.x; d < P.c; d += blockDim.x) P.entries[(i64)w * P.c + d] = ent[d];
+}
+
+struct SelectParams {
+    const StepInfo* step;
+    const float* q;        // [rows, heads·dim]
+    const float* w;        // [rows, heads]
+    const float* entries;  // [·, dim]
+    float* scores;         // scratch [rows, max_entries]
+    i32* ids;              // [rows, top_k]
+    i32 rows, heads, dim, rate, top_k, max_entries;
+    float scale, wscale;
+};
+
+// grid (rows, ceil(entries/8)), 8 warps: one warp per (query, entry):
+// I = Σ_h (w_h·ws)·relu(q_h·K·scale).
+extern "C" __global__ void dsa_scores(const SelectParams P) {
+    pdl_wait();
+    pdl_trigger();
+    const int i = blockIdx.x, lane = threadIdx.x & 31;
+    const int e = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int t = P.step->pos0 + i;
+    const int visible = min((t + 1) / P.rate, (P.step->pos0 + P.step->n_tok) / P.rate);
+    if (e >= visible) return;
+    const float* key = P.entries + (i64)e * P.dim;
+    float acc = 0.f;
+    for (int h = 0; h < P.heads; ++h) {
+        const float* qh = P.q + ((i64)i * P.heads + h) * P.dim;
+        float d = 0.f;
+        for (int c = lane; c < P.dim; c += 32) d = __fadd_rn(d, __fmul_rn(qh[c], key[c]));
+        d = warp_sum(d);
+        const float wh = __fmul_rn(P.w[(i64)i * P.heads + h], P.wscale);
+        acc = __fadd_rn(acc, __fmul_rn(wh, fmaxf(__fmul_rn(d, P.scale), 0.f)));
+    }
+    if (lane == 0) P.scores[(i64)i * P.max_entries + e] = acc;
+}
+
+// Order-preserving map of a float to an unsigned int.
+__device__ __forceinline__ u32 fkey(float f) {
+    const u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// One block per query: the top_k entries by score (ties: lower id), ascending, -1-padded;
+// every visible entry when at most top_k are visible. The k-th largest key is found by
+// a bitwise search over the order-preserving keys; the winners are then written in id
+// order with a block scan.
+extern "C" __global__ void dsa_topk(const SelectParams P) {
+    __shared__ u32 cnt;
+    __shared__ int warp_cnt[32];
+    __shared__ int base;
+    pdl_wait();
+    pdl_trigger();
+    const int i = blockIdx.x;
+    const int t = P.step->pos0 + i;
+    const int visible = min((t + 1) / P.rate, (P.step->pos0 + P.step->n_tok) / P.rate);
+    i32* out = P.ids + (i64)i * P.top_k;
+    const float* sc = P.scores + (i64)i * P.max_entries;
+    if (visible <= P.top_k) {
+        for (int j = threadIdx.x; j < P.top_k; j += blockDim.x) out[j] = j < visible ? j : -1;
+        return;
+    }
+    // The largest threshold T with count(key ≥ T) ≥ top_k is the k-th largest key.
+    u32 thr = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+        const u32 cand = thr | (1u << bit);
+        if (threadIdx.x == 0) cnt = 0;
+        __syncthreads();
+        u32 local = 0;
+        for (int e = threadIdx.x; e < visible; e += blockDim.x) local += fkey(sc[e]) >= cand;
+        atomicAdd(&cnt, local);
+        __syncthreads();
+        if (cnt >= (u32)P.top_k) thr = cand;
+        __syncthreads();
+    }
+    // Entries above the threshold all win; ties at it fill the rest by lower id.
+    if (threadIdx.x == 0) cnt = 0;
+    __syncthreads();
+    u32 above = 0;
+    for (int e = threadIdx.x; e < visible; e += blockDim.x) above += fkey(sc[e]) > thr;
+    atomicAdd(&cnt, above);
+    __syncthreads();
+    const int need_eq = P.top_k - (int)cnt;
+    if (threadIdx.x == 0) base = 0;
+    __syncthreads();
+    int eq_seen = 0;  // ties at the threshold before this chunk
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int c0 = 0; c0 < visible; c0 += blockDim.x) {
+        const int e = c0 + threadIdx.x;
+        const u32 key = e < visible ? fkey(sc[e]) : 0;
+        const bool eq = e < visible && key == thr;
+        // Rank of this tie among the ties (scan over the block).
+        const u32 eq_ballot = __ballot_sync(0xffffffffu, eq);
+        if (lane == 0) warp_cnt[warp] = __popc(eq_ballot);
+        __syncthreads();
+        int eq_before = eq_seen;
+        for (int w2 = 0; w2 < warp; ++w2) eq_before += warp_cnt[w2];
+        eq_before += __popc(eq_ballot & ((1u << lane) - 1));
+        int eq_total = 0;
+        for (int w2 = 0; w2 < nw; ++w2) eq_total += warp_cnt[w2];
+        const bool win = e < visible && (key > thr || (eq && eq_before < need_eq));
+        __syncthreads();
+        const u32 win_ballot = __ballot_sync(0xffffffffu, win);
+        if (lane == 0) warp_cnt[warp] = __popc(win_ballot);
+        __syncthreads();
+        int before = base;
+        for (int w2 = 0; w2 < warp; ++w2) before += warp_cnt[w2];
+        before += __popc(win_ballot & ((1u << lane) - 1));
+        if (win) out[before] = e;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int tot = 0;
+            for (int w2 = 0; w2 < nw; ++w2) tot += warp_cnt[w2];
+            base += tot;
+        }
+        eq_seen += eq_total;
+        __syncthreads();
+    }
+}
+
+struct MlaParams {
+    const StepInfo* step;
+    const float* q;     // queries [rows, heads, kdim]
+    const float* keys;  // token j, head h at keys + j·k_ts + h·k_hs (kdim values)
+    const float* vals;  // token j, head h at vals + j·v_ts + h·v_hs (vdim values)
+    const i32* sel;     // optional pool ids [rows, per_q]
+    float* out;         // [rows, heads, vdim]
+    i64 k_ts, v_ts;
+    i32 k_hs, v_hs, kdim, vdim;
+    i32 rows, heads, pool, per_q, tail, rb;
+    float scale;
+};
+
+#define MLA_TILE 128
+#define MLA_CH 4     // value channels per thread: vdim ≤ MLA_CH · blockDim
+#define MLA_QMAX 1024
+
+// One block per (query, head): the attended tokens (the selected pools' tokens then the
+// tail, kept in dynamic shared memory; or 0..t without a selection) in tiles of
+// MLA_TILE: scores (one warp per token), then an online softmax — the running maximum,
+// the f64 running sum and each thread's MLA_CH value channels rescaled when the
+// maximum grows — so no score buffer of the context's length is needed. Absorbed
+// (keys = values = the latents, q the absorbed queries) or expanded (per-head keys and
+// values) by the strides.
+extern "C" __global__ void mla_attend(const MlaParams P) {
+    extern __shared__ int toks[];
+    __shared__ float qs[MLA_QMAX], sc[MLA_TILE];
+    __shared__ float redf[32];
+    __shared__ double redd[32];
+    __shared__ int n_sh;
+    pdl_wait();
+    pdl_trigger();
+    const int i = blockIdx.x / P.heads, h = blockIdx.x % P.heads;
+    const int t = P.step->pos0 + i;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (P.sel) {
+        if (threadIdx.x == 0) {
+            const i32* s = P.sel + (i64)i * P.per_q;
+            int n = 0, last = -1;
+            for (int j = 0; j < P.per_q; ++j)
+                if (s[j] >= 0 && s[j] != last) {
+                    last = s[j];
+                    for (int k = 0; k < P.pool; ++k) toks[n++] = s[j] * P.pool + k;
+                }
+            if (P.tail)
+                for (int k = P.pool * ((t + 1) / P.pool); k <= t; ++k) toks[n++] = k;
+            n_sh = n;
+        }
+    }
+    const float* q = P.q + ((i64)i * P.heads + h) * P.kdim;
+    for (int x = threadIdx.x; x < P.kdim; x += blockDim.x) qs[x] = q[x];
+    __syncthreads();
+    const int n = P.sel ? n_sh : t + 1;
+    float m = -INFINITY;
+    double l = 0.0;
+    float acc[MLA_CH];
+#pragma unroll
+    for (int c = 0; c < MLA_CH; ++c) acc[c] = 0.f;
+    for (int base = 0; base < n; base += MLA_TILE) {
+        const int nt = min(MLA_TILE, n - base);
+        for (int k = warp; k < nt; k += nw) {
+            const int tok = P.sel ? toks[base + k] : base + k;
+            const float* kr = P.keys + (i64)tok * P.k_ts + (i64)h * P.k_hs;
+            float d = 0.f;
+            for (int x = lane; x < P.kdim; x += 32) d = __fadd_rn(d, __fmul_rn(qs[x], kr[x]));
+            d = warp_sum(d);
+            if (lane == 0) sc[k] = __fmul_rn(d, P.scale);
+        }
+        __syncthreads();
+        float tm = -INFINITY;
+        for (int k = threadIdx.x; k < nt; k += blockDim.x) tm = fmaxf(tm, sc[k]);
+        const float nm = fmaxf(m, block_max_f(tm, redf));
+        const float corr = expf(__fsub_rn(m, nm));
+        double z = 0.0;
+        for (int k = threadIdx.x; k < nt; k += blockDim.x) {
+            const float e = expf(__fsub_rn(sc[k], nm));
+            sc[k] = e;
+            z += (double)e;
+        }
+        l = l * (double)corr + block_sum_d(z, redd);
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < MLA_CH; ++c) {
+            const int x = threadIdx.x + c * blockDim.x;
+            if (x >= P.vdim) break;
+            float a = __fmul_rn(acc[c], corr);
+            for (int k = 0; k < nt; ++k) {
+                const int tok = P.sel ? toks[base + k] : base + k;
+                a = __fadd_rn(a, __fmul_rn(sc[k], P.vals[(i64)tok * P.v_ts + (i64)h * P.v_hs + x]));
+            }
+            acc[c] = a;
+        }
+        m = nm;
+        __syncthreads();
+    }
+    const float inv = n ? (float)(1.0 / l) : 0.f;
+    float* o = P.out + ((i64)i * P.heads + h) * P.vdim;
+#pragma unroll
+    for (int c = 0; c < MLA_CH; ++c) {
+        const int x = threadIdx.x + c * blockDim.x;
+        if (x < P.vdim) o[x] = rnd(__fmul_rn(acc[c], inv), P.rb);
+    }
+}
+
+// The bf16 reference's keys and values, expanded from the latents of every cached
+// token: k[j, h] = round(k_b[h]ᵀ c_j), v[j, h] = round(v_b[h] c_j) (f32 products of
+// the upcast weights). Grid (capacity, heads); tokens past the step's end exit. Parity
+// arithmetic only (bf16 models): it recomputes the whole cache each call.
+extern "C" __global__ void mla_expand(const StepInfo* step, const float* latent, const u8* kb, const u8* vb,
+                                      i32 wty, float* kexp, float* vexp, i32 heads, i32 rank, i32 dn, i32 dv) {
+    pdl_wait();
+    pdl_trigger();
+    const int j = blockIdx.x, h = blockIdx.y;
+    if (j >= step->pos0 + step->n_tok) return;
+    const float* c = latent + (i64)j * rank;
+    for (int d = threadIdx.x; d < dn; d += blockDim.x) {
+        float a = 0.f;
+        for (int cc = 0; cc < rank; ++cc)
+            a = __fadd_rn(a, __fmul_rn(wval(kb, wty, ((i64)h * rank + cc) * dn + d), c[cc]));
+        kexp[((i64)j * heads + h) * dn + d] = bf2f(f2bf(a));
+    }
+    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+        float a = 0.f;
+        for (int cc = 0; cc < rank; ++cc)
+            a = __fadd_rn(a, __fmul_rn(wval(vb, wty, ((i64)h * dv + e) * rank + cc), c[cc]));
+        vexp[((i64)j * heads + h) * dv + e] = bf2f(f2bf(a));
+    }
+}

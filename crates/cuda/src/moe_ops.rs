@@ -1,0 +1,1794 @@
+//! The MoE families' operations on the device (GLM-5.3 first): each records ready-made
+//! launches ([`Op::Kernel`]) of the kernels in `norm.cu`, `float_gemv.cu`, `moe.cu`,
+//! `mhc.cu`, `delta.cu`, `sparse.cu` and the expert GEMVs of `gemv.cu`, with
+//! parameter structs laid out as the kernels declare them (`#[repr(C)]`, same field
+//! order). Positions are read from the step buffer on the device, and every parameter
+//! is fixed per cache (capacities, not current lengths), so a decode step records the
+//! same launches at every token and replays as one CUDA graph.
+//!
+//! Scratch memory between launches of one operation (expert intermediates, mixes,
+//! kernel inputs, scores) comes from a per-backend arena keyed by purpose; it only
+//! grows, and growing it drops the captured graphs.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use ds4_engine::backend::{
+    CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaShape, DeltaState, DeltaWeights, Experts,
+    Gate, HcShape, HcWeights, MlaShape, OutGate, Prec, Rope, Routing, Scoring, SelectShape,
+};
+use ds4_engine::{EngineError, Result};
+use ds4_gguf::GgmlType;
+
+use crate::backend::{CudaBackend, CudaBuf, CudaStep};
+use crate::driver::{DPtr, DevMem, Func};
+use crate::layout::uses_q8k;
+use crate::ops::{
+    ExpertGemv, FloatSeg, HC_COLS, HcPostArgs, HcPreArgs, KArgs, KernelOp, MatRef, Op, ReduceTail,
+    RouteParams,
+};
+use crate::weights::CudaWeight;
+
+/// `1` when `p` rounds to bf16 at the operation's cast points.
+fn rb(p: Prec) -> i32 {
+    (p == Prec::Bf16) as i32
+}
+
+fn blocks(n: u64, per: u64) -> u32 {
+    n.div_ceil(per).max(1).min(u32::MAX as u64) as u32
+}
+
+fn bad(what: impl Into<String>) -> EngineError {
+    EngineError::Backend(what.into())
+}
+
+fn weight_err(e: crate::error::CudaError) -> EngineError {
+    EngineError::Backend(e.to_string())
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FloatGemv {
+    w: DPtr,
+    w_gstride: i64,
+    x: DPtr,
+    x_tstride: i64,
+    x_gstride: i64,
+    out: DPtr,
+    o_tstride: i64,
+    o_gstride: i64,
+    bias: DPtr,
+    ty: i32,
+    n_out: i32,
+    n_in: i32,
+    n_tok: i32,
+    rb: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FloatExperts {
+    w: DPtr,
+    w2: DPtr,
+    w_gstride: i64,
+    x: DPtr,
+    x_tstride: i64,
+    ids: DPtr,
+    out: DPtr,
+    ty: i32,
+    k: i32,
+    n_in: i32,
+    rows: i32,
+    rb: i32,
+    pair: i32,
+    lim: f32,
+}
+
+/// `MoeSorted` of kernels/moe_mma.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MoeSorted {
+    offs: DPtr,
+    tiles: DPtr,
+    perm: DPtr,
+}
+
+/// `MoeMma` of kernels/moe_mma.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MoeMma {
+    w: [DPtr; 4],
+    w2: [DPtr; 4],
+    estride: [i64; 4],
+    estride2: [i64; 4],
+    ty: i32,
+    ty2: i32,
+    x: DPtr,
+    s: MoeSorted,
+    out: DPtr,
+    k: i32,
+    n_expert: i32,
+    n_in: i32,
+    rows: i32,
+    rb: i32,
+    lim: f32,
+}
+
+/// `moe_mma.cu`'s tile sizes (pairs × matrix rows) and its expert limit.
+const MM_TM: usize = 64;
+const MM_TN: usize = 64;
+const MM_MAX_E: usize = 1024;
+
+/// Steps of at least this many tokens run quantized experts on tensor cores, grouped by
+/// expert; shorter ones one GEMV per (token, expert) pair.
+const MMA_MIN_ROWS: usize = 16;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct DeltaParams {
+    q: DPtr,
+    k: DPtr,
+    v: DPtr,
+    g0: DPtr,
+    b: DPtr,
+    conv_w: [DPtr; 3],
+    dt_bias: DPtr,
+    decay: DPtr,
+    conv_state: DPtr,
+    mixed: DPtr,
+    kq: DPtr,
+    kk: DPtr,
+    kv: DPtr,
+    kg: DPtr,
+    kb: DPtr,
+    jpre: DPtr,
+    jk: DPtr,
+    jv: DPtr,
+    jg: DPtr,
+    jb: DPtr,
+    step: DPtr,
+    out: DPtr,
+    s: DPtr,
+    row0: i32,
+    n: i32,
+    hk: i32,
+    hv: i32,
+    dk: i32,
+    dv: i32,
+    kc: i32,
+    gc: i32,
+    gate: i32,
+    rb: i32,
+    cap: i32,
+    src_cap: i32,
+    src_pos: i32,
+    lb: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CompressParams {
+    step: DPtr,
+    kv: DPtr,
+    gate: DPtr,
+    ape: DPtr,
+    norm: DPtr,
+    entries: DPtr,
+    inv_freq: DPtr,
+    cap: i32,
+    m: i32,
+    c: i32,
+    overlap: i32,
+    rope_dims: i32,
+    rb: i32,
+    eps: f32,
+    mscale: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SelectParams {
+    step: DPtr,
+    q: DPtr,
+    w: DPtr,
+    entries: DPtr,
+    scores: DPtr,
+    ids: DPtr,
+    rows: i32,
+    heads: i32,
+    dim: i32,
+    rate: i32,
+    top_k: i32,
+    max_entries: i32,
+    scale: f32,
+    wscale: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MlaParams {
+    step: DPtr,
+    q: DPtr,
+    keys: DPtr,
+    vals: DPtr,
+    sel: DPtr,
+    out: DPtr,
+    k_ts: i64,
+    v_ts: i64,
+    k_hs: i32,
+    v_hs: i32,
+    kdim: i32,
+    vdim: i32,
+    rows: i32,
+    heads: i32,
+    pool: i32,
+    per_q: i32,
+    tail: i32,
+    rb: i32,
+    scale: f32,
+}
+
+/// `mla_attend`'s limits (kernels/sparse.cu): query length and value channels per block.
+const MLA_QMAX: usize = 1024;
+const MLA_VMAX: usize = 4 * 256;
+
+/// A float matrix stack as the float kernels take it: pointer, type, rows, cols, count.
+fn float_mat(w: &CudaWeight) -> Result<(&Arc<DevMem>, GgmlType, usize, usize, usize)> {
+    match w {
+        CudaWeight::Float {
+            mem,
+            ty,
+            rows,
+            cols,
+            n,
+        } => Ok((mem, *ty, *rows, *cols, *n)),
+        _ => Err(bad("a float matrix was expected")),
+    }
+}
+
+/// One launch to record.
+struct Launch<'a> {
+    f: Func,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    args: KArgs,
+    label: &'static str,
+    keep: Vec<&'a Arc<DevMem>>,
+}
+
+impl CudaBackend {
+    fn launch_op(&self, l: Launch<'_>) {
+        self.record(
+            Op::Kernel(KernelOp {
+                f: l.f,
+                grid: l.grid,
+                block: l.block,
+                smem: l.smem,
+                args: l.args,
+                label: l.label,
+            }),
+            &l.keep,
+        );
+    }
+
+    fn args<T: Copy>(v: T) -> KArgs {
+        let mut a = KArgs::default();
+        a.push(v);
+        a
+    }
+
+    /// `bytes` of scratch for purpose `key` (see the module header).
+    pub(crate) fn scratch_mem(&self, key: &'static str, bytes: usize) -> Result<Arc<DevMem>> {
+        let st = self.lock();
+        if let Some(m) = st.scratch.get(key)
+            && m.bytes() >= bytes
+        {
+            return Ok(m.clone());
+        }
+        let size = bytes.max(st.scratch.get(key).map_or(0, |m| m.bytes() * 3 / 2));
+        drop(st);
+        let m = Arc::new(self.alloc(size, "operation scratch")?);
+        let mut st = self.lock();
+        st.scratch.insert(key, m.clone());
+        st.graphs.clear();
+        Ok(m)
+    }
+
+    /// `out = round(w · x)` for `rows` rows with a float weight (group 0 only).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn float_matmul(
+        &self,
+        w: &CudaWeight,
+        bias: Option<&CudaWeight>,
+        x: &CudaBuf,
+        rows: usize,
+        groups: usize,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let (wm, ty, n_out, n_in, n) = float_mat(w)?;
+        if groups != 1 && n != groups {
+            return Err(bad(format!(
+                "grouped product of {n} matrices over {groups} groups"
+            )));
+        }
+        let xp = self.buf_of(x, rows * groups * n_in, "matmul input")?;
+        let op = self.buf_of(out, rows * groups * n_out, "matmul output")?;
+        let mut keep = vec![wm, &x.mem, &out.mem];
+        let bp = match bias {
+            Some(b) => {
+                let (bm, len) = b.values().map_err(weight_err)?;
+                if len != n_out {
+                    return Err(bad("matmul: bias length"));
+                }
+                keep.push(bm);
+                bm.ptr()
+            }
+            None => 0,
+        };
+        if groups == 1 {
+            let seg = FloatSeg {
+                w: wm.ptr(),
+                x: xp,
+                out: op,
+                bias: bp,
+                ty: ty as i32,
+                n_out: n_out as i32,
+                n_in: n_in as i32,
+                n_tok: rows as i32,
+                rb: rb(p),
+                first: 0,
+            };
+            self.record(Op::FloatGemv(seg), &keep);
+            return Ok(());
+        }
+        let prm = FloatGemv {
+            w: wm.ptr(),
+            w_gstride: (n_out * n_in) as i64,
+            x: xp,
+            x_tstride: (groups * n_in) as i64,
+            x_gstride: n_in as i64,
+            out: op,
+            o_tstride: (groups * n_out) as i64,
+            o_gstride: n_out as i64,
+            bias: bp,
+            ty: ty as i32,
+            n_out: n_out as i32,
+            n_in: n_in as i32,
+            n_tok: rows as i32,
+            rb: rb(p),
+        };
+        self.launch_op(Launch {
+            f: self.k.gemv_float,
+            grid: (blocks(n_out as u64, 8), groups as u32, 1),
+            block: 256,
+            smem: 0,
+            args: Self::args(prm),
+            label: "gemv_float",
+            keep,
+        });
+        Ok(())
+    }
+
+    fn elementwise(
+        &self,
+        f: Func,
+        n: u64,
+        args: KArgs,
+        label: &'static str,
+        keep: Vec<&Arc<DevMem>>,
+    ) {
+        self.launch_op(Launch {
+            f,
+            grid: (blocks(n, 256).min(self.gpu.n_sm * 16), 1, 1),
+            block: 256,
+            smem: 0,
+            args,
+            label,
+            keep,
+        });
+    }
+
+    pub(crate) fn fill_op(&self, buf: &CudaBuf, off: usize, len: usize, v: f32) -> Result<()> {
+        let p = self.buf_of(buf, off + len, "fill")? + 4 * off as u64;
+        let mut a = KArgs::default();
+        a.push(p).push(len as i64).push(v);
+        self.elementwise(self.k.fill_f32, len as u64, a, "fill", vec![&buf.mem]);
+        Ok(())
+    }
+
+    pub(crate) fn swiglu_ref_op(
+        &self,
+        g: &CudaBuf,
+        u: &CudaBuf,
+        len: usize,
+        limit: Option<f32>,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let mut a = KArgs::default();
+        a.push(self.buf_of(g, len, "swiglu")?)
+            .push(self.buf_of(u, len, "swiglu")?)
+            .push(self.buf_of(out, len, "swiglu")?)
+            .push(len as i64)
+            .push(limit.unwrap_or(f32::INFINITY))
+            .push(rb(p));
+        self.elementwise(
+            self.k.swiglu_ref,
+            len as u64,
+            a,
+            "swiglu",
+            vec![&g.mem, &u.mem, &out.mem],
+        );
+        Ok(())
+    }
+
+    pub(crate) fn add_round_op(&self, x: &CudaBuf, y: &CudaBuf, len: usize) -> Result<()> {
+        let mut a = KArgs::default();
+        a.push(self.buf_of(x, len, "add")?)
+            .push(self.buf_of(y, len, "add")?)
+            .push(len as i64)
+            .push(1i32);
+        self.elementwise(self.k.add_round, len as u64, a, "add", vec![&x.mem, &y.mem]);
+        Ok(())
+    }
+
+    pub(crate) fn scale_sigmoid_op(
+        &self,
+        x: &CudaBuf,
+        gate: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        gate_cols: usize,
+        p: Prec,
+    ) -> Result<()> {
+        if gate_cols != 1 && gate_cols != cols {
+            return Err(bad("scale_sigmoid: gate width"));
+        }
+        let mut a = KArgs::default();
+        a.push(self.buf_of(x, rows * cols, "scale_sigmoid")?)
+            .push(self.buf_of(gate, rows * gate_cols, "scale_sigmoid")?)
+            .push(rows as i64)
+            .push(cols as i32)
+            .push(gate_cols as i32)
+            .push(rb(p));
+        self.elementwise(
+            self.k.scale_sigmoid,
+            (rows * cols) as u64,
+            a,
+            "scale_sigmoid",
+            vec![&x.mem, &gate.mem],
+        );
+        Ok(())
+    }
+
+    pub(crate) fn embed_op(
+        &self,
+        step: &CudaStep,
+        table: &CudaWeight,
+        streams: usize,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let (mem, planes, ty, cols) = match table {
+            CudaWeight::Matrix { mem, m, .. } => (mem, m.planes, m.ty, m.cols as usize),
+            CudaWeight::Float { mem, ty, cols, .. } => (mem, [mem.ptr(), 0, 0, 0], *ty, *cols),
+            _ => return Err(bad("embed: the table is not a matrix")),
+        };
+        let o = self.buf_of(out, step.n_tok * streams * cols, "embed")?;
+        let mut a = KArgs::default();
+        a.push(planes)
+            .push(ty as i32)
+            .push(cols as i32)
+            .push(self.step_ptr())
+            .push(streams as i32)
+            .push(rb(p))
+            .push(o);
+        self.launch_op(Launch {
+            f: self.k.embed_streams,
+            grid: (step.n_tok as u32, 1, 1),
+            block: 256,
+            smem: 0,
+            args: a,
+            label: "embed",
+            keep: vec![mem, &out.mem],
+        });
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rms_norm_ref_op(
+        &self,
+        x: &CudaBuf,
+        w: Option<&CudaWeight>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let mut keep = vec![&x.mem, &out.mem];
+        let wp = match w {
+            Some(w) => {
+                let (m, len) = w.values().map_err(weight_err)?;
+                if len != cols {
+                    return Err(bad("rms_norm: weight length"));
+                }
+                keep.push(m);
+                m.ptr()
+            }
+            None => 0,
+        };
+        let mut a = KArgs::default();
+        a.push(self.buf_of(x, rows * cols, "rms_norm")?)
+            .push(wp)
+            .push(self.buf_of(out, rows * cols, "rms_norm")?)
+            .push(cols as i32)
+            .push(eps)
+            .push(rb(p));
+        self.launch_op(Launch {
+            f: self.k.rms_norm_ref,
+            grid: (rows as u32, 1, 1),
+            block: 256,
+            smem: 0,
+            args: a,
+            label: "rms_norm",
+            keep,
+        });
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn layer_norm_op(
+        &self,
+        x: &CudaBuf,
+        w: &CudaWeight,
+        b: &CudaWeight,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let (wm, wl) = w.values().map_err(weight_err)?;
+        let (bm, bl) = b.values().map_err(weight_err)?;
+        if wl != cols || bl != cols {
+            return Err(bad("layer_norm: weight lengths"));
+        }
+        let mut a = KArgs::default();
+        a.push(self.buf_of(x, rows * cols, "layer_norm")?)
+            .push(wm.ptr())
+            .push(bm.ptr())
+            .push(self.buf_of(out, rows * cols, "layer_norm")?)
+            .push(cols as i32)
+            .push(eps)
+            .push(rb(p));
+        self.launch_op(Launch {
+            f: self.k.layer_norm_ref,
+            grid: (rows as u32, 1, 1),
+            block: 256,
+            smem: 0,
+            args: a,
+            label: "layer_norm",
+            keep: vec![&x.mem, wm, bm, &out.mem],
+        });
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_route_op(
+        &self,
+        logits: &CudaBuf,
+        rows: usize,
+        bias: Option<&CudaWeight>,
+        hash: Option<&CudaWeight>,
+        r: &Routing,
+        p: Prec,
+        ids: &CudaBuf,
+        weights: &CudaBuf,
+    ) -> Result<()> {
+        if r.n_expert > 1024 || r.n_used > 32 || r.n_group > 64 {
+            return Err(bad(
+                "moe_route: at most 1024 experts, 32 per token, 64 groups",
+            ));
+        }
+        let mut keep = vec![&logits.mem, &ids.mem, &weights.mem];
+        let bp = match bias {
+            Some(b) => {
+                let (m, len) = b.values().map_err(weight_err)?;
+                if len != r.n_expert {
+                    return Err(bad("moe_route: bias length"));
+                }
+                keep.push(m);
+                m.ptr()
+            }
+            None => 0,
+        };
+        let (hp, vocab) = match hash {
+            Some(h) => {
+                let (m, len) = h.ints().map_err(weight_err)?;
+                keep.push(m);
+                (m.ptr(), (len / r.n_used.max(1)) as i32)
+            }
+            None => (0, 0),
+        };
+        let prm = RouteParams {
+            logits: self.buf_of(logits, rows * r.n_expert, "moe_route")?,
+            bias: bp,
+            hash: hp,
+            step: self.step_ptr(),
+            ids: self.buf_of(ids, rows * r.n_used, "moe_route ids")?,
+            weights: self.buf_of(weights, rows * r.n_used, "moe_route weights")?,
+            rows: rows as i32,
+            n_expert: r.n_expert as i32,
+            k: r.n_used as i32,
+            scoring: match r.scoring {
+                Scoring::Sigmoid => 0,
+                Scoring::Softmax => 1,
+                Scoring::SqrtSoftplus => 2,
+            },
+            n_group: r.n_group as i32,
+            topk_group: r.topk_group as i32,
+            norm: r.norm as i32,
+            rb: rb(p),
+            vocab,
+            scale: r.scale,
+        };
+        if rows == 1 {
+            let counter = self.scratch_mem("route_counter", 4)?;
+            keep.push(&counter);
+            self.record(
+                Op::MoeRoute {
+                    p: prm,
+                    counter: counter.ptr(),
+                },
+                &keep,
+            );
+            return Ok(());
+        }
+        self.launch_op(Launch {
+            f: self.k.moe_route,
+            grid: (rows as u32, 1, 1),
+            block: 256,
+            smem: 0,
+            args: Self::args(prm),
+            label: "moe_route",
+            keep,
+        });
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_experts_op(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        ids: &CudaBuf,
+        weights: &CudaBuf,
+        k: usize,
+        ex: &Experts<'_, CudaWeight>,
+        limit: Option<f32>,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let lim = limit.unwrap_or(f32::INFINITY);
+        let (ff, d) = match (ex.gate, ex.down) {
+            (CudaWeight::Matrix { m, .. }, CudaWeight::Matrix { m: md, .. }) => {
+                (m.rows as usize, md.rows as usize)
+            }
+            (CudaWeight::Float { rows, cols, .. }, CudaWeight::Float { .. }) => (*rows, *cols),
+            _ => {
+                return Err(bad(
+                    "moe_experts: gate and down must both be quantized or float",
+                ));
+            }
+        };
+        let pairs = rows * k;
+        let h = self.scratch_mem("moe_h", pairs * ff * 4)?;
+        let y = self.scratch_mem("moe_y", pairs * d * 4)?;
+        let xp = self.buf_of(x, rows * d, "moe_experts")?;
+        let idp = self.buf_of(ids, pairs, "moe_experts ids")?;
+        match (ex.gate, ex.up, ex.down) {
+            (
+                CudaWeight::Matrix {
+                    mem: gm,
+                    m: g,
+                    estride: gs,
+                    n: n_expert,
+                },
+                CudaWeight::Matrix {
+                    mem: um,
+                    m: u,
+                    estride: us,
+                    ..
+                },
+                CudaWeight::Matrix {
+                    mem: dm,
+                    m: dmat,
+                    estride: ds,
+                    ..
+                },
+            ) => {
+                let n_expert = *n_expert as usize;
+                if rows >= MMA_MIN_ROWS && n_expert <= MM_MAX_E && d % 32 == 0 && ff % 32 == 0 {
+                    let sorted =
+                        self.scratch_mem("moe_sorted", (2 * (n_expert + 1) + pairs) * 4)?;
+                    let s = MoeSorted {
+                        offs: sorted.ptr(),
+                        tiles: sorted.ptr() + 4 * (n_expert as u64 + 1),
+                        perm: sorted.ptr() + 8 * (n_expert as u64 + 1),
+                    };
+                    let mut a = KArgs::default();
+                    a.push(idp).push(pairs as i32).push(n_expert as i32).push(s);
+                    self.launch_op(Launch {
+                        f: self.k.moe_sort,
+                        grid: (1, 1, 1),
+                        block: 1024,
+                        smem: 0,
+                        args: a,
+                        label: "experts_sort",
+                        keep: vec![&ids.mem, &sorted],
+                    });
+                    let tiles = (pairs.div_ceil(MM_TM) + n_expert) as u32;
+                    let mm = |w: &MatRef,
+                              ws: &[u64; 4],
+                              w2: &MatRef,
+                              ws2: &[u64; 4],
+                              x,
+                              out,
+                              n_in,
+                              n_out| MoeMma {
+                        w: w.planes,
+                        w2: w2.planes,
+                        estride: ws.map(|v| v as i64),
+                        estride2: ws2.map(|v| v as i64),
+                        ty: w.ty as i32,
+                        ty2: w2.ty as i32,
+                        x,
+                        s,
+                        out,
+                        k: k as i32,
+                        n_expert: n_expert as i32,
+                        n_in: n_in as i32,
+                        rows: n_out as i32,
+                        rb: rb(p),
+                        lim,
+                    };
+                    self.launch_op(Launch {
+                        f: self.k.moe_mma_gate_up,
+                        grid: (ff.div_ceil(MM_TN) as u32, tiles, 1),
+                        block: 128,
+                        smem: 0,
+                        args: Self::args(mm(g, gs, u, us, xp, h.ptr(), d, ff)),
+                        label: "experts_gate_up_mma",
+                        keep: vec![gm, um, &x.mem, &sorted, &h],
+                    });
+                    self.launch_op(Launch {
+                        f: self.k.moe_mma_down,
+                        grid: (d.div_ceil(MM_TN) as u32, tiles, 1),
+                        block: 128,
+                        smem: 0,
+                        args: Self::args(mm(dmat, ds, dmat, ds, h.ptr(), y.ptr(), ff, d)),
+                        label: "experts_down_mma",
+                        keep: vec![dm, &sorted, &h, &y],
+                    });
+                    return self.moe_reduce(&y, ids, weights, rows, k, d, p, out);
+                }
+                let need = |ty| if uses_q8k(ty) { 2 } else { 1 };
+                let gu = ExpertGemv {
+                    w: g.planes,
+                    w2: u.planes,
+                    estride: gs.map(|v| v as i64),
+                    estride2: us.map(|v| v as i64),
+                    ty: g.ty as i32,
+                    ty2: u.ty as i32,
+                    x: xp,
+                    x_tstride: d as i32,
+                    ids: idp,
+                    k: k as i32,
+                    n_in: d as i32,
+                    rows: ff as i32,
+                    need: need(g.ty) | need(u.ty),
+                    rb: rb(p),
+                    lim,
+                    out: h.ptr(),
+                };
+                let smem = crate::layout::gemv_smem_bytes(d) as u32;
+                self.launch_op(Launch {
+                    f: self.k.gemv_experts_gate_up,
+                    grid: (blocks(ff as u64, 64), pairs as u32, 1),
+                    block: 256,
+                    smem,
+                    args: Self::args(gu),
+                    label: "experts_gate_up",
+                    keep: vec![gm, um, &x.mem, &ids.mem, &h],
+                });
+                let dn = ExpertGemv {
+                    w: dmat.planes,
+                    w2: dmat.planes,
+                    estride: ds.map(|v| v as i64),
+                    estride2: ds.map(|v| v as i64),
+                    ty: dmat.ty as i32,
+                    ty2: dmat.ty as i32,
+                    x: h.ptr(),
+                    x_tstride: ff as i32,
+                    ids: idp,
+                    k: k as i32,
+                    n_in: ff as i32,
+                    rows: d as i32,
+                    need: need(dmat.ty),
+                    rb: rb(p),
+                    lim,
+                    out: y.ptr(),
+                };
+                let smem = crate::layout::gemv_smem_bytes(ff) as u32;
+                if rows == 1 {
+                    // Down products, weighted sum (and the add after it) in one launch.
+                    let grid_x = blocks(d as u64, 64);
+                    let counters = self.scratch_mem("experts_counters", grid_x as usize * 4)?;
+                    let tail = ReduceTail {
+                        w: self.buf_of(weights, pairs, "moe_experts weights")?,
+                        out: self.buf_of(out, d, "moe_experts out")?,
+                        add: 0,
+                        counters: counters.ptr(),
+                        rb: rb(p),
+                    };
+                    self.record(
+                        Op::ExpertsDown {
+                            e: dn,
+                            tail,
+                            grid_x,
+                            smem,
+                        },
+                        &[dm, &ids.mem, &h, &y, &weights.mem, &out.mem, &counters],
+                    );
+                    return Ok(());
+                }
+                self.launch_op(Launch {
+                    f: self.k.gemv_experts_down,
+                    grid: (blocks(d as u64, 64), pairs as u32, 1),
+                    block: 256,
+                    smem,
+                    args: Self::args(dn),
+                    label: "experts_down",
+                    keep: vec![dm, &ids.mem, &h, &y],
+                });
+            }
+            (CudaWeight::Float { .. }, CudaWeight::Float { .. }, CudaWeight::Float { .. }) => {
+                let (gm, gty, _, _, _) = float_mat(ex.gate)?;
+                let (um, uty, _, _, _) = float_mat(ex.up)?;
+                let (dm, dty, _, _, _) = float_mat(ex.down)?;
+                if gty != uty {
+                    return Err(bad("moe_experts: gate and up of different types"));
+                }
+                let gu = FloatExperts {
+                    w: gm.ptr(),
+                    w2: um.ptr(),
+                    w_gstride: (ff * d) as i64,
+                    x: xp,
+                    x_tstride: d as i64,
+                    ids: idp,
+                    out: h.ptr(),
+                    ty: gty as i32,
+                    k: k as i32,
+                    n_in: d as i32,
+                    rows: ff as i32,
+                    rb: rb(p),
+                    pair: 1,
+                    lim,
+                };
+                self.launch_op(Launch {
+                    f: self.k.gemv_float_experts,
+                    grid: (blocks(ff as u64, 8), pairs as u32, 1),
+                    block: 256,
+                    smem: 0,
+                    args: Self::args(gu),
+                    label: "experts_gate_up",
+                    keep: vec![gm, um, &x.mem, &ids.mem, &h],
+                });
+                let dn = FloatExperts {
+                    w: dm.ptr(),
+                    w2: dm.ptr(),
+                    w_gstride: (d * ff) as i64,
+                    x: h.ptr(),
+                    x_tstride: ff as i64,
+                    ids: idp,
+                    out: y.ptr(),
+                    ty: dty as i32,
+                    k: k as i32,
+                    n_in: ff as i32,
+                    rows: d as i32,
+                    rb: rb(p),
+                    pair: 0,
+                    lim,
+                };
+                self.launch_op(Launch {
+                    f: self.k.gemv_float_experts,
+                    grid: (blocks(d as u64, 8), pairs as u32, 1),
+                    block: 256,
+                    smem: 0,
+                    args: Self::args(dn),
+                    label: "experts_down",
+                    keep: vec![dm, &ids.mem, &h, &y],
+                });
+            }
+            _ => return Err(bad("moe_experts: mixed quantized and float experts")),
+        }
+        self.moe_reduce(&y, ids, weights, rows, k, d, p, out)
+    }
+
+    /// `out[t] = Σ_j w[t, j]·y[t, j]` over the token's experts in expert-id order.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_reduce(
+        &self,
+        y: &Arc<DevMem>,
+        ids: &CudaBuf,
+        weights: &CudaBuf,
+        rows: usize,
+        k: usize,
+        d: usize,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let pairs = rows * k;
+        let idp = self.buf_of(ids, pairs, "moe_experts ids")?;
+        let mut a = KArgs::default();
+        a.push(y.ptr())
+            .push(idp)
+            .push(self.buf_of(weights, pairs, "moe_experts weights")?)
+            .push(self.buf_of(out, rows * d, "moe_experts out")?)
+            .push(rows as i32)
+            .push(k as i32)
+            .push(d as i32)
+            .push(rb(p));
+        self.launch_op(Launch {
+            f: self.k.moe_reduce,
+            grid: (blocks((rows * d) as u64, 256), 1, 1),
+            block: 256,
+            smem: 0,
+            args: a,
+            label: "experts_sum",
+            keep: vec![y, &ids.mem, &weights.mem, &out.mem],
+        });
+        Ok(())
+    }
+
+    /// `m = fn · (x / rms(x))` per token into scratch `key` (`[rows, m_rows]`).
+    fn hc_mixes(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        fn_: &CudaWeight,
+        s: &HcShape,
+        key: &'static str,
+    ) -> Result<(Arc<DevMem>, usize)> {
+        let nd = s.n * s.d;
+        let (fm, len) = fn_.values().map_err(weight_err)?;
+        if len % nd != 0 {
+            return Err(bad("hc: fn is not [·, N·D]"));
+        }
+        let n_mix = len / nd;
+        let m = self.scratch_mem(key, rows * n_mix * 4)?;
+        let mut a = KArgs::default();
+        a.push(self.buf_of(x, rows * nd, "hc")?)
+            .push(fm.ptr())
+            .push(m.ptr())
+            .push(nd as i32)
+            .push(n_mix as i32)
+            .push(s.norm_eps);
+        self.launch_op(Launch {
+            f: self.k.hc_mixes,
+            grid: (rows as u32, n_mix as u32, 1),
+            block: 256,
+            smem: 0,
+            args: a,
+            label: "hc_mixes",
+            keep: vec![&x.mem, fm, &m],
+        });
+        Ok((m, n_mix))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn hc_pre_op(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        w: &HcWeights<'_, CudaWeight>,
+        s: &HcShape,
+        p: Prec,
+        out: &CudaBuf,
+        mix: &CudaBuf,
+    ) -> Result<()> {
+        if s.n > 8 {
+            return Err(bad("hc_pre: at most 8 streams"));
+        }
+        let (bm, _) = w.base.values().map_err(weight_err)?;
+        let (sm, _) = w.scale.values().map_err(weight_err)?;
+        let nd = s.n * s.d;
+        let n_mix = (2 + s.n) * s.n;
+        if rows == 1 {
+            let (fm, len) = w.fn_.values().map_err(weight_err)?;
+            if len != n_mix * nd {
+                return Err(bad("hc_pre: fn is not [(2 + N)·N, N·D]"));
+            }
+            let m = self.scratch_mem("hc_m", n_mix * 4)?;
+            let counter = self.scratch_mem("hc_counter", 4)?;
+            let partials =
+                self.scratch_mem("hc_partials", s.d.div_ceil(HC_COLS) * (n_mix + 1) * 8)?;
+            let args = HcPreArgs {
+                fn_: fm.ptr(),
+                m: m.ptr(),
+                partials: partials.ptr(),
+                counter: counter.ptr(),
+                base: bm.ptr(),
+                scale: sm.ptr(),
+                out: self.buf_of(out, s.d, "hc_pre")?,
+                mix: self.buf_of(mix, s.mix_len(), "hc_pre mix")?,
+                n: s.n as i32,
+                d: s.d as i32,
+                iters: s.iters as i32,
+                rb: rb(p),
+                eps: s.eps,
+                norm_eps: s.norm_eps,
+            };
+            let xp = self.buf_of(x, nd, "hc_pre")?;
+            self.record(
+                Op::HcPre { x: xp, args },
+                &[
+                    &x.mem, fm, &m, &counter, &partials, bm, sm, &out.mem, &mix.mem,
+                ],
+            );
+            return Ok(());
+        }
+        let (m, got) = self.hc_mixes(x, rows, w.fn_, s, "hc_m")?;
+        if got != n_mix {
+            return Err(bad("hc_pre: fn rows"));
+        }
+        let mut a = KArgs::default();
+        a.push(m.ptr())
+            .push(self.buf_of(x, rows * s.n * s.d, "hc_pre")?)
+            .push(bm.ptr())
+            .push(sm.ptr())
+            .push(self.buf_of(out, rows * s.d, "hc_pre")?)
+            .push(self.buf_of(mix, rows * s.mix_len(), "hc_pre mix")?)
+            .push(s.n as i32)
+            .push(s.d as i32)
+            .push(s.iters as i32)
+            .push(s.eps)
+            .push(rb(p));
+        self.launch_op(Launch {
+            f: self.k.hc_pre_finish,
+            grid: (rows as u32, 1, 1),
+            block: 256,
+            smem: 0,
+            args: a,
+            label: "hc_pre",
+            keep: vec![&m, &x.mem, bm, sm, &out.mem, &mix.mem],
+        });
+        Ok(())
+    }
+
+    pub(crate) fn hc_post_op(
+        &self,
+        x: &CudaBuf,
+        y: &CudaBuf,
+        mix: &CudaBuf,
+        rows: usize,
+        s: &HcShape,
+        p: Prec,
+    ) -> Result<()> {
+        if rows == 1 {
+            let args = HcPostArgs {
+                x: self.buf_of(x, s.n * s.d, "hc_post")?,
+                y: self.buf_of(y, s.d, "hc_post")?,
+                mix: self.buf_of(mix, s.mix_len(), "hc_post")?,
+                n: s.n as i32,
+                d: s.d as i32,
+                rb: rb(p),
+            };
+            self.record(Op::HcPost(args), &[&x.mem, &y.mem, &mix.mem]);
+            return Ok(());
+        }
+        let mut a = KArgs::default();
+        a.push(self.buf_of(x, rows * s.n * s.d, "hc_post")?)
+            .push(self.buf_of(y, rows * s.d, "hc_post")?)
+            .push(self.buf_of(mix, rows * s.mix_len(), "hc_post")?)
+            .push(rows as i32)
+            .push(s.n as i32)
+            .push(s.d as i32)
+            .push(rb(p));
+        self.launch_op(Launch {
+            f: self.k.hc_post,
+            grid: (blocks((rows * s.d) as u64, 256), 1, 1),
+            block: 256,
+            smem: 0,
+            args: a,
+            label: "hc_post",
+            keep: vec![&x.mem, &y.mem, &mix.mem],
+        });
+        Ok(())
+    }
+
+    pub(crate) fn hc_head_op(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        w: Option<&HcWeights<'_, CudaWeight>>,
+        s: &HcShape,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let mut keep = vec![&x.mem, &out.mem];
+        let learned = match w {
+            Some(w) => {
+                let (m, _) = self.hc_mixes(x, rows, w.fn_, s, "hc_head_m")?;
+                let (bm, _) = w.base.values().map_err(weight_err)?;
+                let (sm, _) = w.scale.values().map_err(weight_err)?;
+                Some((m, bm, sm))
+            }
+            None => None,
+        };
+        let (mp, bp, sp) = learned
+            .as_ref()
+            .map_or((0, 0, 0), |(m, b, s)| (m.ptr(), b.ptr(), s.ptr()));
+        if let Some((m, b, sc)) = &learned {
+            keep.extend([m, *b, *sc]);
+        }
+        let mut a = KArgs::default();
+        a.push(self.buf_of(x, rows * s.n * s.d, "hc_head")?)
+            .push(mp)
+            .push(bp)
+            .push(sp)
+            .push(self.buf_of(out, rows * s.d, "hc_head")?)
+            .push(rows as i32)
+            .push(s.n as i32)
+            .push(s.d as i32)
+            .push(s.eps)
+            .push(rb(p));
+        self.launch_op(Launch {
+            f: self.k.hc_head,
+            grid: (blocks((rows * s.d) as u64, 256), 1, 1),
+            block: 256,
+            smem: 0,
+            args: a,
+            label: "hc_head",
+            keep,
+        });
+        Ok(())
+    }
+
+    /// The recurrence (or, with `step`, the fused one-token step) for key heads of `dk`.
+    fn delta_fn(&self, dk: usize, step: bool) -> Result<Func> {
+        let k = &self.k;
+        let (f16, f32_, f64_, f128) = if step {
+            (
+                k.delta_step_16,
+                k.delta_step_32,
+                k.delta_step_64,
+                k.delta_step_128,
+            )
+        } else {
+            (
+                k.delta_recurrent_16,
+                k.delta_recurrent_32,
+                k.delta_recurrent_64,
+                k.delta_recurrent_128,
+            )
+        };
+        // The smallest compiled size that holds dk (the kernels pad the rest).
+        match dk {
+            0 => Err(bad("delta_net: key heads of 0")),
+            1..=16 => Ok(f16),
+            17..=32 => Ok(f32_),
+            33..=64 => Ok(f64_),
+            65..=128 => Ok(f128),
+            _ => Err(EngineError::Unsupported {
+                backend: "cuda",
+                what: format!("delta-rule key heads of {dk} (at most 128 are compiled)"),
+            }),
+        }
+    }
+
+    fn delta_common(sh: &DeltaShape, p: Prec) -> DeltaParams {
+        DeltaParams {
+            hk: sh.k_heads as i32,
+            hv: sh.v_heads as i32,
+            dk: sh.k_dim as i32,
+            dv: sh.v_dim as i32,
+            kc: sh.kernel as i32,
+            gc: sh.gate_channels as i32,
+            gate: matches!(sh.gate, Gate::Softplus) as i32,
+            lb: match sh.gate {
+                Gate::LowerBound(lb) => lb,
+                Gate::Softplus => 0.0,
+            },
+            rb: rb(p),
+            ..DeltaParams::default()
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn delta_net_op(
+        &self,
+        rows: Range<usize>,
+        x: &DeltaIn<'_, CudaBackend>,
+        w: &DeltaWeights<'_, CudaWeight>,
+        state: &mut DeltaState<'_, CudaBackend>,
+        journal: Option<&mut DeltaJournal<CudaBackend>>,
+        sh: &DeltaShape,
+        _form: DeltaForm,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let n = rows.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if sh.kernel > 9 || sh.v_dim > 256 || sh.k_dim > 256 {
+            return Err(bad("delta_net: conv kernel ≤ 9, heads ≤ 256"));
+        }
+        let recurrent = self.delta_fn(sh.k_dim, false)?;
+        let (qk, vl, gl) = (sh.qk_len(), sh.v_len(), sh.g_len());
+        let c = 2 * qk + vl;
+        let end = rows.end;
+        let mixed = self.scratch_mem("delta_mixed", n * c * 4)?;
+        let kq = self.scratch_mem("delta_q", n * qk * 4)?;
+        let kk = self.scratch_mem("delta_k", n * qk * 4)?;
+        let kv = self.scratch_mem("delta_v", n * vl * 4)?;
+        let kg = self.scratch_mem("delta_g", n * gl * 4)?;
+        let kb = self.scratch_mem("delta_b", n * sh.v_heads * 4)?;
+        let (cq, _) = w.conv[0].values().map_err(weight_err)?;
+        let (ck, _) = w.conv[1].values().map_err(weight_err)?;
+        let (cv, _) = w.conv[2].values().map_err(weight_err)?;
+        let (dt, _) = w.dt_bias.values().map_err(weight_err)?;
+        let (dc, _) = w.decay.values().map_err(weight_err)?;
+        let mut prm = DeltaParams {
+            q: self.buf_of(x.q, end * qk, "delta_net q")?,
+            k: self.buf_of(x.k, end * qk, "delta_net k")?,
+            v: self.buf_of(x.v, end * vl, "delta_net v")?,
+            g0: self.buf_of(x.g, end * gl, "delta_net g")?,
+            b: self.buf_of(x.beta, end * sh.v_heads, "delta_net beta")?,
+            conv_w: [cq.ptr(), ck.ptr(), cv.ptr()],
+            dt_bias: dt.ptr(),
+            decay: dc.ptr(),
+            conv_state: self.buf_of(state.conv, sh.conv_len(), "delta_net conv state")?,
+            mixed: mixed.ptr(),
+            kq: kq.ptr(),
+            kk: kk.ptr(),
+            kv: kv.ptr(),
+            kg: kg.ptr(),
+            kb: kb.ptr(),
+            step: self.step_ptr(),
+            out: self.buf_of(out, end * vl, "delta_net out")?,
+            s: self.buf_of(state.s, sh.state_len(), "delta_net state")?,
+            row0: rows.start as i32,
+            n: n as i32,
+            ..Self::delta_common(sh, p)
+        };
+        let mut keep: Vec<&Arc<DevMem>> = vec![
+            &x.q.mem,
+            &x.k.mem,
+            &x.v.mem,
+            &x.g.mem,
+            &x.beta.mem,
+            cq,
+            ck,
+            cv,
+            dt,
+            dc,
+            &state.conv.mem,
+            &state.s.mem,
+            &mixed,
+            &kq,
+            &kk,
+            &kv,
+            &kg,
+            &kb,
+            &out.mem,
+        ];
+        if let Some(j) = journal.as_deref() {
+            prm.jpre = self.buf_of(&j.pre, j.cap * c, "journal")?;
+            prm.jk = self.buf_of(&j.k, j.cap * qk, "journal")?;
+            prm.jv = self.buf_of(&j.v, j.cap * vl, "journal")?;
+            prm.jg = self.buf_of(&j.g, j.cap * gl, "journal")?;
+            prm.jb = self.buf_of(&j.beta, j.cap * sh.v_heads, "journal")?;
+            prm.cap = j.cap as i32;
+            keep.extend([&j.pre.mem, &j.k.mem, &j.v.mem, &j.g.mem, &j.beta.mem]);
+        }
+        let threads = (sh
+            .k_dim
+            .max(sh.v_dim)
+            .max(sh.gate_channels)
+            .next_multiple_of(32)) as u32;
+        // One token with a value head per key head: the whole step in one launch.
+        if n == 1 && sh.k_heads == sh.v_heads && sh.gate_channels <= sh.k_dim {
+            self.launch_op(Launch {
+                f: self.delta_fn(sh.k_dim, true)?,
+                grid: (sh.v_heads as u32, 1, 1),
+                block: threads,
+                smem: 0,
+                args: Self::args(prm),
+                label: "delta_step",
+                keep,
+            });
+            return Ok(());
+        }
+        let launches = [
+            (
+                self.k.delta_conv,
+                (n as u32, blocks(c as u64, 256), 1),
+                256,
+                "delta_conv",
+            ),
+            (
+                self.k.delta_inputs,
+                (n as u32, sh.v_heads as u32, 1),
+                threads,
+                "delta_inputs",
+            ),
+            (
+                self.k.delta_conv_state,
+                (blocks(c as u64, 256), 1, 1),
+                256,
+                "delta_conv_state",
+            ),
+            (
+                recurrent,
+                (sh.v_heads as u32, 1, 1),
+                sh.v_dim.next_multiple_of(32) as u32,
+                "delta_recurrent",
+            ),
+        ];
+        for (f, grid, block, label) in launches {
+            self.launch_op(Launch {
+                f,
+                grid,
+                block,
+                smem: 0,
+                args: Self::args(prm),
+                label,
+                keep: keep.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn delta_replay_op(
+        &self,
+        j: &DeltaJournal<CudaBackend>,
+        range: Range<usize>,
+        sh: &DeltaShape,
+        state: &mut DeltaState<'_, CudaBackend>,
+    ) -> Result<()> {
+        let n = range.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let recurrent = self.delta_fn(sh.k_dim, false)?;
+        let (qk, vl, gl) = (sh.qk_len(), sh.v_len(), sh.g_len());
+        let c = 2 * qk + vl;
+        let prm = DeltaParams {
+            conv_state: self.buf_of(state.conv, sh.conv_len(), "delta_replay")?,
+            jpre: self.buf_of(&j.pre, j.cap * c, "journal")?,
+            kq: self.buf_of(&j.k, j.cap * qk, "journal")?,
+            kk: self.buf_of(&j.k, j.cap * qk, "journal")?,
+            kv: self.buf_of(&j.v, j.cap * vl, "journal")?,
+            kg: self.buf_of(&j.g, j.cap * gl, "journal")?,
+            kb: self.buf_of(&j.beta, j.cap * sh.v_heads, "journal")?,
+            s: self.buf_of(state.s, sh.state_len(), "delta_replay")?,
+            n: n as i32,
+            cap: j.cap as i32,
+            src_cap: j.cap as i32,
+            src_pos: range.start as i32,
+            ..Self::delta_common(sh, Prec::F32)
+        };
+        let keep = vec![
+            &j.pre.mem,
+            &j.k.mem,
+            &j.v.mem,
+            &j.g.mem,
+            &j.beta.mem,
+            &state.conv.mem,
+            &state.s.mem,
+        ];
+        self.launch_op(Launch {
+            f: self.k.delta_conv_state,
+            grid: (blocks(c as u64, 256), 1, 1),
+            block: 256,
+            smem: 0,
+            args: Self::args(prm),
+            label: "delta_conv_state",
+            keep: keep.clone(),
+        });
+        self.launch_op(Launch {
+            f: recurrent,
+            grid: (sh.v_heads as u32, 1, 1),
+            block: sh.v_dim.next_multiple_of(32) as u32,
+            smem: 0,
+            args: Self::args(prm),
+            label: "delta_recurrent",
+            keep,
+        });
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gated_norm_op(
+        &self,
+        o: &CudaBuf,
+        z: &CudaBuf,
+        w: &CudaWeight,
+        rows: usize,
+        sh: &DeltaShape,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let (wm, len) = w.values().map_err(weight_err)?;
+        if len != sh.v_dim {
+            return Err(bad("gated_norm: weight length"));
+        }
+        let n = rows * sh.v_len();
+        let heads = (rows * sh.v_heads) as i64;
+        let mut a = KArgs::default();
+        a.push(self.buf_of(o, n, "gated_norm")?)
+            .push(self.buf_of(z, n, "gated_norm")?)
+            .push(wm.ptr())
+            .push(self.buf_of(out, n, "gated_norm")?)
+            .push(heads)
+            .push(sh.v_dim as i32)
+            .push(sh.eps)
+            .push((sh.out_gate == OutGate::Silu) as i32)
+            .push(rb(p));
+        self.launch_op(Launch {
+            f: self.k.gated_norm,
+            grid: (blocks(heads as u64, 8), 1, 1),
+            block: 256,
+            smem: 0,
+            args: a,
+            label: "gated_norm",
+            keep: vec![&o.mem, &z.mem, wm, &out.mem],
+        });
+        Ok(())
+    }
+
+    pub(crate) fn store_rows_op(
+        &self,
+        src: &CudaBuf,
+        rows: usize,
+        row_len: usize,
+        dst: &CudaBuf,
+        cap: usize,
+    ) -> Result<()> {
+        if rows > cap {
+            return Err(bad("store_rows: more rows than slots"));
+        }
+        let mut a = KArgs::default();
+        a.push(self.step_ptr())
+            .push(self.buf_of(src, rows * row_len, "store_rows")?)
+            .push(self.buf_of(dst, cap * row_len, "store_rows")?)
+            .push(rows as i32)
+            .push(row_len as i32)
+            .push(cap as i32);
+        self.elementwise(
+            self.k.store_rows,
+            (rows * row_len) as u64,
+            a,
+            "store_rows",
+            vec![&src.mem, &dst.mem],
+        );
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn compress_op(
+        &self,
+        step: &CudaStep,
+        kv: &CudaBuf,
+        gate: &CudaBuf,
+        cap: usize,
+        ape: &CudaWeight,
+        norm: Option<&CudaWeight>,
+        rope: Option<&Rope>,
+        sh: &CompressShape,
+        p: Prec,
+        entries: &CudaBuf,
+    ) -> Result<()> {
+        let rl = sh.row_len();
+        if sh.rate > 256 || (sh.overlap && sh.rate > 128) {
+            return Err(bad("compress: windows of at most 256 slots"));
+        }
+        let (am, al) = ape.values().map_err(weight_err)?;
+        if al != sh.rate * rl {
+            return Err(bad("compress: ape shape"));
+        }
+        let mut keep = vec![&kv.mem, &gate.mem, am, &entries.mem];
+        let np = match norm {
+            Some(w) => {
+                let (m, l) = w.values().map_err(weight_err)?;
+                if l != sh.dim {
+                    return Err(bad("compress: norm length"));
+                }
+                keep.push(m);
+                m.ptr()
+            }
+            None => 0,
+        };
+        let inv = rope.map(|r| self.rope_table(r)).transpose()?;
+        if let Some(m) = &inv {
+            keep.push(m);
+        }
+        let prm = CompressParams {
+            step: self.step_ptr(),
+            kv: self.buf_of(kv, cap * rl, "compress kv")?,
+            gate: self.buf_of(gate, cap * rl, "compress gate")?,
+            ape: am.ptr(),
+            norm: np,
+            entries: entries.ptr(),
+            inv_freq: inv.as_ref().map_or(0, |m| m.ptr()),
+            cap: cap as i32,
+            m: sh.rate as i32,
+            c: sh.dim as i32,
+            overlap: sh.overlap as i32,
+            rope_dims: rope.map_or(0, |r| r.n_dims as i32),
+            rb: rb(p),
+            eps: sh.norm_eps,
+            mscale: rope.and_then(|r| r.yarn).map_or(1.0, |y| y.mscale),
+        };
+        self.launch_op(Launch {
+            f: self.k.compress_windows,
+            grid: ((step.n_tok / sh.rate + 2) as u32, 1, 1),
+            block: 128,
+            smem: (sh.dim * 4) as u32,
+            args: Self::args(prm),
+            label: "compress",
+            keep,
+        });
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dsa_select_op(
+        &self,
+        q: &CudaBuf,
+        w: &CudaBuf,
+        entries: &CudaBuf,
+        rows: usize,
+        sh: &SelectShape,
+        ids: &CudaBuf,
+    ) -> Result<()> {
+        let max_entries = entries.len / sh.dim;
+        let scores = self.scratch_mem("dsa_scores", rows * max_entries * 4)?;
+        let prm = SelectParams {
+            step: self.step_ptr(),
+            q: self.buf_of(q, rows * sh.heads * sh.dim, "dsa_select q")?,
+            w: self.buf_of(w, rows * sh.heads, "dsa_select w")?,
+            entries: entries.ptr(),
+            scores: scores.ptr(),
+            ids: self.buf_of(ids, rows * sh.top_k, "dsa_select ids")?,
+            rows: rows as i32,
+            heads: sh.heads as i32,
+            dim: sh.dim as i32,
+            rate: sh.rate as i32,
+            top_k: sh.top_k as i32,
+            max_entries: max_entries as i32,
+            scale: sh.scale,
+            wscale: sh.weights_scale,
+        };
+        let keep = vec![&q.mem, &w.mem, &entries.mem, &scores, &ids.mem];
+        self.launch_op(Launch {
+            f: self.k.dsa_scores,
+            grid: (rows as u32, blocks(max_entries as u64, 8), 1),
+            block: 256,
+            smem: 0,
+            args: Self::args(prm),
+            label: "dsa_scores",
+            keep: keep.clone(),
+        });
+        self.launch_op(Launch {
+            f: self.k.dsa_topk,
+            grid: (rows as u32, 1, 1),
+            block: 256,
+            smem: 0,
+            args: Self::args(prm),
+            label: "dsa_topk",
+            keep,
+        });
+        Ok(())
+    }
+
+    /// Multi-head latent attention. F32 and ggml arithmetic absorb `k_b` into the query
+    /// and `v_b` into the output (q̃_h = k_b[h] q_h, attention over the latents, then
+    /// v_b[h] ctx_h); the bf16 reference's arithmetic expands every cached latent into
+    /// rounded per-head keys and values first (`mla_expand`), as the CPU backend does.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn mla_op(
+        &self,
+        q: &CudaBuf,
+        latent: &CudaBuf,
+        k_b: &CudaWeight,
+        v_b: &CudaWeight,
+        sel: Option<&CudaBuf>,
+        rows: usize,
+        sh: &MlaShape,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let (ha, rkv, dn, dv) = (sh.heads, sh.rank, sh.qk_dim, sh.v_dim);
+        if rkv.max(dn) > MLA_QMAX || rkv.max(dv) > MLA_VMAX {
+            return Err(bad(format!(
+                "mla_attention: rank {rkv}, key {dn} and value {dv} must be at most {MLA_QMAX}"
+            )));
+        }
+        let ps = sh.select;
+        let max_tok = match (sel, ps) {
+            (Some(_), Some(s)) => s.per_query * s.pool + s.pool,
+            _ => 0,
+        };
+        let cap = latent.len / rkv;
+        let mut keep = vec![&latent.mem];
+        let sp = match sel {
+            Some(s) => {
+                keep.push(&s.mem);
+                s.ptr()
+            }
+            None => 0,
+        };
+        let common = MlaParams {
+            step: self.step_ptr(),
+            q: 0,
+            keys: 0,
+            vals: 0,
+            sel: sp,
+            out: 0,
+            k_ts: 0,
+            v_ts: 0,
+            k_hs: 0,
+            v_hs: 0,
+            kdim: 0,
+            vdim: 0,
+            rows: rows as i32,
+            heads: ha as i32,
+            pool: ps.map_or(1, |s| s.pool as i32),
+            per_q: ps.map_or(0, |s| s.per_query as i32),
+            tail: ps.is_some_and(|s| s.tail) as i32,
+            rb: 0,
+            scale: sh.scale,
+        };
+        let attend = |prm: MlaParams, keep: Vec<&Arc<DevMem>>| {
+            self.launch_op(Launch {
+                f: self.k.mla_attend,
+                grid: ((rows * ha) as u32, 1, 1),
+                block: 256,
+                smem: (max_tok * 4) as u32,
+                args: Self::args(prm),
+                label: "mla_attend",
+                keep,
+            })
+        };
+        if p == Prec::Bf16 {
+            let (kbm, kty, ..) = float_mat(k_b)?;
+            let (vbm, vty, ..) = float_mat(v_b)?;
+            if kty != vty {
+                return Err(bad("mla_attention: k_b and v_b of different types"));
+            }
+            let kexp = self.scratch_mem("mla_kexp", cap * ha * dn * 4)?;
+            let vexp = self.scratch_mem("mla_vexp", cap * ha * dv * 4)?;
+            let mut a = KArgs::default();
+            a.push(self.step_ptr())
+                .push(latent.ptr())
+                .push(kbm.ptr())
+                .push(vbm.ptr())
+                .push(kty as i32)
+                .push(kexp.ptr())
+                .push(vexp.ptr())
+                .push(ha as i32)
+                .push(rkv as i32)
+                .push(dn as i32)
+                .push(dv as i32);
+            self.launch_op(Launch {
+                f: self.k.mla_expand,
+                grid: (cap as u32, ha as u32, 1),
+                block: 128,
+                smem: 0,
+                args: a,
+                label: "mla_expand",
+                keep: vec![&latent.mem, kbm, vbm, &kexp, &vexp],
+            });
+            keep.extend([&q.mem, &kexp, &vexp, &out.mem]);
+            attend(
+                MlaParams {
+                    q: self.buf_of(q, rows * ha * dn, "mla_attention q")?,
+                    keys: kexp.ptr(),
+                    vals: vexp.ptr(),
+                    out: self.buf_of(out, rows * ha * dv, "mla_attention out")?,
+                    k_ts: (ha * dn) as i64,
+                    v_ts: (ha * dv) as i64,
+                    k_hs: dn as i32,
+                    v_hs: dv as i32,
+                    kdim: dn as i32,
+                    vdim: dv as i32,
+                    rb: 1,
+                    ..common
+                },
+                keep,
+            );
+            return Ok(());
+        }
+        let qt = self.scratch_mem("mla_qt", rows * ha * rkv * 4)?;
+        let ctx = self.scratch_mem("mla_ctx", rows * ha * rkv * 4)?;
+        let qt_buf = CudaBuf {
+            mem: qt.clone(),
+            len: rows * ha * rkv,
+        };
+        let ctx_buf = CudaBuf {
+            mem: ctx.clone(),
+            len: rows * ha * rkv,
+        };
+        self.head_matmul(k_b, q, rows, ha, Prec::F32, &qt_buf)?;
+        keep.extend([&qt, &ctx]);
+        attend(
+            MlaParams {
+                q: qt.ptr(),
+                keys: latent.ptr(),
+                vals: latent.ptr(),
+                out: ctx.ptr(),
+                k_ts: rkv as i64,
+                v_ts: rkv as i64,
+                kdim: rkv as i32,
+                vdim: rkv as i32,
+                ..common
+            },
+            keep,
+        );
+        self.head_matmul(v_b, &ctx_buf, rows, ha, p, out)
+    }
+
+    /// `out[t, h] = w[h] · x[t, h]` for a stack of `heads` matrices, float or quantized
+    /// (the expert GEMV with slot h using matrix h).
+    fn head_matmul(
+        &self,
+        w: &CudaWeight,
+        x: &CudaBuf,
+        rows: usize,
+        heads: usize,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let CudaWeight::Matrix { mem, m, estride, n } = w else {
+            return self.float_matmul(w, None, x, rows, heads, p, out);
+        };
+        if *n as usize != heads {
+            return Err(bad(format!("a stack of {n} matrices over {heads} heads")));
+        }
+        let (n_out, n_in) = (m.rows as usize, m.cols as usize);
+        let prm = ExpertGemv {
+            w: m.planes,
+            w2: m.planes,
+            estride: estride.map(|v| v as i64),
+            estride2: estride.map(|v| v as i64),
+            ty: m.ty as i32,
+            ty2: m.ty as i32,
+            x: self.buf_of(x, rows * heads * n_in, "per-head product")?,
+            x_tstride: n_in as i32,
+            ids: 0,
+            k: heads as i32,
+            n_in: n_in as i32,
+            rows: n_out as i32,
+            need: if uses_q8k(m.ty) { 2 } else { 1 },
+            rb: rb(p),
+            lim: f32::INFINITY,
+            out: self.buf_of(out, rows * heads * n_out, "per-head product")?,
+        };
+        self.launch_op(Launch {
+            f: self.k.gemv_experts_down,
+            grid: (blocks(n_out as u64, 64), (rows * heads) as u32, 1),
+            block: 256,
+            smem: crate::layout::gemv_smem_bytes(n_in) as u32,
+            args: Self::args(prm),
+            label: "gemv_heads",
+            keep: vec![mem, &x.mem, &out.mem],
+        });
+        Ok(())
+    }
+}
