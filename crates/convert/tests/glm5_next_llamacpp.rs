@@ -31,7 +31,6 @@ fn ours(outtype: OutType) -> GgufFile {
         output: out.clone(),
         outtype,
         expert_type: None,
-        mtp: false,
         vocab_from: None,
         name: None,
         synthetic: None,
