@@ -1,10 +1,12 @@
 # DS4Server — the two commands a new user needs:
 #   make chat   build the release binary, fetch the default model if absent, start a chat
 #   make test   fetch the test models if absent, then run the whole test suite
-.PHONY: chat build models test-models test lint
+.PHONY: chat build models test-models nextest test lint
 
 BIN := target/release/ds4-server
 
+# `make test` reuses this build: crates/workspace-hack (kept by `cargo hakari generate`)
+# gives the binary the same dependency features as the test suite's build.
 build:
 	cargo build --release --bin ds4-server
 
@@ -20,7 +22,10 @@ models: build
 test-models:
 	scripts/fetch-test-models.sh
 
-test: test-models
+nextest:
+	@command -v cargo-nextest >/dev/null || { echo "make test needs cargo-nextest: cargo install cargo-nextest --locked"; exit 1; }
+
+test: nextest test-models
 	cargo nextest run --workspace --release --no-fail-fast
 	cargo test --workspace --release --doc
 

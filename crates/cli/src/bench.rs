@@ -17,12 +17,14 @@
 //! a real shape with random weights built in GPU memory (`ds4-server synth` writes the
 //! same weights as a file).
 
+use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use ds4_args::int;
 use ds4_cuda::CudaBackend;
 use ds4_engine::sampler::{Rng, SamplerParams, sample};
 use ds4_engine::{LoadedModel, Session};
@@ -32,7 +34,9 @@ use ds4_measure::stats::Summary;
 use ds4_tokenizer::{ChatMessage, RenderOptions};
 use serde_json::{Map, Value, json};
 
-use crate::common::{BackendKind, Loaded, ModelArgs, init_threads, load_on, model_path};
+use crate::common::{
+    BackendKind, Loaded, ModelArgs, error_text, init_threads, load_on, model_path,
+};
 use crate::gpu_probe::{self, GpuProbeArgs, ProbeHandle, set_phase};
 
 /// Fixed prose for the prefill prompt (original text, repeated as needed).
@@ -51,13 +55,16 @@ pub struct BenchArgs {
     pub synthetic: Option<String>,
     /// Prompt lengths for the prefill measurement, comma-separated
     /// (default: 512; on CUDA 512,4096).
-    #[arg(long = "prefill-tokens", value_delimiter = ',', value_name = "N[,N…]")]
+    #[arg(long = "prefill-tokens", value_delimiter = ',', value_name = "N[,N…]",
+          allow_negative_numbers = true, value_parser = int::<usize>(1..))]
     pub prefill_tokens: Vec<usize>,
     /// Tokens for the decode measurement.
-    #[arg(long = "decode-tokens", default_value_t = 128)]
+    #[arg(long = "decode-tokens", value_name = "N", default_value_t = 128,
+          allow_negative_numbers = true, value_parser = int::<usize>(1..))]
     pub decode_tokens: usize,
     /// Counted runs of each measurement (after one warm-up).
-    #[arg(long = "runs", default_value_t = 5)]
+    #[arg(long = "runs", value_name = "N", default_value_t = 5,
+          allow_negative_numbers = true, value_parser = int::<usize>(1..))]
     pub runs: usize,
     /// Print JSON instead of a table.
     #[arg(long = "json")]
@@ -254,9 +261,6 @@ impl Measured {
 }
 
 pub fn main(args: BenchArgs) -> Result<()> {
-    if args.runs == 0 || args.decode_tokens == 0 || args.prefill_sizes().contains(&0) {
-        bail!("--runs, --prefill-tokens and --decode-tokens must be at least 1");
-    }
     let backend = match args.model.backend {
         BackendKind::Cpu => "cpu",
         BackendKind::Cuda => "cuda",
@@ -274,7 +278,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
     let mut receipt = Receipt::start(ReceiptKind::Bench, &ctx);
     let result = path.and_then(|_| run(&args, &mut receipt));
     if let Err(e) = &result {
-        receipt.record_failure("bench", &format!("{e:#}"));
+        receipt.record_failure("bench", &error_text(e));
     }
     receipt.finish_time();
     args.receipt
@@ -282,12 +286,34 @@ pub fn main(args: BenchArgs) -> Result<()> {
         .context("writing the receipt")?;
     result?;
     if receipt.is_failed() {
-        bail!(
-            "{} measurement(s) failed (see the receipt)",
-            receipt.failures.len()
-        );
+        bail!("{}", failure_summary(&receipt.failures));
     }
     Ok(())
+}
+
+/// One line for failed measurements: how many, then each distinct reason with the
+/// measurements it stopped (`prefill 512 run 2`, `decode warm-up`).
+fn failure_summary(failures: &[Failure]) -> String {
+    let mut reasons: Vec<(&str, Vec<String>)> = Vec::new();
+    for f in failures {
+        let what = match f.run {
+            Some(i) => format!("{} run {}", f.stage, i + 1),
+            None => f.stage.clone(),
+        };
+        match reasons.iter_mut().find(|(m, _)| *m == f.message) {
+            Some((_, whats)) => whats.push(what),
+            None => reasons.push((&f.message, vec![what])),
+        }
+    }
+    let reasons: Vec<String> = reasons
+        .iter()
+        .map(|(m, whats)| format!("{}: {m}", whats.join(", ")))
+        .collect();
+    format!(
+        "{} measurement(s) failed — {}",
+        failures.len(),
+        reasons.join("; ")
+    )
 }
 
 fn run(args: &BenchArgs, receipt: &mut Receipt) -> Result<()> {
@@ -299,7 +325,7 @@ fn run(args: &BenchArgs, receipt: &mut Receipt) -> Result<()> {
         Ok(l) => l,
         Err(e) => {
             gpu_probe::finish(probe);
-            return Err(e.context("loading the model"));
+            return Err(e);
         }
     };
     let cuda = cuda.map(|backend| {
@@ -337,15 +363,19 @@ fn measure(
     let question = [ChatMessage::new("user", DECODE_QUESTION)];
     let (_, chat) = lm.chat_prompt(&question, &RenderOptions::default())?;
     let sizes = args.prefill_sizes();
+    check_context(args, lm, &sizes, chat.len())?;
     let n_ctx = sizes
         .iter()
         .copied()
         .fold(args.model.n_ctx(lm), usize::max)
         .max(chat.len() + args.decode_tokens + 1);
-    let mut fail = |stage: &str, run: Option<usize>, e: anyhow::Error| {
+    let mut progress = Progress::new(args.runs);
+    let mut fail = |progress: &mut Progress, stage: &str, run: Option<usize>, e: anyhow::Error| {
+        let message = error_text(&e);
+        progress.failed(&message);
         receipt.push_failure(Failure {
             stage: stage.to_string(),
-            message: format!("{e:#}"),
+            message,
             turn: None,
             run,
         });
@@ -355,42 +385,54 @@ fn measure(
         let prompt = prefill_prompt(lm, n);
         set_phase(probe, "prefill");
         let mut runs = Vec::new();
+        progress.start(&format!("prefill {n} tokens"));
         match prefill_run(lm, n_ctx, &prompt) {
-            Err(e) => fail(&format!("prefill {n} warm-up"), None, e),
+            Err(e) => fail(&mut progress, &format!("prefill {n} warm-up"), None, e),
             Ok(_) => {
+                progress.warmed_up();
                 for i in 0..args.runs {
                     match prefill_run(lm, n_ctx, &prompt) {
-                        Ok(t) => runs.push(Some(t)),
+                        Ok(t) => {
+                            progress.run(t.tok_s);
+                            runs.push(Some(t));
+                        }
                         Err(e) => {
-                            fail(&format!("prefill {n}"), Some(i), e);
+                            fail(&mut progress, &format!("prefill {n}"), Some(i), e);
                             runs.push(None);
                         }
                     }
                 }
             }
         }
+        progress.end();
         set_phase(probe, "idle");
         prefill.push((n, runs));
     }
     let (mut decode, mut replays) = (Vec::new(), Vec::new());
     let replays_so_far = || cuda.map(|c| c.backend.stats().graph_replays);
+    progress.start(&format!("decode {} tokens", args.decode_tokens));
     match decode_run(lm, n_ctx, &chat, args.decode_tokens, probe) {
-        Err(e) => fail("decode warm-up", None, e),
+        Err(e) => fail(&mut progress, "decode warm-up", None, e),
         Ok(_) => {
+            progress.warmed_up();
             for i in 0..args.runs {
                 let before = replays_so_far();
                 let t = decode_run(lm, n_ctx, &chat, args.decode_tokens, probe);
                 replays.push(before.zip(replays_so_far()).map(|(b, a)| a - b));
                 match t {
-                    Ok(t) => decode.push(Some(t)),
+                    Ok(t) => {
+                        progress.run(t.tok_s);
+                        decode.push(Some(t));
+                    }
                     Err(e) => {
-                        fail("decode", Some(i), e);
+                        fail(&mut progress, "decode", Some(i), e);
                         decode.push(None);
                     }
                 }
             }
         }
     }
+    progress.end();
     set_phase(probe, "idle");
     Ok(Measured {
         prefill,
@@ -399,6 +441,73 @@ fn measure(
         decode_prompt_tokens: chat.len(),
         kernels_per_token: cuda.map(|c| c.backend.stats().decode_kernels),
     })
+}
+
+/// Refuses measurements the model cannot hold: a prefill longer than its trained
+/// context, or a decode whose prompt plus tokens exceed it.
+fn check_context(
+    args: &BenchArgs,
+    lm: &LoadedModel,
+    sizes: &[usize],
+    chat_tokens: usize,
+) -> Result<()> {
+    let train = lm.model.info().n_ctx_train;
+    if train == 0 {
+        return Ok(());
+    }
+    if let Some(n) = sizes.iter().find(|&&n| n > train) {
+        bail!(
+            "--prefill-tokens {n}: longer than the {train} tokens this model was trained for (use 1 to {train})"
+        );
+    }
+    let need = chat_tokens + args.decode_tokens + 1;
+    if need > train {
+        bail!(
+            "--decode-tokens {}: the decode prompt ({chat_tokens} tokens) plus {} tokens exceed the {train} tokens this model was trained for (use at most {})",
+            args.decode_tokens,
+            args.decode_tokens,
+            train.saturating_sub(chat_tokens + 1)
+        );
+    }
+    Ok(())
+}
+
+/// Progress on stderr while measuring (the table or JSON comes on stdout at the end):
+/// one line per measurement, its runs' tokens/s appended as they finish.
+struct Progress {
+    runs: usize,
+}
+
+impl Progress {
+    fn new(runs: usize) -> Self {
+        Progress { runs }
+    }
+
+    fn say(text: &str) {
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(text.as_bytes());
+        let _ = err.flush();
+    }
+
+    fn start(&mut self, what: &str) {
+        Self::say(&format!("bench: {what}: warm-up"));
+    }
+
+    fn warmed_up(&mut self) {
+        Self::say(&format!(", {} runs (tok/s):", self.runs));
+    }
+
+    fn run(&mut self, tok_s: f64) {
+        Self::say(&format!(" {tok_s:.1}"));
+    }
+
+    fn failed(&mut self, message: &str) {
+        Self::say(&format!(" failed ({message})"));
+    }
+
+    fn end(&mut self) {
+        Self::say("\n");
+    }
 }
 
 /// Decode steps of the measured runs (each run decodes `decode_tokens` tokens; the
@@ -555,4 +664,32 @@ fn print(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(stage: &str, run: Option<usize>, message: &str) -> Failure {
+        Failure {
+            stage: stage.into(),
+            message: message.into(),
+            turn: None,
+            run,
+        }
+    }
+
+    #[test]
+    fn failure_summary_gives_each_reason_once_with_what_it_stopped() {
+        let f = [
+            failure("prefill 512", Some(1), "out of memory"),
+            failure("decode warm-up", None, "context full"),
+            failure("prefill 512", Some(3), "out of memory"),
+        ];
+        assert_eq!(
+            failure_summary(&f),
+            "3 measurement(s) failed — prefill 512 run 2, prefill 512 run 4: out of memory; \
+             decode warm-up: context full"
+        );
+    }
 }

@@ -1,7 +1,14 @@
 //! `ds4-server chat`: interactive multi-turn chat. The transcript stays in one session,
 //! so each turn prefills only the text the template adds after the common prefix.
-//! Commands: `/reset`, `/system TEXT`, `/quit`. Ctrl-C stops the current answer and
-//! returns to the prompt; at the prompt it quits.
+//! Commands: `/help`, `/reset`, `/system [TEXT]`, `/quit`. Ctrl-C stops the current
+//! answer and returns to the prompt; at the prompt it quits.
+//!
+//! Ctrl-C: the terminal sends SIGINT, which the `ctrlc` handler turns into a flag that
+//! the token callback checks before each decode step. The line editor (rustyline) is
+//! built with its `signal-hook` feature so that it never installs a SIGINT handler of its
+//! own: without it, rustyline replaces ours for the editor's whole life and swallows
+//! every Ctrl-C pressed while an answer streams (its handler only writes to a pipe that
+//! it reads during `readline`). At the prompt the editor reads Ctrl-C as a key.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::ops::ControlFlow;
@@ -26,13 +33,37 @@ pub struct ChatArgs {
     #[arg(long = "system")]
     pub system: Option<String>,
     /// Most tokens per answer.
-    #[arg(
-        short = 'n',
-        long = "n-predict",
-        default_value_t = 2048,
-        allow_negative_numbers = true
-    )]
+    #[arg(short = 'n', long = "n-predict", value_name = "N", default_value_t = 2048,
+          allow_negative_numbers = true, value_parser = ds4_args::int::<usize>(0..))]
     pub n_predict: usize,
+}
+
+/// What `/help` prints.
+const HELP: &str = "\
+commands:
+  /help         this list
+  /reset        clear the conversation (the system message is kept)
+  /system TEXT  set the system message and clear the conversation
+  /system       remove the system message and clear the conversation
+  /quit, /exit  leave (also Ctrl-D, or Ctrl-C at the prompt)
+Ctrl-C while an answer streams stops it and returns to the prompt.";
+
+/// What `/reset` says: the conversation is cleared, and whether a system message stays.
+fn reset_message(system: Option<&str>) -> String {
+    match system {
+        Some(s) => format!(
+            "(conversation cleared; the system message is kept: {s:?} — `/system` alone removes it)"
+        ),
+        None => "(conversation cleared)".to_string(),
+    }
+}
+
+/// What `/system` says after setting (`Some`) or removing (`None`) the system message.
+fn system_message(system: Option<&str>) -> String {
+    match system {
+        Some(s) => format!("(system message set to {s:?}; conversation cleared)"),
+        None => "(system message removed; conversation cleared)".to_string(),
+    }
 }
 
 /// Reads user lines: a line editor on a terminal, plain lines otherwise.
@@ -87,7 +118,7 @@ pub fn main(args: ChatArgs) -> Result<()> {
         })?;
     }
     eprintln!(
-        "{} ({}, {} layers) — /reset, /system TEXT, /quit; Ctrl-C stops an answer",
+        "{} ({}, {} layers) — /help for commands; Ctrl-C stops an answer",
         lm.model.info().name,
         lm.model.info().architecture,
         lm.model.info().n_layer
@@ -108,20 +139,24 @@ pub fn main(args: ChatArgs) -> Result<()> {
             .map_or((line, ""), |(c, r)| (c, r.trim()))
         {
             ("/quit" | "/exit", _) => break,
+            ("/help", _) => {
+                eprintln!("{HELP}");
+                continue;
+            }
             ("/reset", _) => {
                 history.clear();
                 session.reset()?;
-                eprintln!("(conversation cleared)");
+                eprintln!("{}", reset_message(system.as_deref()));
                 continue;
             }
             ("/system", text) => {
                 system = (!text.is_empty()).then(|| text.to_string());
                 history.clear();
-                eprintln!("(system message set; conversation cleared)");
+                eprintln!("{}", system_message(system.as_deref()));
                 continue;
             }
             (cmd, _) if cmd.starts_with('/') => {
-                eprintln!("unknown command {cmd}: /reset, /system TEXT, /quit");
+                eprintln!("unknown command {cmd} (/help lists the commands)");
                 continue;
             }
             _ => {}

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use ds4_args::{int, real};
 use ds4_cuda::CudaBackend;
 use ds4_engine::LoadedModel;
 use ds4_engine::generate::GenerateStats;
@@ -22,10 +23,10 @@ pub struct ModelArgs {
     pub model: Option<PathBuf>,
     /// Context size in tokens (default: 4096, or the model's trained context if smaller;
     /// at most the trained context).
-    #[arg(long = "ctx")]
+    #[arg(long = "ctx", value_name = "N", allow_negative_numbers = true, value_parser = int::<usize>(1..))]
     pub ctx: Option<usize>,
     /// CPU threads (default or 0: all cores; at most 8 per core).
-    #[arg(short = 't', long = "threads")]
+    #[arg(short = 't', long = "threads", value_name = "N", allow_negative_numbers = true, value_parser = int::<usize>(0..))]
     pub threads: Option<usize>,
     /// Where the model runs.
     #[arg(long = "backend", value_enum, default_value_t = BackendKind::Cpu)]
@@ -66,38 +67,20 @@ pub struct Loaded {
 #[derive(Args, Debug, Clone)]
 pub struct SamplingArgs {
     /// Temperature, 0 to 100; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 1.0, allow_negative_numbers = true, value_parser = temperature)]
+    #[arg(long = "temp", default_value_t = 1.0, allow_negative_numbers = true, value_parser = real::<f32>(0.0..=100.0))]
     pub temp: f32,
     /// Keep the k most likely tokens (0: off).
-    #[arg(long = "top-k", default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(0..))]
+    #[arg(long = "top-k", default_value_t = 0, allow_negative_numbers = true, value_parser = int::<i32>(0..))]
     pub top_k: i32,
     /// Nucleus sampling threshold, 0 to 1 (as in ds4, 0 and 1 both turn it off).
-    #[arg(long = "top-p", default_value_t = 1.0, allow_negative_numbers = true, value_parser = unit_interval)]
+    #[arg(long = "top-p", default_value_t = 1.0, allow_negative_numbers = true, value_parser = real::<f32>(0.0..=1.0))]
     pub top_p: f32,
     /// Drop tokens less likely than min-p × the top token's probability (0 to 1).
-    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true, value_parser = unit_interval)]
+    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true, value_parser = real::<f32>(0.0..=1.0))]
     pub min_p: f32,
     /// RNG seed, a non-negative integer (default: from the clock).
-    #[arg(long = "seed", allow_negative_numbers = true)]
+    #[arg(long = "seed", allow_negative_numbers = true, value_parser = int::<u64>(..))]
     pub seed: Option<u64>,
-}
-
-/// `s` as a number from `lo` to `hi` (the server's ranges), for clap value parsers.
-fn in_range(s: &str, lo: f32, hi: f32) -> Result<f32, String> {
-    let x: f32 = s.parse().map_err(|e| format!("{e}"))?;
-    if (lo..=hi).contains(&x) {
-        Ok(x)
-    } else {
-        Err(format!("must be between {lo} and {hi}, got {s}"))
-    }
-}
-
-fn unit_interval(s: &str) -> Result<f32, String> {
-    in_range(s, 0.0, 1.0)
-}
-
-fn temperature(s: &str) -> Result<f32, String> {
-    in_range(s, 0.0, 100.0)
 }
 
 impl SamplingArgs {
@@ -180,9 +163,6 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
 /// Loads the model named by `args` on the chosen backend.
 pub fn load_on(args: &ModelArgs) -> Result<Loaded> {
     init_threads(args.threads)?;
-    if args.ctx == Some(0) {
-        bail!("--ctx must be at least 1");
-    }
     let path = model_path(args)?;
     let cuda = match args.backend {
         BackendKind::Cpu => None,
@@ -251,6 +231,25 @@ impl PrefillProgress {
     }
 }
 
+/// An error and its causes on one line, `outer: inner: …`, each text once. Some library
+/// errors print their source in their own message (`{path}: {source}`) and also return
+/// it from `source()`, and a context may be added twice on the way up; printing the
+/// chain as is would repeat them (`… (os error 2): No such file … (os error 2)`).
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 /// The one-line summary printed on stderr after each answer.
 pub fn stats_line(s: &GenerateStats) -> String {
     let rate = |r: Option<f64>| r.map_or_else(|| "-".to_string(), |r| format!("{r:.1}"));
@@ -263,4 +262,48 @@ pub fn stats_line(s: &GenerateStats) -> String {
         rate(s.decode_tps()),
         s.stop.as_str()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Wrapping {
+        source: std::io::Error,
+    }
+
+    impl std::fmt::Display for Wrapping {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "receipt /x/r.json: {}", self.source)
+        }
+    }
+
+    impl std::error::Error for Wrapping {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn error_text_says_each_cause_once() {
+        let io = std::io::Error::from_raw_os_error(2);
+        let io_text = io.to_string();
+        let e = anyhow::Error::new(Wrapping { source: io }).context("writing the receipt");
+        // anyhow's own chain repeats the source the message already holds.
+        assert_eq!(
+            format!("{e:#}"),
+            format!("writing the receipt: receipt /x/r.json: {io_text}: {io_text}")
+        );
+        assert_eq!(
+            error_text(&e),
+            format!("writing the receipt: receipt /x/r.json: {io_text}")
+        );
+        let twice = anyhow::anyhow!("not a GGUF file")
+            .context("loading the model")
+            .context("loading the model");
+        assert_eq!(error_text(&twice), "loading the model: not a GGUF file");
+        let distinct = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_text(&distinct), "outer: inner");
+    }
 }

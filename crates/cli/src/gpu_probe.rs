@@ -58,11 +58,8 @@ pub struct GpuProbeArgs {
     #[arg(long = "gpu-probe", value_name = "FILE")]
     pub gpu_probe: Option<PathBuf>,
     /// Milliseconds between probe samples.
-    #[arg(
-        long = "gpu-probe-interval-ms",
-        value_name = "MS",
-        default_value_t = 100
-    )]
+    #[arg(long = "gpu-probe-interval-ms", value_name = "MS", default_value_t = 100,
+          allow_negative_numbers = true, value_parser = ds4_args::int::<u64>(1..))]
     pub interval_ms: u64,
 }
 
@@ -108,7 +105,7 @@ pub fn finish(probe: Option<ProbeHandle>) {
     if let Some(p) = probe {
         match p.finish() {
             Ok(s) => eprint!("{}", s.table()),
-            Err(e) => eprintln!("gpu-probe: {e:#}"),
+            Err(e) => eprintln!("gpu-probe: {}", crate::common::error_text(&e)),
         }
     }
 }
@@ -460,10 +457,12 @@ impl Summarizer {
 #[derive(Args, Debug)]
 pub struct GpuProbeCmd {
     /// CUDA device ordinal.
-    #[arg(long = "device", default_value_t = 0)]
+    #[arg(long = "device", default_value_t = 0, allow_negative_numbers = true,
+          value_parser = ds4_args::int::<usize>(0..))]
     pub device: usize,
     /// Milliseconds between samples.
-    #[arg(long = "interval-ms", value_name = "MS", default_value_t = 100)]
+    #[arg(long = "interval-ms", value_name = "MS", default_value_t = 100,
+          allow_negative_numbers = true, value_parser = ds4_args::int::<u64>(1..))]
     pub interval_ms: u64,
     /// Write the samples and summary to FILE instead of stdout (the ready line still
     /// goes to stdout).

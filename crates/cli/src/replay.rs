@@ -29,7 +29,8 @@ pub struct ReplayArgs {
     #[arg(long = "tokens")]
     pub tokens: PathBuf,
     /// Tokens evaluated in the first prefill (default: all).
-    #[arg(long = "prefill")]
+    #[arg(long = "prefill", value_name = "N", allow_negative_numbers = true,
+          value_parser = ds4_args::int::<usize>(1..))]
     pub prefill: Option<usize>,
     /// Write every logits row as little-endian f32.
     #[arg(long = "dump-logits")]
@@ -38,7 +39,8 @@ pub struct ReplayArgs {
     #[arg(long = "dump-logprobs")]
     pub dump_logprobs: Option<PathBuf>,
     /// How many log-probabilities per position.
-    #[arg(long = "top-k", default_value_t = 10)]
+    #[arg(long = "top-k", value_name = "K", default_value_t = 10, allow_negative_numbers = true,
+          value_parser = ds4_args::int::<usize>(1..))]
     pub top_k: usize,
 }
 

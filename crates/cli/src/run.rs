@@ -29,12 +29,8 @@ pub struct RunArgs {
     #[arg(long = "system")]
     pub system: Option<String>,
     /// Most tokens to generate.
-    #[arg(
-        short = 'n',
-        long = "n-predict",
-        default_value_t = 512,
-        allow_negative_numbers = true
-    )]
+    #[arg(short = 'n', long = "n-predict", value_name = "N", default_value_t = 512,
+          allow_negative_numbers = true, value_parser = ds4_args::int::<usize>(0..))]
     pub n_predict: usize,
     /// Use the prompt as raw text, without the chat template.
     #[arg(long = "no-template")]

@@ -20,10 +20,12 @@ pub struct SynthArgs {
     /// The GGUF file to write (overwritten).
     pub out: PathBuf,
     /// Write only N layers of the real layer schedule (default: to the last layer).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = ds4_args::int::<usize>(1..))]
     pub layers: Option<usize>,
     /// Real layer index of the file's first layer.
-    #[arg(long, value_name = "K", default_value_t = 0)]
+    #[arg(long, value_name = "K", default_value_t = 0, allow_negative_numbers = true,
+          value_parser = ds4_args::int::<usize>(0..))]
     pub first_layer: usize,
 }
 

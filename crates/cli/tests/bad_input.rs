@@ -153,3 +153,60 @@ fn prompt_longer_than_the_context() {
     ]);
     fails_with(&out, "but the context holds 64");
 }
+
+/// Asserts a clean failure whose one error line holds each of `parts` exactly once.
+fn fails_once_with(out: &Output, parts: &[&str]) {
+    fails_with(out, parts[0]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err.lines().find(|l| l.starts_with("error:")).unwrap();
+    for part in parts {
+        assert_eq!(
+            line.matches(part).count(),
+            1,
+            "'{part}' not once in: {line}"
+        );
+    }
+}
+
+#[test]
+fn error_lines_do_not_repeat_themselves() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_gguf = dir.path().join("notes.gguf");
+    std::fs::write(&not_gguf, "just some text, not a model").unwrap();
+    let not_gguf = not_gguf.to_str().unwrap();
+    // ENOENT as the OS words it ("No such file or directory (os error 2)").
+    let enoent = std::io::Error::from_raw_os_error(2).to_string();
+
+    // bench and run load the same way: "loading the model" once.
+    let loading = ["loading the model", "not a GGUF file"];
+    fails_once_with(&run(&["bench", "-m", not_gguf]), &loading);
+    fails_once_with(&run(&["run", "-m", not_gguf, "-p", "x"]), &loading);
+    // convert: a missing checkpoint directory names the file and the OS error once.
+    let missing = dir.path().join("no-such-checkpoint");
+    let out = run(&[
+        "convert",
+        missing.to_str().unwrap(),
+        "-o",
+        dir.path().join("x.gguf").to_str().unwrap(),
+    ]);
+    fails_once_with(&out, &["config.json", &enoent]);
+    // Receipts that cannot be read (compare) or written (bench).
+    let receipt = dir.path().join("missing-dir").join("r.json");
+    let receipt = receipt.to_str().unwrap();
+    fails_once_with(&run(&["compare", receipt, receipt]), &["r.json", &enoent]);
+    let tiny = tiny_model(dir.path());
+    let out = run(&[
+        "bench",
+        "-m",
+        tiny.to_str().unwrap(),
+        "--prefill-tokens",
+        "8",
+        "--decode-tokens",
+        "2",
+        "--runs",
+        "1",
+        "--receipt",
+        receipt,
+    ]);
+    fails_once_with(&out, &["writing the receipt", "r.json", &enoent]);
+}

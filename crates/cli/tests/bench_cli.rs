@@ -126,3 +126,119 @@ fn synthetic_needs_cuda() {
         );
     }
 }
+
+/// A tiny model written by `ds4-server synth` (trained context 2048), in `dir`.
+fn tiny_model(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("tiny.gguf");
+    let out = run(&["synth", "tiny-llama:q4_0", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", show(&out));
+    path
+}
+
+/// The `error:` lines of an output.
+fn error_lines(out: &std::process::Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("error:"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_measurement_the_model_cannot_hold_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny_model(dir.path());
+    let receipt = dir.path().join("r.json");
+    let m = m.to_str().unwrap();
+    let out = run(&[
+        "bench",
+        "-m",
+        m,
+        "--prefill-tokens",
+        "16,9000",
+        "--runs",
+        "1",
+        "--receipt",
+        receipt.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert_eq!(
+        error_lines(&out),
+        [
+            "error: --prefill-tokens 9000: longer than the 2048 tokens this model was trained for (use 1 to 2048)"
+        ],
+        "{}",
+        show(&out)
+    );
+    // The receipt says the same.
+    let r = json(&receipt);
+    assert_eq!(r["status"], "failed");
+    assert_eq!(
+        r["failures"][0]["message"],
+        "--prefill-tokens 9000: longer than the 2048 tokens this model was trained for (use 1 to 2048)"
+    );
+
+    let out = run(&["bench", "-m", m, "--decode-tokens", "2040", "--runs", "1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let errors = error_lines(&out);
+    assert_eq!(errors.len(), 1, "{}", show(&out));
+    assert!(
+        errors[0].starts_with("error: --decode-tokens 2040: the decode prompt (")
+            && errors[0].contains("exceed the 2048 tokens this model was trained for"),
+        "{}",
+        show(&out)
+    );
+}
+
+#[test]
+fn progress_is_shown_while_measuring() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny_model(dir.path());
+    let out = run(&[
+        "bench",
+        "-m",
+        m.to_str().unwrap(),
+        "--prefill-tokens",
+        "16,24",
+        "--decode-tokens",
+        "4",
+        "--runs",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", show(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let progress: Vec<&str> = err.lines().filter(|l| l.starts_with("bench: ")).collect();
+    assert_eq!(progress.len(), 3, "{err}");
+    // Each line names its measurement and shows the runs' figures, the same numbers the
+    // JSON reports (to one decimal).
+    let figures = |runs: &serde_json::Value| -> String {
+        runs.as_array()
+            .unwrap()
+            .iter()
+            .map(|v| format!(" {:.1}", v.as_f64().unwrap()))
+            .collect()
+    };
+    assert_eq!(
+        progress[0],
+        format!(
+            "bench: prefill 16 tokens: warm-up, 2 runs (tok/s):{}",
+            figures(&doc["prefill"][0]["runs"])
+        )
+    );
+    assert_eq!(
+        progress[1],
+        format!(
+            "bench: prefill 24 tokens: warm-up, 2 runs (tok/s):{}",
+            figures(&doc["prefill"][1]["runs"])
+        )
+    );
+    assert_eq!(
+        progress[2],
+        format!(
+            "bench: decode 4 tokens: warm-up, 2 runs (tok/s):{}",
+            figures(&doc["decode"]["runs"])
+        )
+    );
+}

@@ -171,7 +171,8 @@ pub struct ConvertArgs {
     #[arg(long = "synthetic", value_enum)]
     pub synthetic: Option<synth::Preset>,
     /// Seed of the synthetic weights.
-    #[arg(long = "seed", default_value_t = 1)]
+    #[arg(long = "seed", default_value_t = 1, allow_negative_numbers = true,
+          value_parser = ds4_args::int::<u64>(..))]
     pub seed: u64,
 }
 

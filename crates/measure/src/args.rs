@@ -26,16 +26,20 @@ use std::time::Duration;
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct SuperviseArgs {
     /// Kill the process tree when its summed resident memory exceeds N MiB.
-    #[arg(long = "mem-mb", value_name = "N")]
+    #[arg(long = "mem-mb", value_name = "N", allow_negative_numbers = true,
+          value_parser = ds4_args::int::<u64>(1..))]
     pub mem_mb: Option<u64>,
     /// Kill it when nothing is printed within S seconds of the start.
-    #[arg(long = "start-timeout", value_name = "S", value_parser = parse_seconds)]
+    #[arg(long = "start-timeout", value_name = "S", allow_negative_numbers = true,
+          value_parser = parse_seconds)]
     pub start_timeout: Option<Duration>,
     /// Kill it when nothing is printed for S seconds.
-    #[arg(long = "idle-timeout", value_name = "S", value_parser = parse_seconds)]
+    #[arg(long = "idle-timeout", value_name = "S", allow_negative_numbers = true,
+          value_parser = parse_seconds)]
     pub idle_timeout: Option<Duration>,
     /// Emit a JSON resource sample every MS milliseconds (0: none).
-    #[arg(long = "sample-ms", value_name = "MS", default_value_t = 1000)]
+    #[arg(long = "sample-ms", value_name = "MS", default_value_t = 1000,
+          allow_negative_numbers = true, value_parser = ds4_args::int::<u64>(0..))]
     pub sample_ms: u64,
     /// Send the command's stderr and the samples to stdout too (default: stderr).
     #[arg(long)]
@@ -73,7 +77,8 @@ pub struct CompareArgs {
     #[arg(long = "b", value_name = "RECEIPT", num_args = 1..)]
     pub b: Vec<PathBuf>,
     /// Differences of medians within this are "within tolerance": `2%` or `0.02`.
-    #[arg(long, value_name = "TOL", default_value = "2%", value_parser = parse_tolerance)]
+    #[arg(long, value_name = "TOL", default_value = "2%", allow_hyphen_values = true,
+          value_parser = parse_tolerance)]
     pub tolerance: f64,
     /// Print JSON instead of the table.
     #[arg(long)]
@@ -165,14 +170,7 @@ impl ReceiptArgs {
 
 /// Parses seconds (`1.5`) into a duration; must be positive and finite.
 pub fn parse_seconds(s: &str) -> Result<Duration, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
-    if !v.is_finite() || v <= 0.0 {
-        return Err(format!("'{s}': seconds must be positive"));
-    }
-    Duration::try_from_secs_f64(v).map_err(|e| format!("'{s}': {e}"))
+    ds4_args::seconds(ds4_args::POSITIVE)(s)
 }
 
 /// Parses a tolerance: `2%` (percent) or `0.02` (a fraction below 1).
@@ -182,14 +180,11 @@ pub fn parse_tolerance(s: &str) -> Result<f64, String> {
         Some(p) => (p.trim(), 0.01),
         None => (t, 1.0),
     };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a tolerance (write 2% or 0.02)"))?;
+    let must = "must be a percentage from 0% to less than 100%, or a fraction from 0 to less than 1 (2% or 0.02)";
+    let v: f64 = num.parse().map_err(|_| must.to_string())?;
     let v = v * scale;
     if !v.is_finite() || !(0.0..1.0).contains(&v) {
-        return Err(format!(
-            "'{s}': tolerance must be in [0%, 100%) (write 2% or 0.02)"
-        ));
+        return Err(must.to_string());
     }
     Ok(v)
 }

@@ -20,5 +20,6 @@ fn sigterm_to_supervisor_reaches_the_command() {
         (ExitReason::Signal, Some(15), 143)
     );
     assert_eq!(o.forwarded_signal, Some(15));
-    assert!(t.elapsed() < Duration::from_secs(5));
+    // Well before `sleep 30` would end by itself (generous for a loaded machine).
+    assert!(t.elapsed() < Duration::from_secs(25), "{:?}", t.elapsed());
 }

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use ds4_args::int;
+
 use crate::config::ServerConfig;
 
 /// Environment variable read for the API key when `--api-key` is not given (keeps the
@@ -16,7 +18,8 @@ pub struct ServeArgs {
     #[arg(long = "host", default_value = "127.0.0.1")]
     pub host: String,
     /// Port to bind (0: any free port).
-    #[arg(long = "port", default_value_t = 8000)]
+    #[arg(long = "port", default_value_t = 8000, allow_negative_numbers = true,
+          value_parser = int::<u16>(..))]
     pub port: u16,
     /// Require this key as `Authorization: Bearer KEY` or `x-api-key: KEY` (also read
     /// from DS4_SERVER_API_KEY).
@@ -25,23 +28,31 @@ pub struct ServeArgs {
     /// Allow cross-origin requests from browsers (any origin).
     #[arg(long = "cors")]
     pub cors: bool,
-    /// Accept any model name in requests (for clients that hard-code one).
-    #[arg(long = "any-model")]
+    /// Answer 404 to requests that name another model (by default any name is accepted
+    /// and answered under the served id).
+    #[arg(long = "strict-model")]
+    pub strict_model: bool,
+    /// Accept any model name (the default now; kept so that old command lines work).
+    #[arg(long = "any-model", hide = true, conflicts_with = "strict_model")]
     pub any_model: bool,
     /// Requests that may wait while one runs; more get 429 with Retry-After.
-    #[arg(long = "queue", value_name = "N", default_value_t = 16)]
+    #[arg(long = "queue", value_name = "N", default_value_t = 16, allow_negative_numbers = true,
+          value_parser = int::<usize>(0..))]
     pub queue: usize,
     /// Largest accepted request body in bytes.
-    #[arg(long = "max-body-bytes", value_name = "BYTES", default_value_t = 32 << 20)]
+    #[arg(long = "max-body-bytes", value_name = "BYTES", default_value_t = 32 << 20,
+          allow_negative_numbers = true, value_parser = int::<usize>(1..))]
     pub max_body_bytes: usize,
     /// Another name the model answers to (repeatable).
     #[arg(long = "alias", value_name = "NAME")]
     pub aliases: Vec<String>,
     /// Seconds between SSE keep-alive comments while a request waits or prefills.
-    #[arg(long = "keepalive", value_name = "SECS", default_value_t = 10)]
+    #[arg(long = "keepalive", value_name = "SECS", default_value_t = 10,
+          allow_negative_numbers = true, value_parser = int::<u64>(1..))]
     pub keepalive_secs: u64,
     /// On SIGINT/SIGTERM, seconds the running request may take before it is cancelled.
-    #[arg(long = "shutdown-timeout", value_name = "SECS", default_value_t = 30)]
+    #[arg(long = "shutdown-timeout", value_name = "SECS", default_value_t = 30,
+          allow_negative_numbers = true, value_parser = int::<u64>(0..))]
     pub shutdown_timeout_secs: u64,
 }
 
@@ -56,7 +67,7 @@ impl ServeArgs {
                 .clone()
                 .or_else(|| std::env::var(API_KEY_ENV).ok().filter(|k| !k.is_empty())),
             cors: self.cors,
-            any_model: self.any_model,
+            strict_model: self.strict_model,
             queue: self.queue,
             max_body_bytes: self.max_body_bytes,
             aliases: self.aliases.clone(),

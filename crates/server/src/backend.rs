@@ -82,10 +82,12 @@ pub enum BackendError {
 
 /// The read-only, shareable half of a model: chat template, tokenizer and token pieces.
 pub trait Vocab: Send + Sync + 'static {
-    /// The id the server answers to (by default the GGUF file stem).
+    /// The id the server lists and answers under: a slug (see [`crate::state::slug`]),
+    /// by default of the GGUF file stem.
     fn model_id(&self) -> String;
-    /// Further names the model answers to (for instance `general.name`).
-    fn model_aliases(&self) -> Vec<String>;
+    /// The model's human-readable name (for instance GGUF `general.name`), if it has
+    /// one: shown as the display name, never as an id.
+    fn model_display_name(&self) -> Option<String>;
     /// The model's training context length in tokens (for `/v1/models`), if known.
     fn n_ctx_train(&self) -> Option<usize>;
     /// Rows of the logits (valid token ids are below this).

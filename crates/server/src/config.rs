@@ -13,8 +13,9 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Answer CORS preflights and add CORS headers (any origin).
     pub cors: bool,
-    /// Accept any model name instead of answering 404.
-    pub any_model: bool,
+    /// Answer 404 to requests naming another model (by default any name is accepted
+    /// and answered under the served id, as llama-server does).
+    pub strict_model: bool,
     /// Requests that may wait for the engine; more get 429.
     pub queue: usize,
     /// Largest request body in bytes; larger gets 413.
@@ -34,7 +35,7 @@ impl Default for ServerConfig {
             port: 8000,
             api_key: None,
             cors: false,
-            any_model: false,
+            strict_model: false,
             queue: 16,
             max_body_bytes: 32 << 20,
             aliases: Vec::new(),

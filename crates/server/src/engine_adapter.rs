@@ -29,23 +29,25 @@ use crate::backend::{
 pub struct EngineVocab {
     lm: Arc<LoadedModel>,
     id: String,
-    aliases: Vec<String>,
+    display_name: Option<String>,
 }
 
 impl EngineVocab {
-    /// The id is the GGUF file's stem; `general.name` is an alias.
+    /// The id is the slug of the GGUF file's stem; `general.name` is the display name.
     pub fn new(lm: Arc<LoadedModel>) -> Self {
-        let id = lm
+        let stem = lm
             .path
             .file_stem()
-            .map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned());
-        let name = lm.model.info().name.clone();
-        let aliases = if name.is_empty() || name == id {
-            Vec::new()
-        } else {
-            vec![name]
-        };
-        EngineVocab { lm, id, aliases }
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let id = crate::state::slug(&stem);
+        let name = lm.model.info().name.trim().to_string();
+        let display_name = (!name.is_empty()).then_some(name);
+        EngineVocab {
+            lm,
+            id,
+            display_name,
+        }
     }
 }
 
@@ -76,8 +78,8 @@ impl Vocab for EngineVocab {
         self.id.clone()
     }
 
-    fn model_aliases(&self) -> Vec<String> {
-        self.aliases.clone()
+    fn model_display_name(&self) -> Option<String> {
+        self.display_name.clone()
     }
 
     fn n_ctx_train(&self) -> Option<usize> {

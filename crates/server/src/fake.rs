@@ -113,8 +113,8 @@ impl Vocab for FakeVocab {
         "fake-model".into()
     }
 
-    fn model_aliases(&self) -> Vec<String> {
-        vec!["Fake Model 1B".into()]
+    fn model_display_name(&self) -> Option<String> {
+        Some("Fake Model 1B".into())
     }
 
     fn n_ctx_train(&self) -> Option<usize> {

@@ -141,15 +141,17 @@ pub async fn start(
         config.queue,
         metrics.clone(),
     ));
-    let mut aliases: Vec<String> = config.aliases.clone();
-    for a in vocab.model_aliases() {
-        if !aliases.iter().any(|x| x.eq_ignore_ascii_case(&a)) {
-            aliases.push(a);
+    let id = vocab.model_id();
+    let mut aliases: Vec<String> = Vec::new();
+    for a in &config.aliases {
+        if !a.eq_ignore_ascii_case(&id) && !aliases.iter().any(|x| x.eq_ignore_ascii_case(a)) {
+            aliases.push(a.clone());
         }
     }
     let names = ModelNames {
-        id: vocab.model_id(),
+        id,
         aliases,
+        display_name: vocab.model_display_name(),
     };
     let tool_format = ToolFormat::detect(&vocab.chat_template_source());
     let state = Arc::new(AppState {

@@ -48,14 +48,14 @@ async fn chat_completion_answer_and_usage() {
         v["timings"]["decode_tokens"].as_u64(),
         Some("Hello world".len() as u64 + 1)
     );
-    // Aliases and case-insensitive names answer too; the response repeats the name.
+    // Other names answer too, under the served id.
     let (status, _, v3) = post(
         &url,
         &json!({"model": "FAKE MODEL 1B", "messages": [{"role": "user", "content": "x"}]}),
     )
     .await;
     assert_eq!(status, 200);
-    assert_eq!(v3["model"], "FAKE MODEL 1B");
+    assert_eq!(v3["model"], "fake-model");
     s.shutdown().await.unwrap();
 }
 
@@ -385,10 +385,33 @@ async fn responses_answer_and_stream() {
         .collect();
     assert_eq!(seq, (0..seq.len() as u64).collect::<Vec<_>>());
     let last = events.last().unwrap().json();
+    assert_eq!(last["response"]["status"], "incomplete");
     assert_eq!(last["response"]["output"][0]["content"][0]["text"], "You ");
+    // The message the limit cut is itself incomplete, in the final response and in its
+    // `output_item.done` event, and keeps its text.
+    assert_eq!(last["response"]["output"][0]["status"], "incomplete");
+    let done: Vec<Value> = events
+        .iter()
+        .filter(|e| e.event.as_deref() == Some("response.output_item.done"))
+        .map(|e| e.json())
+        .collect();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0]["item"]["status"], "incomplete");
+    assert_eq!(done[0]["item"]["content"][0]["text"], "You ");
     assert_eq!(
         last["response"]["incomplete_details"]["reason"],
         "max_output_tokens"
+    );
+    // Not streamed: the same.
+    let (_, _, v) = post(&url, &json!({"input": input, "max_output_tokens": 4})).await;
+    assert_eq!(v["status"], "incomplete");
+    assert_eq!(v["output"][0]["status"], "incomplete");
+    assert_eq!(v["output"][0]["content"][0]["text"], "You ");
+    // A complete answer's message is completed.
+    let (_, _, v) = post(&url, &json!({"input": "ping"})).await;
+    assert_eq!(
+        (&v["status"], &v["output"][0]["status"]),
+        (&json!("completed"), &json!("completed"))
     );
     let (status, _, v) = post(
         &url,

@@ -149,21 +149,121 @@ async fn malformed_and_mistyped_requests() {
     s.shutdown().await.unwrap();
 }
 
+/// Sampling ranges follow each official API: OpenAI's `temperature` is 0 to 2,
+/// Anthropic's 0 to 1; `top_p` is 0 to 1 in both. Out of range is a 400 naming the
+/// field, in the API's error shape; the ends of each range are accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_models_and_routes() {
+async fn sampling_ranges_follow_each_api() {
     let s = fake_server(FakeConfig::default(), ServerConfig::default()).await;
     let base = s.base_url();
-    let (status, _, v) = post(
-        &format!("{base}/v1/chat/completions"),
-        &json!({"model": "gpt-5", "messages": [{"role": "user", "content": "x"}]}),
-    )
-    .await;
-    assert_eq!(status, 404);
-    assert_openai_error(&v);
-    assert_eq!(v["error"]["code"], "model_not_found");
-    let (status, _, v) = post(&format!("{base}/v1/messages"), &json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})).await;
-    assert_eq!(status, 404);
-    assert_anthropic_error(&v, "not_found_error");
+    let openai = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let anthropic = |extra: Value| {
+        let mut b = json!({"max_tokens": 3, "messages": [{"role": "user", "content": "x"}]});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let responses = |extra: Value| {
+        let mut b = json!({"input": "x", "max_output_tokens": 3});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    for (path, body, ok) in [
+        (
+            "/v1/chat/completions",
+            openai(json!({"temperature": 2})),
+            true,
+        ),
+        (
+            "/v1/chat/completions",
+            openai(json!({"temperature": 0})),
+            true,
+        ),
+        (
+            "/v1/chat/completions",
+            openai(json!({"temperature": 2.01})),
+            false,
+        ),
+        (
+            "/v1/chat/completions",
+            openai(json!({"temperature": 5})),
+            false,
+        ),
+        (
+            "/v1/chat/completions",
+            openai(json!({"temperature": -0.1})),
+            false,
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "max_tokens": 3, "temperature": 5}),
+            false,
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "max_tokens": 3, "temperature": 1.5}),
+            true,
+        ),
+        ("/v1/responses", responses(json!({"temperature": 5})), false),
+        (
+            "/v1/responses",
+            responses(json!({"temperature": 1.5})),
+            true,
+        ),
+        ("/v1/messages", anthropic(json!({"temperature": 1})), true),
+        (
+            "/v1/messages",
+            anthropic(json!({"temperature": 1.5})),
+            false,
+        ),
+        ("/v1/messages", anthropic(json!({"top_p": 1.1})), false),
+        (
+            "/v1/messages/count_tokens",
+            anthropic(json!({"temperature": 1.5})),
+            false,
+        ),
+    ] {
+        let (status, _, v) = post(&format!("{base}{path}"), &body).await;
+        if ok {
+            assert_eq!(status, 200, "{path} {body} -> {v}");
+            continue;
+        }
+        assert_eq!(status, 400, "{path} {body} -> {v}");
+        let field = if body.get("top_p").is_some() {
+            "top_p"
+        } else {
+            "temperature"
+        };
+        if path.starts_with("/v1/messages") {
+            assert_anthropic_error(&v, "invalid_request_error");
+            let msg = v["error"]["message"].as_str().unwrap();
+            assert!(
+                msg.contains(&format!("`{field}` must be between 0 and 1")),
+                "{v}"
+            );
+        } else {
+            assert_openai_error(&v);
+            assert_eq!(v["error"]["param"], field, "{v}");
+            let msg = v["error"]["message"].as_str().unwrap();
+            assert!(msg.contains("`temperature` must be between 0 and 2"), "{v}");
+        }
+    }
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_routes() {
+    let s = fake_server(FakeConfig::default(), ServerConfig::default()).await;
+    let base = s.base_url();
     let (status, _, v) = post(&format!("{base}/v1/nope"), &json!({})).await;
     assert_eq!(status, 404);
     assert_openai_error(&v);
@@ -185,45 +285,119 @@ async fn unknown_models_and_routes() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 405);
     assert_anthropic_error(&r.json().await.unwrap(), "invalid_request_error");
-    let v = get_json(&format!("{base}/v1/models")).await;
+    s.shutdown().await.unwrap();
+}
+
+/// `GET /v1/models` (OpenAI's shape, or Anthropic's with `anthropic-version`).
+async fn models(base: &str, anthropic: bool) -> Value {
+    let mut r = client().get(format!("{base}/v1/models"));
+    if anthropic {
+        r = r.header("anthropic-version", "2023-06-01");
+    }
+    r.send().await.unwrap().json().await.unwrap()
+}
+
+/// Model names, as llama-server does them: the served model answers to any name (agents
+/// send their own) under its id; `/v1/models` lists ids (slugs) and shows the GGUF's
+/// `general.name` as the display name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_model_name_is_answered_under_the_served_id() {
+    let s = fake_server(FakeConfig::default(), ServerConfig::default()).await;
+    let base = s.base_url();
+    for name in [
+        "gpt-5",
+        "claude-sonnet-4-5",
+        "Fake Model 1B",
+        "fake-model",
+        "",
+    ] {
+        let (status, _, v) = post(
+            &format!("{base}/v1/chat/completions"),
+            &json!({"model": name, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{name}: {v}");
+        assert_eq!(v["model"], "fake-model", "{name}");
+    }
+    let (status, _, v) = post(&format!("{base}/v1/messages"), &json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["model"], "fake-model");
+    let (status, _, v) = post(
+        &format!("{base}/v1/responses"),
+        &json!({"model": "gpt-4.1", "input": "x", "max_output_tokens": 5}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["model"], "fake-model");
+
+    let v = models(&base, false).await;
     assert_eq!(v["object"], "list");
-    assert_eq!(v["data"][0]["id"], "fake-model");
-    assert_eq!(v["data"][1]["id"], "Fake Model 1B");
-    let r = client()
-        .get(format!("{base}/v1/models"))
-        .header("anthropic-version", "2023-06-01")
-        .send()
-        .await
-        .unwrap();
-    let v: Value = r.json().await.unwrap();
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 1, "{v}");
+    assert_eq!(data[0]["id"], "fake-model");
+    assert_eq!(data[0]["display_name"], "Fake Model 1B");
+    let v = models(&base, true).await;
     assert_eq!(v["data"][0]["type"], "model");
+    assert_eq!(v["data"][0]["id"], "fake-model");
+    assert_eq!(v["data"][0]["display_name"], "Fake Model 1B");
     assert_eq!(v["has_more"], false);
+    let v = get_json(&format!("{base}/v1/models/gpt-5")).await;
+    assert_eq!(v["id"], "fake-model");
+    s.shutdown().await.unwrap();
+}
+
+/// `--strict-model`: only the served names answer; others get 404 in each API's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_model_names() {
+    let s = fake_server(
+        FakeConfig::default(),
+        ServerConfig {
+            strict_model: true,
+            aliases: vec!["my-alias".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    let base = s.base_url();
+    let (status, _, v) = post(
+        &format!("{base}/v1/chat/completions"),
+        &json!({"model": "gpt-5", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_openai_error(&v);
+    assert_eq!(v["error"]["code"], "model_not_found");
+    let (status, _, v) = post(&format!("{base}/v1/messages"), &json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})).await;
+    assert_eq!(status, 404);
+    assert_anthropic_error(&v, "not_found_error");
+    // The id, an alias, the display name (any case) and no name at all answer.
+    for name in ["fake-model", "MY-ALIAS", "fake model 1b"] {
+        let (status, _, v) = post(
+            &format!("{base}/v1/chat/completions"),
+            &json!({"model": name, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{name}: {v}");
+        assert_eq!(v["model"], "fake-model");
+    }
+    let v = models(&base, false).await;
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["fake-model", "my-alias"]);
     let r = client()
         .get(format!("{base}/v1/models/gpt-5"))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
-    s.shutdown().await.unwrap();
-
-    let s = fake_server(
-        FakeConfig::default(),
-        ServerConfig {
-            any_model: true,
-            aliases: vec!["my-alias".into()],
-            ..Default::default()
-        },
-    )
-    .await;
-    let (status, _, v) = post(
-        &format!("{}/v1/chat/completions", s.base_url()),
-        &json!({"model": "gpt-5", "messages": [{"role": "user", "content": "x"}]}),
-    )
-    .await;
-    assert_eq!(status, 200);
-    assert_eq!(v["model"], "gpt-5");
-    let v = get_json(&format!("{}/v1/models", s.base_url())).await;
-    assert_eq!(v["data"][1]["id"], "my-alias");
+    assert_eq!(
+        get_json(&format!("{base}/v1/models/my-alias")).await["id"],
+        "my-alias"
+    );
     s.shutdown().await.unwrap();
 }
 
@@ -356,7 +530,9 @@ async fn api_key_and_cors() {
 
 /// Waits (up to about 5 s) until `/health` shows `done`; panics saying it never `what`.
 async fn wait_for_health(base: &str, what: &str, done: impl Fn(&Value) -> bool) {
-    for _ in 0..500 {
+    // A deadline, not a count of polls: generous for a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
         if done(&health(base).await) {
             return;
         }
@@ -377,12 +553,13 @@ async fn wait_busy(base: &str) {
 }
 
 /// After a client of [`long_on_request`] left, the engine is free within a few steps
-/// (the 4000-token answer would take 20 s) and one generation counts as cancelled.
+/// (the 4000-token answer would take 20 s; the bound leaves room for a loaded machine)
+/// and one generation counts as cancelled.
 async fn freed_by_the_disconnect(base: &str) {
     let t0 = Instant::now();
     still_serving(base).await;
     assert!(
-        t0.elapsed() < Duration::from_secs(3),
+        t0.elapsed() < Duration::from_secs(10),
         "the next request waited {:?}",
         t0.elapsed()
     );
@@ -415,8 +592,9 @@ async fn disconnect_mid_stream_cancels_within_a_step() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_concurrent_clients() {
     let fake = FakeConfig {
-        // Each answer takes about 0.4 s, so the 64 requests arrive while 9 are held.
-        token_delay: Duration::from_millis(30),
+        // Each answer takes about 1.3 s, so the 64 requests arrive while 9 are held, even
+        // on a loaded machine (9 answers: 12 s to send them).
+        token_delay: Duration::from_millis(100),
         ..Default::default()
     };
     let s = fake_server(
@@ -572,8 +750,9 @@ async fn shutdown_cancels_after_the_drain_timeout() {
     wait_busy(&base).await;
     let t0 = Instant::now();
     s.shutdown().await.unwrap();
+    // The 10,000-token answer would take 50 s; the drain timeout is 0.3 s.
     assert!(
-        t0.elapsed() < Duration::from_secs(5),
+        t0.elapsed() < Duration::from_secs(20),
         "shutdown took {:?}",
         t0.elapsed()
     );
@@ -632,16 +811,24 @@ async fn health_and_metrics() {
 async fn disconnect_while_waiting_for_a_whole_answer_cancels() {
     let s = fake_server(long_on_request(), ServerConfig::default()).await;
     let base = s.base_url();
-    let quick = reqwest::Client::builder()
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let r = quick
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&chat("long please"))
-        .send()
-        .await;
-    assert!(r.is_err(), "the client gave up");
+    // The client leaves once its request runs (not after a fixed time, which on a
+    // loaded machine could pass before the request even arrived).
+    let waiting = tokio::spawn({
+        let base = base.clone();
+        async move {
+            client()
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&chat("long please"))
+                .send()
+                .await
+        }
+    });
+    wait_busy(&base).await;
+    waiting.abort();
+    assert!(
+        waiting.await.unwrap_err().is_cancelled(),
+        "the client gave up"
+    );
     freed_by_the_disconnect(&base).await;
     s.shutdown().await.unwrap();
 }

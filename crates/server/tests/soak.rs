@@ -158,7 +158,8 @@ async fn soak_short() {
         },
     )
     .await;
-    let (done, ok) = soak(&s, 8, 350, Duration::from_secs(60)).await;
+    // The budget only bounds a hung run; a loaded machine may need minutes.
+    let (done, ok) = soak(&s, 8, 350, Duration::from_secs(600)).await;
     assert_eq!(done, 350);
     assert_eq!(ok, 300, "every request but the 50 bad ones answered 200");
     s.shutdown().await.unwrap();

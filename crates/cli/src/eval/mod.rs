@@ -31,6 +31,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use ds4_args::{int, real};
 use ds4_engine::generate::{GenerateParams, GenerateStats, StopReason as EngineStop, generate};
 use ds4_engine::sampler::SamplerParams;
 use ds4_engine::{LoadedModel, Session};
@@ -43,7 +44,7 @@ use ds4_tokenizer::{ChatMessage, RenderOptions};
 use serde_json::{Map, Value, json};
 
 use crate::common::{
-    BackendKind, Loaded, ModelArgs, PrefillProgress, load_on, model_path, stats_line,
+    BackendKind, Loaded, ModelArgs, PrefillProgress, error_text, load_on, model_path, stats_line,
 };
 use crate::gpu_probe::{self, GpuProbeArgs, ProbeHandle, set_phase};
 
@@ -82,25 +83,31 @@ pub struct EvalArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Sampling temperature.
-    #[arg(long = "temp", default_value_t = 0.6)]
+    #[arg(long = "temp", default_value_t = 0.6, allow_negative_numbers = true,
+          value_parser = real::<f32>(0.0..=100.0))]
     pub temp: f32,
     /// Nucleus sampling threshold (1: off).
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(long = "top-p", default_value_t = 0.95, allow_negative_numbers = true,
+          value_parser = real::<f32>(0.0..=1.0))]
     pub top_p: f32,
     /// Keep the k most likely tokens (0: off).
-    #[arg(long = "top-k", default_value_t = 0)]
+    #[arg(long = "top-k", default_value_t = 0, allow_negative_numbers = true,
+          value_parser = int::<i32>(0..))]
     pub top_k: i32,
     /// Drop tokens less likely than min-p × the top token's probability (0: off).
-    #[arg(long = "min-p", default_value_t = 0.0)]
+    #[arg(long = "min-p", default_value_t = 0.0, allow_negative_numbers = true,
+          value_parser = real::<f32>(0.0..=1.0))]
     pub min_p: f32,
     /// RNG seed (turn i of the conversation uses seed + i).
-    #[arg(long = "seed", default_value_t = 42)]
+    #[arg(long = "seed", default_value_t = 42, allow_negative_numbers = true,
+          value_parser = int::<u64>(..))]
     pub seed: u64,
     /// Greedy decoding (argmax) instead of sampling.
     #[arg(long = "greedy")]
     pub greedy: bool,
     /// Most tokens per turn; a turn that reaches it stops with reason `length`.
-    #[arg(long = "max-tokens", default_value_t = 2048)]
+    #[arg(long = "max-tokens", default_value_t = 2048, allow_negative_numbers = true,
+          value_parser = int::<usize>(1..))]
     pub max_tokens: usize,
     /// The document to summarise (default: the one shipped with the binary).
     #[arg(long = "document", value_name = "FILE")]
@@ -109,10 +116,12 @@ pub struct EvalArgs {
     #[arg(long = "python", default_value = "python3")]
     pub python: String,
     /// Wall-clock limit of the is_prime check, seconds.
-    #[arg(long = "check-timeout", default_value_t = 20)]
+    #[arg(long = "check-timeout", default_value_t = 20, allow_negative_numbers = true,
+          value_parser = int::<u64>(1..))]
     pub check_timeout: u64,
     /// Address-space limit of the is_prime check, MiB.
-    #[arg(long = "check-memory-mb", default_value_t = 512)]
+    #[arg(long = "check-memory-mb", default_value_t = 512, allow_negative_numbers = true,
+          value_parser = int::<u64>(1..))]
     pub check_memory_mb: u64,
     /// Write the conversation (messages, answers, reasoning) as JSON to FILE.
     #[arg(long = "transcript", value_name = "FILE")]
@@ -187,9 +196,6 @@ struct TurnText {
 }
 
 pub fn main(args: EvalArgs) -> Result<()> {
-    if args.max_tokens == 0 {
-        bail!("--max-tokens must be at least 1");
-    }
     let document = match &args.document {
         Some(p) => std::fs::read_to_string(p)
             .with_context(|| format!("reading the document {}", p.display()))?,
@@ -210,7 +216,7 @@ pub fn main(args: EvalArgs) -> Result<()> {
     let mut texts = Vec::new();
     let result = path.and_then(|_| run(&args, &document, &mut receipt, &mut texts));
     if let Err(e) = &result {
-        receipt.record_failure("eval", &format!("{e:#}"));
+        receipt.record_failure("eval", &error_text(e));
     }
     receipt.finish_time();
     args.receipt
@@ -286,7 +292,7 @@ fn conversation(
         Err(e) => {
             receipt.push_failure(Failure {
                 stage: "warmup".into(),
-                message: format!("{e:#}"),
+                message: error_text(&e),
                 turn: None,
                 run: None,
             });
@@ -366,7 +372,7 @@ fn conversation(
             Err(e) => {
                 receipt.push_failure(Failure {
                     stage: "turn".into(),
-                    message: format!("{e:#}"),
+                    message: error_text(&e),
                     turn: Some(i),
                     run: None,
                 });

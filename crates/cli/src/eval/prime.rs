@@ -439,7 +439,8 @@ mod tests {
         // An endless loop at import time: killed at the timeout.
         let t0 = Instant::now();
         let (c, infra) = check(Some("while True:\n    pass\n"), &opts);
-        assert!(t0.elapsed() < Duration::from_secs(10));
+        // Killed at the 3 s timeout; the bound leaves room for a loaded machine.
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
         assert_eq!(infra, None);
         assert!(c.error.unwrap().contains("timed out"));
         // 2 GiB allocation under the 512 MiB address-space limit.

@@ -9,8 +9,30 @@ use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
 use super::common::{GenFields, resolve_model};
-use super::error::ApiError;
+use super::error::{ApiError, Flavor};
 use crate::state::AppState;
+
+/// A generation request type and the API it belongs to (whose documented ranges its
+/// sampling fields are checked against).
+pub trait ApiRequest: DeserializeOwned {
+    const FLAVOR: Flavor;
+}
+
+impl ApiRequest for super::openai_chat::ChatRequest {
+    const FLAVOR: Flavor = Flavor::OpenAi;
+}
+
+impl ApiRequest for super::openai_completions::CompletionRequest {
+    const FLAVOR: Flavor = Flavor::OpenAi;
+}
+
+impl ApiRequest for super::openai_responses::ResponsesRequest {
+    const FLAVOR: Flavor = Flavor::OpenAi;
+}
+
+impl ApiRequest for super::anthropic::MessagesRequest {
+    const FLAVOR: Flavor = Flavor::Anthropic;
+}
 
 /// Bytes past the limit that are still read (and dropped) so the client, which is
 /// still sending, sees the 413 instead of a reset connection.
@@ -61,9 +83,9 @@ pub struct GenRequest<T> {
     pub model: String,
 }
 
-/// Reads a generation request's body (the shared fields first, then those of `T`) and
-/// resolves its model name.
-pub async fn read_request<T: DeserializeOwned>(
+/// Reads a generation request's body (the shared fields first, checked against the
+/// ranges of `T`'s API, then those of `T`) and resolves its model name.
+pub async fn read_request<T: ApiRequest>(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
@@ -71,6 +93,7 @@ pub async fn read_request<T: DeserializeOwned>(
     let bytes = read_body(headers, body, state.config.max_body_bytes).await?;
     let value = json_object(&bytes)?;
     let common: GenFields = from_value(&value)?;
+    common.check_api_ranges(T::FLAVOR)?;
     let api = from_value(&value)?;
     let model = resolve_model(state, common.model.as_deref())?;
     Ok(GenRequest { api, common, model })

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::error::ApiError;
+use super::error::{ApiError, Flavor};
 use crate::backend::{ChatTurn, GenSettings, SamplerSettings};
 use crate::state::AppState;
 
@@ -103,6 +103,18 @@ pub fn clock_seed() -> u64 {
 }
 
 impl GenFields {
+    /// Checks the sampling fields against the ranges the official API documents:
+    /// `temperature` 0 to 2 (OpenAI) or 0 to 1 (Anthropic), `top_p` 0 to 1. The
+    /// extensions (`top_k`, `min_p`) are checked by [`GenFields::settings`].
+    pub fn check_api_ranges(&self, api: Flavor) -> Result<(), ApiError> {
+        let max_temperature = match api {
+            Flavor::OpenAi => 2.0,
+            Flavor::Anthropic => 1.0,
+        };
+        check_range("temperature", self.temperature, 0.0, max_temperature)?;
+        check_range("top_p", self.top_p, 0.0, 1.0)
+    }
+
     /// Whether the answer is to be streamed.
     pub fn streams(&self) -> bool {
         self.stream == Some(true)
@@ -167,13 +179,17 @@ pub fn max_tokens_field(name: &str, v: Option<u64>) -> Result<Option<usize>, Api
     }
 }
 
-/// The model name to answer with: the requested name when the server serves it (or
-/// runs with `--any-model`), the served id when none was given.
+/// The model name to answer with: always the served id. Any requested name is
+/// accepted (agents send their own, `claude-…`, `gpt-…`), unless the server runs with
+/// `--strict-model`, where only its names are (else 404).
 pub fn resolve_model(state: &AppState, requested: Option<&str>) -> Result<String, ApiError> {
     match requested {
-        None | Some("") => Ok(state.names.id.clone()),
-        Some(name) if state.config.any_model || state.names.matches(name) => Ok(name.to_string()),
-        Some(name) => Err(ApiError::model_not_found(name, &state.names.id)),
+        Some(name)
+            if state.config.strict_model && !name.is_empty() && !state.names.matches(name) =>
+        {
+            Err(ApiError::model_not_found(name, &state.names.id))
+        }
+        _ => Ok(state.names.id.clone()),
     }
 }
 

@@ -75,7 +75,7 @@ impl ApiError {
             StatusCode::NOT_FOUND,
             ErrorKind::NotFound,
             format!(
-                "model '{name}' is not served here (this server serves '{served}'; start it with --any-model to accept any name)"
+                "model '{name}' is not served here (this server serves '{served}'; without --strict-model it accepts any name)"
             ),
         );
         e.param = Some("model".into());

@@ -18,8 +18,8 @@ fn is_anthropic(headers: &HeaderMap) -> bool {
 }
 
 fn openai_model(state: &AppState, id: &str) -> Value {
-    let mut m =
-        json!({"id": id, "object": "model", "created": state.started, "owned_by": "ds4-server"});
+    let mut m = json!({"id": id, "object": "model", "created": state.started, "owned_by": "ds4-server",
+                       "display_name": state.names.display()});
     m["context_length"] = json!(state.worker.n_ctx());
     if let Some(n) = state.vocab.n_ctx_train() {
         m["max_model_len"] = json!(n);
@@ -28,12 +28,12 @@ fn openai_model(state: &AppState, id: &str) -> Value {
 }
 
 fn anthropic_model(state: &AppState, id: &str) -> Value {
-    json!({"type": "model", "id": id, "display_name": id, "created_at": ds4_measure::time::rfc3339_utc_secs(state.started)})
+    json!({"type": "model", "id": id, "display_name": state.names.display(), "created_at": ds4_measure::time::rfc3339_utc_secs(state.started)})
 }
 
 /// `GET /v1/models`.
 pub async fn list(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let names: Vec<&String> = state.names.all().collect();
+    let names: Vec<&String> = state.names.ids().collect();
     if is_anthropic(&headers) {
         let data: Vec<Value> = names.iter().map(|n| anthropic_model(&state, n)).collect();
         let first = names.first().map(|s| s.as_str());
@@ -47,14 +47,16 @@ pub async fn list(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Res
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
-/// `GET /v1/models/{id}`.
+/// `GET /v1/models/{id}`: the served model for any id (under the id asked for when it
+/// is one of the listed ids, else under the served id), or 404 for another name with
+/// `--strict-model`.
 pub async fn get(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
     let anthropic = is_anthropic(&headers);
-    if !(state.names.matches(&id) || state.config.any_model) {
+    if state.config.strict_model && !state.names.matches(&id) {
         let flavor = if anthropic {
             Flavor::Anthropic
         } else {
@@ -62,6 +64,12 @@ pub async fn get(
         };
         return ApiError::model_not_found(&id, &state.names.id).into_response_as(flavor);
     }
+    let id = state
+        .names
+        .ids()
+        .find(|n| n.eq_ignore_ascii_case(&id))
+        .unwrap_or(&state.names.id)
+        .clone();
     let body = if anthropic {
         anthropic_model(&state, &id)
     } else {

@@ -281,12 +281,21 @@ pub async fn handler(
             "completed",
         ));
     }
-    Ok(axum::Json(meta.response(
-        status_of(&done.finish),
-        items,
-        Some((&done.usage, done.reasoning_tokens)),
-    ))
-    .into_response())
+    let status = status_of(&done.finish);
+    if status == "incomplete" {
+        // The item being written when the limit came is cut short, as OpenAI marks it.
+        if let Some(last) = items
+            .iter_mut()
+            .rev()
+            .find(|i| i["type"] == "message" || i["type"] == "function_call")
+        {
+            last["status"] = json!("incomplete");
+        }
+    }
+    Ok(
+        axum::Json(meta.response(status, items, Some((&done.usage, done.reasoning_tokens))))
+            .into_response(),
+    )
 }
 
 /// Request fields the response object repeats.
@@ -322,11 +331,13 @@ fn text_part(text: &str) -> Value {
     json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
 }
 
+/// A message item; `in_progress` ones (just opened) have no content yet, `completed`
+/// and `incomplete` (cut by the token limit) ones hold their text.
 fn message_item(id: &str, text: &str, status: &str) -> Value {
-    let content = if status == "completed" {
-        vec![text_part(text)]
-    } else {
+    let content = if status == "in_progress" {
         Vec::new()
+    } else {
+        vec![text_part(text)]
     };
     json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
 }
@@ -410,8 +421,14 @@ impl ResponseStream {
         self.items.len()
     }
 
-    /// Closes the open item, if any.
+    /// Closes the open item, if any, as completed.
     fn close(&mut self) -> Vec<Event> {
+        self.close_as("completed")
+    }
+
+    /// Closes the open item, if any, with `status` (`completed`, or `incomplete` when
+    /// the token limit cut it).
+    fn close_as(&mut self, status: &str) -> Vec<Event> {
         let Some(open) = self.open.take() else {
             return Vec::new();
         };
@@ -424,7 +441,7 @@ impl ResponseStream {
                 (vec![self.event("response.reasoning_text.done", done)], item)
             }
             Open::Message { id, text } => {
-                let item = message_item(&id, &text, "completed");
+                let item = message_item(&id, &text, status);
                 let a = self.event(
                     "response.output_text.done",
                     json!({"item_id": id, "output_index": idx, "content_index": 0, "text": text, "logprobs": []}),
@@ -441,7 +458,7 @@ impl ResponseStream {
                 name,
                 arguments,
             } => {
-                let item = call_item(&id, &call_id, &name, &arguments, "completed");
+                let item = call_item(&id, &call_id, &name, &arguments, status);
                 let done = json!({"item_id": id, "output_index": idx, "name": name, "arguments": arguments});
                 (
                     vec![self.event("response.function_call_arguments.done", done)],
@@ -565,16 +582,16 @@ impl StreamFormat for ResponseStream {
     }
 
     fn finished(&mut self, fin: &Finished, reasoning_tokens: usize) -> Vec<Event> {
-        let mut events = self.close();
+        let status = status_of(&fin.reason);
+        let mut events = self.close_as(status);
         if self.items.is_empty() {
             // An empty answer is still one (empty) message.
             events.extend(self.open_item(Open::Message {
                 id: new_id("msg_"),
                 text: String::new(),
             }));
-            events.extend(self.close());
+            events.extend(self.close_as(status));
         }
-        let status = status_of(&fin.reason);
         let r = self.meta.response(
             status,
             self.items.clone(),

@@ -84,11 +84,9 @@ def chat_checks(url):
     comp = oa.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
     check("openai completions", isinstance(comp.choices[0].text, str) and comp.usage.completion_tokens > 0, comp)
 
-    try:
-        oa.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
-        check("openai unknown model -> NotFoundError", False, "no error")
-    except openai.NotFoundError as e:
-        check("openai unknown model -> NotFoundError", "no-such-model" in str(e), str(e))
+    # An agent's own model name is accepted and answered under the served id.
+    other = oa.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    check("openai other model name -> served id", other.model == model, other.model)
     try:
         oa.chat.completions.create(model=model, messages=[])
         check("openai empty messages -> BadRequestError", False, "no error")
@@ -118,11 +116,13 @@ def chat_checks(url):
     n = an.messages.count_tokens(model=model, messages=[{"role": "user", "content": "Hello there"}])
     check("anthropic count_tokens", n.input_tokens > 3, n)
 
+    other = an.messages.create(model="claude-agent-model", max_tokens=2, messages=[{"role": "user", "content": "x"}])
+    check("anthropic other model name -> served id", other.model == model, other.model)
     try:
-        an.messages.create(model="claude-nope", max_tokens=5, messages=[{"role": "user", "content": "x"}])
-        check("anthropic unknown model -> NotFoundError", False, "no error")
-    except anthropic.NotFoundError as e:
-        check("anthropic unknown model -> NotFoundError", e.body["error"]["type"] == "not_found_error", e.body)
+        an.messages.create(model=model, max_tokens=5, messages=[{"role": "user", "content": "x"}], extra_body={"temperature": 1.5})
+        check("anthropic temperature 1.5 -> BadRequestError", False, "no error")
+    except anthropic.BadRequestError as e:
+        check("anthropic temperature 1.5 -> BadRequestError", "temperature" in str(e), str(e))
 
 
 WEATHER = {
