@@ -20,8 +20,8 @@ use ds4_gguf::{GgufFile, GgufWriter};
 
 use super::DeepSeek4;
 use crate::backend::cpu::CpuBackend;
+pub use crate::fixtures::*;
 use crate::model::{Logits, Model};
-pub use crate::test_support::*;
 
 pub type Cpu = DeepSeek4<CpuBackend>;
 
