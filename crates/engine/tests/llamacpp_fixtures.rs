@@ -4,8 +4,6 @@
 //! llama.cpp's own tokens, our top-1 equals theirs wherever the recorded gap is ≥ 0.05
 //! and our log-probabilities of their recorded top-10 are within 0.1 (first 8 steps).
 
-mod common;
-
 use ds4_engine::generate::{GenerateParams, generate};
 use ds4_engine::logprobs::{logprob, top_logprobs};
 use ds4_engine::sampler::SamplerParams;
@@ -39,7 +37,7 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn load_cases(json: &str) -> Option<(String, Vec<Case>)> {
-    let path = common::fixture(&format!("llamacpp/{json}"))?;
+    let path = ds4_testkit::fixture(&format!("llamacpp/{json}"))?;
     let doc: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let key = doc["model"]["key"].as_str().unwrap().to_string();
     let cases = doc["cases"]
@@ -97,7 +95,7 @@ fn load_cases(json: &str) -> Option<(String, Vec<Case>)> {
 
 fn open(json: &str) -> Option<(LoadedModel, Vec<Case>)> {
     let (key, cases) = load_cases(json)?;
-    let model = common::model(&format!("{key}.gguf"))?;
+    let model = ds4_testkit::model(&format!("{key}.gguf"))?;
     Some((LoadedModel::open(&model).unwrap(), cases))
 }
 
