@@ -1,7 +1,7 @@
 # DS4Server — the two commands a new user needs:
 #   make chat   build the release binary, fetch the default model if absent, start a chat
-#   make test   fetch the test models if absent, then run the whole test suite
-.PHONY: chat build models test-models test lint
+#   make test   fetch the test models and SDKs if absent, then run the whole test suite
+.PHONY: chat build models test-models test-setup test lint
 
 BIN := target/release/ds4-server
 
@@ -20,7 +20,12 @@ models: build
 test-models:
 	scripts/fetch-test-models.sh
 
-test: test-models
+# The models, the SDKs and a check of the shared fixtures (see the script); under
+# CI=true a test whose model or fixture is missing fails, elsewhere it skips visibly.
+test-setup:
+	scripts/test-setup.sh
+
+test: test-setup
 	cargo nextest run --workspace --release --no-fail-fast
 	cargo test --workspace --release --doc
 
