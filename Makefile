@@ -1,7 +1,7 @@
 # DS4Server — the two commands a new user needs:
 #   make chat   build the release binary, fetch the default model if absent, start a chat
-#   make test   fetch the test models if absent, then run the whole test suite
-.PHONY: chat build models test-models nextest test lint
+#   make test   fetch the test models and SDKs if absent, then run the whole test suite
+.PHONY: chat build models test-models nextest test-setup test lint
 
 BIN := target/release/ds4-server
 
@@ -25,7 +25,12 @@ test-models:
 nextest:
 	@command -v cargo-nextest >/dev/null || { echo "make test needs cargo-nextest: cargo install cargo-nextest --locked"; exit 1; }
 
-test: nextest test-models
+# The models, the SDKs and a check of the shared fixtures (see the script); under
+# CI=true a test whose model or fixture is missing fails, elsewhere it skips visibly.
+test-setup:
+	scripts/test-setup.sh
+
+test: nextest test-setup
 	cargo nextest run --workspace --release --no-fail-fast
 	cargo test --workspace --release --doc
 

@@ -12,16 +12,9 @@ use ds4_convert::{Family, Options, OutType};
 use ds4_gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use safetensors::Dtype;
 
+/// The committed fixture folder `name` (a missing one is a failure).
 fn fixture(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../engine/tests/fixtures/deepseek4")
-        .join(name);
-    assert!(
-        p.join("manifest.json").exists(),
-        "fixture {} is missing",
-        p.display()
-    );
-    p
+    ds4_engine::fixtures::fixture("deepseek4", name)
 }
 
 fn ours(dir: &std::path::Path, outtype: OutType) -> GgufFile {

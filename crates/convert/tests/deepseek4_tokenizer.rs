@@ -8,10 +8,9 @@ use std::path::PathBuf;
 use ds4_convert::{ConvertArgs, OutType};
 use ds4_engine::{LoadedModel, Logits};
 
+/// The committed fixture folder `name` (a missing one is a failure).
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../engine/tests/fixtures/deepseek4")
-        .join(name)
+    ds4_engine::fixtures::fixture("deepseek4", name)
 }
 
 /// GPT-2's byte-to-character table (bytes_to_unicode).

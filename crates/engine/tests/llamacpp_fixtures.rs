@@ -2,9 +2,10 @@
 //! rendered prompts and prompt tokens exactly; greedy continuations token for token up
 //! to the first near-tie (recorded top-1/top-2 gap < 0.05); teacher-forced on
 //! llama.cpp's own tokens, our top-1 equals theirs wherever the recorded gap is ≥ 0.05
-//! and our log-probabilities of their recorded top-10 are within 0.1 (first 8 steps).
-
-mod common;
+//! and our log-probabilities of their recorded top-10 (first 8 steps) are within
+//! [`logprob_tol`] of theirs — which logits scaled by 1.01 fail, as each case shows.
+//! Models and fixtures are located by `ds4_testkit` (a failure under CI when absent, a
+//! visible skip elsewhere).
 
 use ds4_engine::generate::{GenerateParams, generate};
 use ds4_engine::logprobs::{logprob, top_logprobs};
@@ -15,8 +16,19 @@ use serde_json::Value;
 
 /// The fixture README's near-tie rule.
 const NEAR_TIE: f64 = 0.05;
-/// Largest allowed difference of a log-probability from llama.cpp's.
-const LOGPROB_TOL: f64 = 0.1;
+/// Largest allowed difference of a log-probability from llama.cpp's: 3× the worst case
+/// over all cases of the model, measured 2026-12-02 (docs/parity.md, "llama.cpp
+/// fixtures"), so a regression of 10× fails. Another branch (agent-serving) is making
+/// the CPU prefill chunk-invariant, which may move these numbers: re-measure them and
+/// re-pin (the test prints each case's worst).
+fn logprob_tol(key: &str) -> f64 {
+    let measured = match key {
+        "smollm2-135m-instruct-q4_1" => 1.87e-4,
+        "qwen2.5-coder-0.5b-instruct-q4_k_m" => 6.78e-4,
+        _ => panic!("{key}: no log-probability measurement pinned"),
+    };
+    3.0 * measured
+}
 
 struct Case {
     id: String,
@@ -39,7 +51,7 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn load_cases(json: &str) -> Option<(String, Vec<Case>)> {
-    let path = common::fixture(&format!("llamacpp/{json}"))?;
+    let path = ds4_testkit::fixture(&format!("llamacpp/{json}"))?;
     let doc: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let key = doc["model"]["key"].as_str().unwrap().to_string();
     let cases = doc["cases"]
@@ -95,14 +107,14 @@ fn load_cases(json: &str) -> Option<(String, Vec<Case>)> {
     Some((key, cases))
 }
 
-fn open(json: &str) -> Option<(LoadedModel, Vec<Case>)> {
+fn open(json: &str) -> Option<(LoadedModel, String, Vec<Case>)> {
     let (key, cases) = load_cases(json)?;
-    let model = common::model(&format!("{key}.gguf"))?;
-    Some((LoadedModel::open(&model).unwrap(), cases))
+    let model = ds4_testkit::model(&format!("{key}.gguf"))?;
+    Some((LoadedModel::open(&model).unwrap(), key, cases))
 }
 
 fn check_prompts(json: &str) {
-    let Some((lm, cases)) = open(json) else {
+    let Some((lm, _, cases)) = open(json) else {
         return;
     };
     for c in &cases {
@@ -121,7 +133,7 @@ fn check_prompts(json: &str) {
 }
 
 fn check_greedy(json: &str) {
-    let Some((lm, cases)) = open(json) else {
+    let Some((lm, _, cases)) = open(json) else {
         return;
     };
     let greedy = GenerateParams {
@@ -174,17 +186,30 @@ fn check_greedy(json: &str) {
     }
 }
 
+/// The largest |ours − llama.cpp| log-probability of llama.cpp's recorded top-10 over the
+/// recorded steps, from our logits `rows` (one per step).
+fn worst_logprob(c: &Case, rows: &[Vec<f32>]) -> f64 {
+    let mut worst = 0f64;
+    for (row, reference) in rows.iter().zip(&c.top10) {
+        for &(id, lp) in reference {
+            worst = worst.max((logprob(row, id) - lp).abs());
+        }
+    }
+    worst
+}
+
 fn check_teacher_forced(json: &str) {
-    let Some((lm, cases)) = open(json) else {
+    let Some((lm, key, cases)) = open(json) else {
         return;
     };
+    let tol = logprob_tol(&key);
+    let mut worst_of_all = 0f64;
     for c in &cases {
         let mut session = Session::new(lm.model.clone(), 2048).unwrap();
         let mut rows = vec![session.prefill(&c.prompt, &mut |_, _| {}).unwrap().to_vec()];
         for &t in &c.generated[..c.generated.len() - 1] {
             rows.push(session.decode(t).unwrap().to_vec());
         }
-        let mut worst = 0f64;
         for (step, row) in rows.iter().enumerate() {
             let top1 = top_logprobs(row, 1)[0].0;
             if c.gaps[step] >= NEAR_TIE {
@@ -194,24 +219,31 @@ fn check_teacher_forced(json: &str) {
                     c.id, c.gaps[step]
                 );
             }
-            if let Some(reference) = c.top10.get(step) {
-                for &(id, lp) in reference {
-                    let d = (logprob(row, id) - lp).abs();
-                    worst = worst.max(d);
-                    assert!(
-                        d <= LOGPROB_TOL,
-                        "{}: step {step} token {id}: logprob {} vs {lp}",
-                        c.id,
-                        logprob(row, id)
-                    );
-                }
-            }
         }
+        let worst = worst_logprob(c, &rows);
+        worst_of_all = worst_of_all.max(worst);
+        let scaled: Vec<Vec<f32>> = rows
+            .iter()
+            .map(|r| r.iter().map(|v| v * 1.01).collect())
+            .collect();
+        let worst_scaled = worst_logprob(c, &scaled);
         eprintln!(
-            "{}: teacher-forced top-1 equal; worst top-10 logprob difference {worst:.4}",
+            "{}: teacher-forced top-1 equal; worst top-10 logprob difference {worst:.2e} \
+             (bound {tol:.1e}; logits scaled by 1.01: {worst_scaled:.2e})",
+            c.id
+        );
+        assert!(
+            worst <= tol,
+            "{}: top-10 logprob difference {worst:.2e} > {tol:.1e}",
+            c.id
+        );
+        assert!(
+            worst_scaled > tol,
+            "{}: logits scaled by 1.01 pass the logprob bound ({worst_scaled:.2e})",
             c.id
         );
     }
+    eprintln!("{key}: worst top-10 logprob difference of all cases {worst_of_all:.3e}");
 }
 
 #[test]

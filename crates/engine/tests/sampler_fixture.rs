@@ -10,20 +10,6 @@ use ds4_engine::sampler::{Rng, Sampler, SamplerParams, sample};
 use serde_json::Value;
 use std::path::PathBuf;
 
-fn fixture_dir() -> Option<PathBuf> {
-    let root = match std::env::var_os("DS4_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
-    };
-    let dir = root.join("sampler");
-    if dir.join("sampler_cases.json").is_file() {
-        Some(dir)
-    } else {
-        println!("skipped: sampler fixture not found at {}", dir.display());
-        None
-    }
-}
-
 fn read_json(path: &PathBuf) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -73,7 +59,9 @@ fn setting_params(doc: &Value, name: &str) -> SamplerParams {
 
 #[test]
 fn sampler_cases_match_ds4() {
-    let Some(dir) = fixture_dir() else { return };
+    let Some(dir) = ds4_testkit::fixture("sampler") else {
+        return;
+    };
     let doc = read_json(&dir.join("sampler_cases.json"));
     let cases = doc["cases"].as_array().expect("cases");
     assert!(!cases.is_empty());
@@ -137,7 +125,9 @@ fn sampler_cases_match_ds4() {
 
 #[test]
 fn rng_vectors_match_ds4() {
-    let Some(dir) = fixture_dir() else { return };
+    let Some(dir) = ds4_testkit::fixture("sampler") else {
+        return;
+    };
     let doc = read_json(&dir.join("rng_vectors.json"));
     let seeds = doc["seeds"].as_array().expect("seeds");
     assert!(!seeds.is_empty());

@@ -1,9 +1,8 @@
-//! The two development models of `fixtures/llamacpp` (in `$DS4_MODELS` or
-//! `~/.cache/ds4-server/models`; skipped when absent). Tensor counts per type are the
+//! The two development models of `fixtures/llamacpp` (in the model cache of
+//! `ds4-server pull`, located by `ds4_testkit`: a failure under CI when absent, a visible
+//! skip elsewhere). Tensor counts per type are the
 //! fixture README's; offsets, sizes, data sha256 and values were read with gguf-py 0.19.0
 //! (an independent reader); the chat-template sha256 is the fixture JSON's.
-
-mod common;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -11,8 +10,8 @@ use std::time::Instant;
 use ds4_gguf::{GgmlType, GgufFile};
 use sha2::{Digest, Sha256};
 
-fn open(test: &str, file: &str) -> Option<GgufFile> {
-    let path = common::model_path(test, file)?;
+fn open(file: &str) -> Option<GgufFile> {
+    let path = ds4_testkit::model(file)?;
     let start = Instant::now();
     let gguf = GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}"));
     let elapsed = start.elapsed();
@@ -54,10 +53,7 @@ fn check_tensors(file: &GgufFile, expected: &[Expected]) {
 
 #[test]
 fn qwen2_5_coder_0_5b_q4_k_m() {
-    let Some(file) = open(
-        "qwen2_5_coder_0_5b_q4_k_m",
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    ) else {
+    let Some(file) = open("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
         return;
     };
     assert_eq!(file.tensors().len(), 291);
@@ -140,7 +136,7 @@ fn qwen2_5_coder_0_5b_q4_k_m() {
 
 #[test]
 fn smollm2_135m_q4_1() {
-    let Some(file) = open("smollm2_135m_q4_1", "smollm2-135m-instruct-q4_1.gguf") else {
+    let Some(file) = open("smollm2-135m-instruct-q4_1.gguf") else {
         return;
     };
     assert_eq!(file.tensors().len(), 272);

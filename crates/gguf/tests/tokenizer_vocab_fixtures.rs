@@ -1,8 +1,6 @@
 //! The vocabulary-only GGUFs of `fixtures/tokenizer` (copied from llama.cpp): zero tensors,
 //! metadata only. Expected values are the fixture README's table.
 
-mod common;
-
 use ds4_gguf::{GgufFile, Value};
 
 /// (NAME, tokenizer.ggml.model, tokenizer.ggml.pre, number of tokens), from the README.
@@ -19,11 +17,11 @@ const VOCABS: [(&str, &str, &str, usize); 8] = [
 
 #[test]
 fn every_vocab_gguf_opens_with_its_pre_tokenizer() {
-    let Some(dir) = common::fixtures_dir("every_vocab_gguf_opens_with_its_pre_tokenizer") else {
+    let Some(dir) = ds4_testkit::fixture("tokenizer") else {
         return;
     };
     for (name, model, pre, n_tokens) in VOCABS {
-        let path = dir.join(format!("tokenizer/ggml-vocab-{name}.gguf"));
+        let path = dir.join(format!("ggml-vocab-{name}.gguf"));
         let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(file.version(), 3, "{name}");
         assert!(file.tensors().is_empty(), "{name}");
@@ -44,18 +42,18 @@ fn every_vocab_gguf_opens_with_its_pre_tokenizer() {
 
 #[test]
 fn vocab_metadata_has_expected_shapes() {
-    let Some(dir) = common::fixtures_dir("vocab_metadata_has_expected_shapes") else {
+    let Some(dir) = ds4_testkit::fixture("tokenizer") else {
         return;
     };
     // SentencePiece vocabularies carry scores; BPE ones carry merges.
-    let spm = GgufFile::open(&dir.join("tokenizer/ggml-vocab-llama-spm.gguf")).unwrap();
+    let spm = GgufFile::open(&dir.join("ggml-vocab-llama-spm.gguf")).unwrap();
     let scores = spm.get_as::<Vec<f32>>("tokenizer.ggml.scores").unwrap();
     assert_eq!(scores.len(), 32000);
     let tokens = spm.get_arr_str("tokenizer.ggml.tokens").unwrap();
     // Llama 2's vocabulary starts with <unk>, <s>, </s> and the byte tokens.
     assert_eq!(&tokens[..4], ["<unk>", "<s>", "</s>", "<0x00>"]);
 
-    let gpt2 = GgufFile::open(&dir.join("tokenizer/ggml-vocab-gpt-2.gguf")).unwrap();
+    let gpt2 = GgufFile::open(&dir.join("ggml-vocab-gpt-2.gguf")).unwrap();
     assert!(matches!(
         gpt2.get("tokenizer.ggml.merges"),
         Some(Value::Array(m)) if !m.is_empty()

@@ -25,16 +25,9 @@ fn helper(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// `python3`: a failure under CI when absent, a visible skip elsewhere.
 fn python() -> Option<&'static str> {
-    let ok = Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipped: python3 not available");
-    }
-    ok.then_some("python3")
+    ds4_testkit::python3()
 }
 
 fn cmd(parts: &[&str]) -> Vec<OsString> {

@@ -4,9 +4,11 @@
 //! Qwen2.5-Coder-0.5B (whose template supports tools) for greedy tool-call round trips.
 //! The script is `tests/sdk/check_sdks.py`.
 //!
-//! The SDKs are installed into a virtual environment under the target directory on
-//! first use. Skips with a message when the models, python3, venv or pip (or PyPI) are
-//! unavailable.
+//! The SDKs are installed by `scripts/sdk-venv.sh` into a virtual environment under the
+//! target directory (`make test-setup` runs it before the tests; here it does nothing when
+//! up to date). When the SDKs, the models or python3 cannot be had, the test fails under
+//! CI and prints a visible `skipped:` line elsewhere; when it runs, the SDKs' reported
+//! versions must be the pinned ones and every check must have passed.
 
 #![cfg(feature = "engine")]
 
@@ -22,51 +24,30 @@ const N_CTX: usize = 4096;
 
 /// The venv's python with the pinned SDKs, or why it cannot be had.
 fn sdk_python() -> Result<PathBuf, String> {
-    let sdk_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk");
-    let requirements = std::fs::read_to_string(sdk_dir.join("requirements.txt"))
-        .map_err(|e| format!("reading requirements.txt: {e}"))?;
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("sdk-venv");
-    let python = venv.join("bin/python");
-    let stamp = venv.join(".requirements.txt");
-    if python.exists()
-        && std::fs::read_to_string(&stamp).ok().as_deref() == Some(requirements.as_str())
-    {
-        return Ok(python);
-    }
-    let ok = |c: &mut Command| c.status().map(|s| s.success()).unwrap_or(false);
-    if !ok(Command::new("python3").arg("--version")) {
-        return Err("python3 is not installed".into());
-    }
-    if !ok(Command::new("python3")
-        .args(["-m", "venv", "--clear"])
-        .arg(&venv))
-    {
-        return Err(format!(
-            "`python3 -m venv {}` failed (is the venv module installed?)",
-            venv.display()
-        ));
-    }
-    let pip = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "-r",
-        ])
-        .arg(sdk_dir.join("requirements.txt"))
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/sdk-venv.sh");
+    let out = Command::new(&script)
+        .arg(&venv)
         .output()
-        .map_err(|e| format!("running pip: {e}"))?;
-    if !pip.status.success() {
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    if !out.status.success() {
         return Err(format!(
-            "pip install failed (offline or no pip?): {}",
-            String::from_utf8_lossy(&pip.stderr).trim()
+            "scripts/sdk-venv.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    std::fs::write(&stamp, requirements)
-        .map_err(|e| format!("writing {}: {e}", stamp.display()))?;
-    Ok(python)
+    Ok(venv.join("bin/python"))
+}
+
+/// The pinned `(package, version)` pairs of `requirements.txt`.
+fn pinned() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/requirements.txt");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .filter_map(|l| l.split_once("=="))
+        .map(|(p, v)| (p.trim().to_string(), v.trim().to_string()))
+        .collect()
 }
 
 async fn serve(file: &str) -> Option<ServerHandle> {
@@ -76,12 +57,13 @@ async fn serve(file: &str) -> Option<ServerHandle> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_sdks_against_the_server() {
-    let python = match tokio::task::spawn_blocking(sdk_python).await.unwrap() {
-        Ok(p) => p,
-        Err(why) => {
-            eprintln!("skipped: the SDK test needs the openai/anthropic Python packages: {why}");
-            return;
-        }
+    let found = tokio::task::spawn_blocking(sdk_python).await.unwrap();
+    let Some(python) =
+        ds4_testkit::require(found.map_err(|why| {
+            format!("the SDK test needs the openai/anthropic Python packages: {why}")
+        }))
+    else {
+        return;
     };
     let (Some(chat), Some(tools)) = (
         serve("smollm2-135m-instruct-q4_1.gguf").await,
@@ -103,6 +85,16 @@ async fn official_sdks_against_the_server() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "SDK checks failed:\n{stdout}");
+    // The checks ran, with the pinned SDKs.
+    let pins = pinned();
+    assert_eq!(pins.len(), 2, "{pins:?}");
+    for (package, version) in pins {
+        assert!(
+            stdout.contains(&format!("{package} {version}")),
+            "{package} {version} not reported:\n{stdout}"
+        );
+    }
+    assert!(stdout.contains("all SDK checks passed"), "{stdout}");
     chat.shutdown().await.unwrap();
     tools.shutdown().await.unwrap();
 }

@@ -169,10 +169,13 @@ async fn soak_short() {
 /// on), else the toy model with a realistic token delay.
 async fn long_soak_server(config: ServerConfig) -> ServerHandle {
     #[cfg(feature = "engine")]
-    if let Some(path) = common::model_path("smollm2-135m-instruct-q4_1.gguf") {
-        let lm = ds4_engine::LoadedModel::open(&path).expect("model loads");
-        eprintln!("soak: SmolLM2-135M on the CPU engine");
-        return common::engine_server(lm, 4096, config).await;
+    {
+        let path = ds4_testkit::models_dir().join("smollm2-135m-instruct-q4_1.gguf");
+        if path.is_file() {
+            let lm = ds4_engine::LoadedModel::open(&path).expect("model loads");
+            eprintln!("soak: SmolLM2-135M on the CPU engine");
+            return common::engine_server(lm, 4096, config).await;
+        }
     }
     eprintln!("soak: the toy model (SmolLM2 not available)");
     fake_server(

@@ -1,9 +1,8 @@
 //! Chat-template rendering with tools, tool calls, tool results and null content
 //! (`tests/data/chat_cases.json`, expected prompts from llama.cpp, see its README): the two
-//! real models' templates (skipped with a message when the models are absent) and the Qwen2
+//! real models' templates (a failure under CI when the models are absent, a visible skip
+//! elsewhere) and the Qwen2
 //! template of the `ggml-vocab-qwen2.gguf` fixture.
-
-mod common;
 
 use ds4_gguf::GgufFile;
 use ds4_tokenizer::{ChatMessage, ChatTemplate, RenderOptions};
@@ -38,19 +37,18 @@ fn check(key: &str, path: Option<std::path::PathBuf>, object_arguments: bool) {
 #[test]
 fn smollm2_chat_template() {
     let key = "smollm2-135m-instruct-q4_1";
-    check(key, common::model(&format!("{key}.gguf")), false);
+    check(key, ds4_testkit::model(&format!("{key}.gguf")), false);
 }
 
 #[test]
 fn qwen25_chat_template_with_tools() {
     let key = "qwen2.5-coder-0.5b-instruct-q4_k_m";
-    check(key, common::model(&format!("{key}.gguf")), true);
+    check(key, ds4_testkit::model(&format!("{key}.gguf")), true);
 }
 
 #[test]
 fn qwen2_fixture_chat_template() {
-    let path = common::fixtures("tokenizer fixtures")
-        .map(|root| root.join("tokenizer/ggml-vocab-qwen2.gguf"));
+    let path = ds4_testkit::fixture("tokenizer/ggml-vocab-qwen2.gguf");
     check("ggml-vocab-qwen2", path, false);
 }
 

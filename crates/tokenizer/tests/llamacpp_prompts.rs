@@ -1,9 +1,8 @@
 //! The prompts llama.cpp rendered and tokenized for two real models
 //! (`fixtures/llamacpp/*.json`): chat-template rendering, prompt token ids
 //! (`add_special = false, parse_special = true`), special ids, the EOG set, and the
-//! detokenized generations. Needs the model files; skips with a message when absent.
-
-mod common;
+//! detokenized generations. Needs the model files and fixtures: a failure under CI when absent, a
+//! visible skip elsewhere.
 
 use ds4_gguf::GgufFile;
 use ds4_tokenizer::{ChatMessage, ChatTemplate, RenderOptions, StreamDecoder, Tokenizer};
@@ -18,15 +17,13 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn check_model(key: &str, uses_tools: bool) {
-    let Some(root) = common::fixtures("llama.cpp prompt fixtures") else {
+    let Some(json) = ds4_testkit::fixture(&format!("llamacpp/{key}.json")) else {
         return;
     };
-    let Some(path) = common::model(&format!("{key}.gguf")) else {
+    let Some(path) = ds4_testkit::model(&format!("{key}.gguf")) else {
         return;
     };
-    let fixture: Value =
-        serde_json::from_slice(&std::fs::read(root.join(format!("llamacpp/{key}.json"))).unwrap())
-            .unwrap();
+    let fixture: Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
     let model = &fixture["model"];
     let file = GgufFile::open(&path).unwrap();
     let started = std::time::Instant::now();

@@ -2,8 +2,6 @@
 //! special-token parsing, BOS/EOS insertion and detokenization on the 8 fixture
 //! vocabularies.
 
-mod common;
-
 use ds4_gguf::GgufFile;
 use ds4_tokenizer::Tokenizer;
 use serde_json::Value;
@@ -22,7 +20,7 @@ fn opt(v: &Value) -> Option<u32> {
 
 #[test]
 fn special_parsing_and_detokenization_match_llama_cpp() {
-    let Some(root) = common::fixtures("tokenizer fixtures") else {
+    let Some(dir) = ds4_testkit::fixture("tokenizer") else {
         return;
     };
     let data: Value = serde_json::from_str(include_str!("data/llamacpp_vocab_cases.json")).unwrap();
@@ -35,7 +33,7 @@ fn special_parsing_and_detokenization_match_llama_cpp() {
     let mut checked = 0;
     let mut failures = Vec::new();
     for (name, want) in data["vocabs"].as_object().unwrap() {
-        let path = root.join(format!("tokenizer/ggml-vocab-{name}.gguf"));
+        let path = dir.join(format!("ggml-vocab-{name}.gguf"));
         let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
         assert_eq!(tok.bos(), opt(&want["bos"]), "{name}: bos");
         assert_eq!(tok.eos(), opt(&want["eos"]), "{name}: eos");

@@ -1,8 +1,6 @@
 //! llama.cpp's `test-tokenizer-0` vectors (`fixtures/tokenizer/`): 8 vocabulary-only GGUFs,
 //! every case tokenized with `add_special = false, parse_special = false`.
 
-mod common;
-
 use ds4_gguf::GgufFile;
 use ds4_tokenizer::Tokenizer;
 
@@ -19,10 +17,9 @@ const VOCABS: [&str; 8] = [
 
 #[test]
 fn every_fixture_case_matches_llama_cpp() {
-    let Some(root) = common::fixtures("tokenizer fixtures") else {
+    let Some(dir) = ds4_testkit::fixture("tokenizer") else {
         return;
     };
-    let dir = root.join("tokenizer");
     let mut total = 0;
     let mut failures = Vec::new();
     for name in VOCABS {

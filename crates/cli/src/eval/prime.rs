@@ -367,16 +367,10 @@ mod tests {
         );
     }
 
+    /// Whether `python3` runs: a failure under CI when it does not, a visible skip
+    /// elsewhere.
     fn have_python() -> bool {
-        let ok = Command::new("python3")
-            .arg("-c")
-            .arg("pass")
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("skipped: python3 is not available");
-        }
-        ok
+        ds4_testkit::python3().is_some()
     }
 
     fn run(code: &str) -> PrimeCheck {

@@ -15,36 +15,15 @@ pub fn run(args: &[&str]) -> Output {
     bin().args(args).output().expect("running ds4-server")
 }
 
-/// A test model from `$DS4_MODELS` or `~/.cache/ds4-server/models`; prints a
-/// `skipped:` line and returns `None` when absent.
+/// A cached test model (located by `ds4_testkit`, as `ds4-server pull` stores it): a
+/// failure under CI when absent, a visible `skipped:` line and `None` elsewhere.
 pub fn model(file: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("DS4_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/ds4-server/models"))
-        })?;
-    let p = dir.join(file);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "skipped: {} not found (run scripts/fetch-test-models.sh)",
-            p.display()
-        );
-        None
-    }
+    ds4_testkit::model(file)
 }
 
-/// Whether `python3` runs here (prints a `skipped:` line when not).
+/// Whether `python3` runs here (as [`model`] when it does not).
 pub fn have_python() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "pass"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipped: python3 is not available");
-    }
-    ok
+    ds4_testkit::python3().is_some()
 }
 
 /// Reads a JSON file.

@@ -13,21 +13,10 @@ use ds4_gguf::GgufWriter;
 
 /// The fixture folder `name`; the fixtures are committed, so a missing one is a failure.
 pub fn fixture(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../engine/tests/fixtures/glm5_next")
-        .join(name);
-    assert!(
-        p.join("manifest.json").exists(),
-        "fixture {} is missing",
-        p.display()
-    );
-    p
+    ds4_engine::fixtures::fixture("glm5_next", name)
 }
 
-/// The manifest of a fixture.
-pub fn manifest(dir: &std::path::Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()
-}
+pub use ds4_engine::fixtures::manifest;
 
 /// The checkpoint folder of a fixture (bf16 fixtures reuse the f32 one).
 pub fn checkpoint_dir(dir: &std::path::Path) -> PathBuf {

@@ -1,5 +1,5 @@
 //! Helpers for the HTTP tests: servers on an ephemeral loopback port (the toy model,
-//! or a real model when its file is present), JSON posts, an SSE reader, `/health` and
+//! or a real model), JSON posts, an SSE reader, `/health` and
 //! `/metrics` readers, and the error-shape checks.
 
 #![allow(dead_code)]
@@ -23,30 +23,12 @@ pub async fn fake_server(fake: FakeConfig, config: ServerConfig) -> ServerHandle
     serve(config, fake_model(fake)).await
 }
 
-/// Where the real models live: `$DS4_MODELS` or `~/.cache/ds4-server/models`.
-pub fn model_path(file: &str) -> Option<std::path::PathBuf> {
-    let dir = std::env::var_os("DS4_MODELS")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| std::path::PathBuf::from(h).join(".cache/ds4-server/models"))
-        })?;
-    let p = dir.join(file);
-    p.exists().then_some(p)
-}
-
-/// Loads real model `file`, or says the test is skipped when it is absent.
+/// Loads the cached real model `file` (located by `ds4_testkit`: a failure under CI when
+/// absent, a visible skip elsewhere).
 #[cfg(feature = "engine")]
 pub fn open_model(file: &str) -> Option<ds4_engine::LoadedModel> {
-    match model_path(file) {
-        Some(p) => Some(ds4_engine::LoadedModel::open(&p).expect("model loads")),
-        None => {
-            eprintln!(
-                "skipped: {file} not found in $DS4_MODELS or ~/.cache/ds4-server/models (run `make test-models`)"
-            );
-            None
-        }
-    }
+    let path = ds4_testkit::model(file)?;
+    Some(ds4_engine::LoadedModel::open(&path).expect("model loads"))
 }
 
 /// Serves a real model with a session of `n_ctx` tokens.

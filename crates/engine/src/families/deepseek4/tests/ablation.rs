@@ -2,16 +2,29 @@
 //! perturbations as the reference's sensitivity table in `tools/reference/README.md`:
 //! mHC, sinks, norms, rope, compression, the indexer, hash routing, the router, the
 //! SwiGLU clamp, …) must fail the f32 comparison wherever the reference itself moves
-//! clearly beyond the tolerance, and by about the same margin (ours broken vs the
-//! reference intact ≈ the reference broken vs intact).
+//! clearly beyond the tolerance, and by the same margin: ours broken vs the reference
+//! intact ≈ the reference broken vs intact, within 5% wherever the reference moves by
+//! more than 0.05 (measured 2026-12-02: within a factor 1.000, docs/parity.md).
 
 use super::*;
 use crate::ablation::Ablation;
+
+/// The switches that move the reference by more than 1e-3 (each must move ours by more
+/// than 1e-4), counted per fixture on 2026-12-02: neither the sensitivity table nor the
+/// switch list may shrink unseen.
+fn detected_count(name: &str) -> usize {
+    match name {
+        "small_rates_f32" => 37,
+        "real_layout_f32" => 35,
+        _ => panic!("{name}: no count pinned"),
+    }
+}
 
 fn check(name: &str) {
     let dir = dir(name);
     let m = llamacpp_model(&dir);
     let g = golden(&dir);
+    let intact = run_protocol(&m, &g);
     let sens = manifest(&dir)["sensitivity"].clone();
     let mut detected = 0;
     let mut worst_ratio = 1f64;
@@ -50,12 +63,14 @@ fn check(name: &str) {
         }
     }
     m.backend().set_ablation(None);
-    let (pre, _) = run_protocol(&m, &g);
-    assert!(max_err(&pre, &g.prefill, g.vocab) <= 1e-4);
+    assert!(
+        run_protocol(&m, &g) == intact,
+        "{name}: the intact model changed after the ablations"
+    );
     eprintln!(
         "{name}: {detected} broken variants detected; margins within a factor {worst_ratio:.3} of the reference's"
     );
-    assert!(detected >= 34, "{name}: only {detected} detected");
+    assert_eq!(detected, detected_count(name), "{name}: detected switches");
 }
 
 #[test]

@@ -2,37 +2,38 @@
 //! embeddings, the streams after each layer, attention and MoE block outputs at prompt
 //! positions 0..7, S/2, S−2, S−1), to locate a mismatch layer by layer, and the
 //! lightning indexer's selections against the reference's, as sets, at every prefill
-//! query and decode step.
+//! query and decode step. Hidden-state bounds ([`PinnedHidden`]): the embeddings exact,
+//! every layer within a margin of its error measured (f32 3×, bf16 2×; layers that
+//! matched bit for bit stay exact); each check shows its bounds reject our error grown
+//! 10× and our values scaled by 1.01. bf16 also prints the f32 reference's distance to
+//! the bf16 one per layer, and asserts that ours is smaller at every layer.
 
 use super::*;
+use crate::families::bounds::{Perturb, PinnedHidden, hidden_err};
 use crate::families::deepseek4::Trace;
 
-/// Max |a−b| / max(1, max|b|) over the fixture positions of one per-layer array.
-fn cmp(ours: &[f32], theirs: &[f32], pos: &[usize], width: usize) -> f64 {
-    let mut worst = 0f64;
-    for (k, &p) in pos.iter().enumerate() {
-        let a = &ours[p * width..(p + 1) * width];
-        let b = &theirs[k * width..(k + 1) * width];
-        let scale = b.iter().fold(1f32, |m, v| m.max(v.abs())) as f64;
-        let d = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs() as f64)
-            .fold(0.0, f64::max);
-        worst = worst.max(d / scale);
-    }
-    worst
+/// Per layer, the worst of its attention and MoE outputs and streams, measured 2026-12-02
+/// (docs/parity.md, DeepSeek-V4 hidden states; 0: equal to the reference's bit for bit).
+fn pinned(name: &str) -> PinnedHidden {
+    let (layers, margin): (&[f64], f64) = match name {
+        "small_rates_f32" => (&[5.57e-7, 8.38e-7, 9.48e-7, 1.19e-6, 1.52e-6], 3.0),
+        "real_layout_f32" => (&[8.87e-7, 1.17e-6, 1.40e-6, 2.93e-6, 2.00e-6], 3.0),
+        "small_rates_bf16" => (&[3.65e-6, 1.88e-2, 1.27e-2, 2.18e-2, 2.93e-2], 2.0),
+        "real_layout_bf16" => (&[0.0, 1.13e-2, 1.24e-2, 1.86e-2, 2.84e-2], 2.0),
+        _ => panic!("{name}: no hidden-state measurement pinned"),
+    };
+    PinnedHidden { layers, margin }
 }
 
-/// Every layer's outputs of the one-call prefill against the reference's (f32: within
-/// 1e-4 relative at every layer; bf16 (`bound` `None`): printed, with the f32
-/// reference's distance to the bf16 one beside).
-fn layers(name: &str, bound: Option<f64>) {
+/// Every layer's outputs of the one-call prefill against the reference's: f32 from
+/// llama.cpp's file, bf16 from our converter's BF16 file.
+fn layers(name: &str) {
     let dir = dir(name);
-    let m = if bound.is_some() {
-        llamacpp_model(&dir)
-    } else {
+    let bf16 = name.ends_with("_bf16");
+    let m = if bf16 {
         load(ours_bytes(&dir, ds4_convert::OutType::Bf16))
+    } else {
+        llamacpp_model(&dir)
     };
     let g = golden(&dir);
     let pos: Vec<usize> = npy_i32(&dir.join("hidden_positions.npy"))
@@ -48,11 +49,32 @@ fn layers(name: &str, bound: Option<f64>) {
     let mut cache = m.new_cache(4096).unwrap();
     let mut tr = Trace::default();
     m.forward_traced(&mut *cache, &g.prompt, &mut tr).unwrap();
-    let e = cmp(&tr.embed, &embed, &pos, d);
-    assert!(e <= 1e-6, "{name}: embeddings {e:.2e}");
-    // The f32 reference's arrays, laid out as ours (for the bf16 report).
+    let e = hidden_err(&tr.embed, &embed, &pos, d, Perturb::Off);
+    assert!(e == 0.0, "{name}: embeddings {e:.2e}");
+    let per = pos.len();
+    let at = |i: usize, w: usize| i * per * w..(i + 1) * per * w;
+    let errs = |p: Perturb| -> Vec<f64> {
+        (0..l)
+            .map(|i| {
+                let es = hidden_err(&tr.streams[i], &streams[at(i, n * d)], &pos, n * d, p);
+                let ea = hidden_err(&tr.attn_out[i], &attn[at(i, d)], &pos, d, p);
+                let em = hidden_err(&tr.mlp_out[i], &mlp[at(i, d)], &pos, d, p);
+                if matches!(p, Perturb::Off) {
+                    eprintln!("{name} layer {i}: attn {ea:.2e}  moe {em:.2e}  streams {es:.2e}");
+                }
+                es.max(ea).max(em)
+            })
+            .collect()
+    };
+    pinned(name).check(name, errs);
+    if !bf16 {
+        return;
+    }
+    // The f32 reference's arrays, laid out as ours, against the bf16 reference.
     let f32_dir = dir.to_string_lossy().replace("_bf16", "_f32");
     let f32_dir = std::path::Path::new(&f32_dir);
+    let (_, fa) = npy(&f32_dir.join("hidden_attn_out.npy"));
+    let (_, fs) = npy(&f32_dir.join("hidden_streams.npy"));
     let per_pos = |a: &[f32], w: usize| -> Vec<f32> {
         let mut v = vec![0f32; (pos.iter().max().unwrap() + 1) * w];
         for (k, &p) in pos.iter().enumerate() {
@@ -60,75 +82,53 @@ fn layers(name: &str, bound: Option<f64>) {
         }
         v
     };
-    let per = pos.len();
     for i in 0..l {
-        let es = cmp(
-            &tr.streams[i],
-            &streams[i * per * n * d..(i + 1) * per * n * d],
+        let f32_attn = hidden_err(
+            &per_pos(&fa[at(i, d)], d),
+            &attn[at(i, d)],
+            &pos,
+            d,
+            Perturb::Off,
+        );
+        let f32_streams = hidden_err(
+            &per_pos(&fs[at(i, n * d)], n * d),
+            &streams[at(i, n * d)],
             &pos,
             n * d,
+            Perturb::Off,
         );
-        let ea = cmp(
-            &tr.attn_out[i],
-            &attn[i * per * d..(i + 1) * per * d],
+        let ours_attn = hidden_err(&tr.attn_out[i], &attn[at(i, d)], &pos, d, Perturb::Off);
+        let ours_streams = hidden_err(
+            &tr.streams[i],
+            &streams[at(i, n * d)],
             &pos,
-            d,
+            n * d,
+            Perturb::Off,
         );
-        let em = cmp(
-            &tr.mlp_out[i],
-            &mlp[i * per * d..(i + 1) * per * d],
-            &pos,
-            d,
+        eprintln!(
+            "{name} layer {i}: f32 reference: attn {f32_attn:.2e}  streams {f32_streams:.2e}"
         );
-        eprintln!("{name} layer {i}: attn {ea:.2e}  moe {em:.2e}  streams {es:.2e}");
-        match bound {
-            Some(b) => assert!(
-                es <= b && ea <= b && em <= b,
-                "{name}: layer {i} differs from the reference"
-            ),
-            None => {
-                let (_, fa) = npy(&f32_dir.join("hidden_attn_out.npy"));
-                let (_, fs) = npy(&f32_dir.join("hidden_streams.npy"));
-                let fa = per_pos(&fa[i * per * d..(i + 1) * per * d], d);
-                let fs = per_pos(&fs[i * per * n * d..(i + 1) * per * n * d], n * d);
-                eprintln!(
-                    "{name} layer {i}: f32 reference: attn {:.2e}  streams {:.2e}",
-                    cmp(&fa, &attn[i * per * d..(i + 1) * per * d], &pos, d),
-                    cmp(
-                        &fs,
-                        &streams[i * per * n * d..(i + 1) * per * n * d],
-                        &pos,
-                        n * d
-                    )
-                );
-                for (k, &p) in pos.iter().enumerate() {
-                    let a = cmp(
-                        &tr.attn_out[i][p * d..(p + 1) * d],
-                        &attn[(i * per + k) * d..(i * per + k + 1) * d],
-                        &[0],
-                        d,
-                    );
-                    eprintln!("    pos {p}: attn {a:.2e}");
-                }
-            }
-        }
+        assert!(
+            ours_attn < f32_attn && ours_streams < f32_streams,
+            "{name} layer {i}: the f32 reference is as close to the bf16 one as ours"
+        );
     }
 }
 
 #[test]
 fn hidden_states_small_rates() {
-    layers("small_rates_f32", Some(1e-4));
+    layers("small_rates_f32");
 }
 
 #[test]
 fn hidden_states_real_layout() {
-    layers("real_layout_f32", Some(1e-4));
+    layers("real_layout_f32");
 }
 
 #[test]
-fn hidden_states_bf16_report() {
-    layers("small_rates_bf16", None);
-    layers("real_layout_bf16", None);
+fn hidden_states_bf16() {
+    layers("small_rates_bf16");
+    layers("real_layout_bf16");
 }
 
 /// The reference's indexer output of a CSA layer, per query row, as a sorted set.

@@ -1,31 +1,38 @@
 //! Per-layer comparison with the reference's hidden states (`hidden_*` fixture arrays:
 //! embeddings, the streams after each layer, attention and MLP block outputs at
-//! prompt positions 0..7, S−2, S−1), to locate a mismatch layer by layer. f32 fixtures
-//! must agree to 1e-4 relative at every layer; bf16 differences are printed.
+//! prompt positions 0..7, S−2, S−1), to locate a mismatch layer by layer. Bounds
+//! ([`PinnedHidden`]): the embeddings exact, every layer within a margin of its error
+//! measured (f32 3×, bf16 2×; layers that matched bit for bit stay exact); each check
+//! shows its bounds reject our error grown 10× and our values scaled by 1.01.
+//! `GLM_DEBUG=1` prints the attention error per position.
 
 use ds4_convert::OutType;
 
 use super::*;
+use crate::families::bounds::{Perturb, PinnedHidden, hidden_err};
 use crate::families::glm5_next::Trace;
 
-/// Max |a−b| / max(1, max|b|) over the fixture positions of one per-layer array.
-fn cmp(ours: &[f32], theirs: &[f32], pos: &[usize], width: usize) -> f64 {
-    let mut worst = 0f64;
-    for (k, &p) in pos.iter().enumerate() {
-        let a = &ours[p * width..(p + 1) * width];
-        let b = &theirs[k * width..(k + 1) * width];
-        let scale = b.iter().fold(1f32, |m, v| m.max(v.abs())) as f64;
-        let d = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs() as f64)
-            .fold(0.0, f64::max);
-        worst = worst.max(d / scale);
-    }
-    worst
+/// Per layer, the worst of its attention and MLP outputs and streams, measured 2026-12-02
+/// (docs/parity.md, GLM hidden states; 0: equal to the reference's bit for bit).
+fn pinned(name: &str) -> PinnedHidden {
+    let (layers, margin): (&[f64], f64) = match name {
+        "lowerbound_sparse_f32" => (&[6.80e-7, 1.20e-6, 1.14e-6, 2.52e-6, 1.96e-6], 3.0),
+        "softplus_dense_f32" => (&[8.38e-7, 1.12e-6, 2.40e-6, 1.95e-6, 2.86e-6], 3.0),
+        "real_layout_f32" => (
+            &[
+                7.75e-7, 1.40e-6, 4.69e-6, 3.70e-6, 6.44e-6, 4.33e-6, 7.24e-6, 5.22e-6,
+            ],
+            3.0,
+        ),
+        "lowerbound_sparse_bf16" => (&[0.0, 0.0, 9.62e-3, 2.59e-2, 2.15e-2], 2.0),
+        "softplus_dense_bf16" => (&[0.0, 8.27e-3, 2.27e-2, 1.45e-2, 2.15e-2], 2.0),
+        "real_layout_bf16" => (&[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.65e-3], 2.0),
+        _ => panic!("{name}: no hidden-state measurement pinned"),
+    };
+    PinnedHidden { layers, margin }
 }
 
-fn layers(name: &str, outtype: OutType, bound: Option<f64>) {
+fn layers(name: &str, outtype: OutType) {
     let dir = dir(name);
     let m = model(&dir, outtype);
     let g = golden(&dir);
@@ -42,61 +49,52 @@ fn layers(name: &str, outtype: OutType, bound: Option<f64>) {
     let mut cache = m.new_cache(4096).unwrap();
     let mut tr = Trace::default();
     m.forward_traced(&mut *cache, &g.prompt, &mut tr).unwrap();
-    let e = cmp(&tr.embed, &embed, &pos, d);
-    eprintln!("{name} embed {e:.2e}");
+    let e = hidden_err(&tr.embed, &embed, &pos, d, Perturb::Off);
+    assert!(e == 0.0, "{name}: embeddings {e:.2e}");
     let per = pos.len();
-    for i in 0..l {
-        let es = cmp(
-            &tr.streams[i],
-            &streams[i * per * n * d..(i + 1) * per * n * d],
-            &pos,
-            n * d,
-        );
-        let ea = cmp(
-            &tr.attn_out[i],
-            &attn[i * per * d..(i + 1) * per * d],
-            &pos,
-            d,
-        );
-        let em = cmp(
-            &tr.mlp_out[i],
-            &mlp[i * per * d..(i + 1) * per * d],
-            &pos,
-            d,
-        );
-        eprintln!("{name} layer {i}: attn {ea:.2e}  mlp {em:.2e}  streams {es:.2e}");
-        if std::env::var_os("GLM_DEBUG").is_some() {
+    let at = |i: usize, w: usize| i * per * w..(i + 1) * per * w;
+    let errs = |p: Perturb| -> Vec<f64> {
+        (0..l)
+            .map(|i| {
+                let es = hidden_err(&tr.streams[i], &streams[at(i, n * d)], &pos, n * d, p);
+                let ea = hidden_err(&tr.attn_out[i], &attn[at(i, d)], &pos, d, p);
+                let em = hidden_err(&tr.mlp_out[i], &mlp[at(i, d)], &pos, d, p);
+                if matches!(p, Perturb::Off) {
+                    eprintln!("{name} layer {i}: attn {ea:.2e}  mlp {em:.2e}  streams {es:.2e}");
+                }
+                es.max(ea).max(em)
+            })
+            .collect()
+    };
+    if std::env::var_os("GLM_DEBUG").is_some() {
+        for i in 0..l {
             for (k, &p) in pos.iter().enumerate() {
-                let e1 = cmp(
+                let e1 = hidden_err(
                     &tr.attn_out[i][p * d..(p + 1) * d],
                     &attn[(i * per + k) * d..(i * per + k + 1) * d],
                     &[0],
                     d,
+                    Perturb::Off,
                 );
-                eprintln!("   pos {p}: attn {e1:.2e}");
+                eprintln!("   layer {i} pos {p}: attn {e1:.2e}");
             }
         }
-        if let Some(b) = bound {
-            assert!(
-                es <= b && ea <= b && em <= b,
-                "{name}: layer {i} differs from the reference"
-            );
-        }
     }
+    pinned(name).check(name, errs);
 }
 
 #[test]
 fn hidden_states_f32() {
-    layers("lowerbound_sparse_f32", OutType::F32, Some(1e-4));
-    layers("softplus_dense_f32", OutType::F32, Some(1e-4));
-    layers("real_layout_f32", OutType::F32, Some(1e-4));
+    layers("lowerbound_sparse_f32", OutType::F32);
+    layers("softplus_dense_f32", OutType::F32);
+    layers("real_layout_f32", OutType::F32);
 }
 
 #[test]
-fn hidden_states_bf16_report() {
-    layers("lowerbound_sparse_bf16", OutType::Bf16, None);
-    layers("softplus_dense_bf16", OutType::Bf16, None);
-    layers("real_layout_bf16", OutType::Bf16, None);
+fn hidden_states_bf16() {
+    layers("lowerbound_sparse_bf16", OutType::Bf16);
+    layers("softplus_dense_bf16", OutType::Bf16);
+    layers("real_layout_bf16", OutType::Bf16);
 }
 
 /// The reference's indexer output of a `full` layer, per query row, as a sorted set.
