@@ -9,6 +9,7 @@ use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
 use super::common::{GenFields, resolve_model};
+use super::constraints::Constraints;
 use super::error::ApiError;
 use crate::state::AppState;
 
@@ -59,10 +60,13 @@ pub struct GenRequest<T> {
     pub api: T,
     pub common: GenFields,
     pub model: String,
+    /// `parallel_tool_calls: false`: at most one tool call.
+    pub single_tool_call: bool,
 }
 
-/// Reads a generation request's body (the shared fields first, then those of `T`) and
-/// resolves its model name.
+/// Reads a generation request's body (the shared fields first, then those of `T`),
+/// refuses constraint fields the server does not implement (see
+/// [`super::constraints`]) and resolves its model name.
 pub async fn read_request<T: DeserializeOwned>(
     state: &AppState,
     headers: &HeaderMap,
@@ -71,9 +75,16 @@ pub async fn read_request<T: DeserializeOwned>(
     let bytes = read_body(headers, body, state.config.max_body_bytes).await?;
     let value = json_object(&bytes)?;
     let common: GenFields = from_value(&value)?;
+    let constraints: Constraints = from_value(&value)?;
+    constraints.check()?;
     let api = from_value(&value)?;
     let model = resolve_model(state, common.model.as_deref())?;
-    Ok(GenRequest { api, common, model })
+    Ok(GenRequest {
+        api,
+        common,
+        model,
+        single_tool_call: constraints.single_tool_call(),
+    })
 }
 
 /// Parses a JSON object body into `T`.
