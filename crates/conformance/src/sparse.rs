@@ -253,7 +253,7 @@ fn select_checks<B: Backend>(r: &mut Report<'_, B>) {
                 let q = rng.normal(rows * sh.heads * sh.dim, 1.0);
                 let w = rng.normal(rows * sh.heads, 1.0);
                 let ent = rng.normal(n_entries * sh.dim, 1.0);
-                let step = b.step(&[0; 3], pos0)?;
+                let step = b.step(&vec![0; rows], pos0)?;
                 let mut ids = b.ids(rows * sh.top_k)?;
                 b.dsa_select(
                     &step,
@@ -356,9 +356,13 @@ fn random_pools(rng: &mut Rng, visible: usize, k: usize) -> Vec<i32> {
     ids
 }
 
+/// Rows of f64 values (one per token).
+type Rows = Vec<Vec<f64>>;
+
 fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
     let (ha, dn, dv, rkv) = (64usize, 256usize, 256usize, 512usize);
-    for (selected, pos0) in [(true, 300usize), (false, 50)] {
+    // Few queries (decode and short calls) and many (prefill: GEMMs on CUDA).
+    for (selected, pos0, rows) in [(true, 300usize, 3usize), (false, 50, 3), (false, 40, 24)] {
         let what = if selected {
             "8 selected pools of 16 + tail"
         } else {
@@ -366,9 +370,8 @@ fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
         };
         r.check(
             "mla_attention",
-            format!("GLM-5.3 64 heads, rank 512, {what}, 3 queries at {pos0}"),
+            format!("GLM-5.3 64 heads, rank 512, {what}, {rows} queries at {pos0}"),
             |b, rng| {
-                let rows = 3;
                 let n_ctx = 400;
                 let sel_shape = PoolSelect {
                     pool: 16,
@@ -405,7 +408,7 @@ fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
                 for i in 0..rows {
                     ids.extend(random_pools(rng, (pos0 + i + 1) / 16, 8));
                 }
-                let step = b.step(&[0; 3], pos0)?;
+                let step = b.step(&vec![0; rows], pos0)?;
                 let mut idb = b.ids(rows * 8)?;
                 b.write_ids(&mut idb, 0, &ids)?;
                 let mut out = b.buf(rows * ha * dv)?;
@@ -421,6 +424,34 @@ fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
                     Prec::F32,
                     &mut out,
                 )?;
+                // Per head, the expanded keys and values of every token any query sees.
+                let t_end = pos0 + rows;
+                let expand = |w: &[f64], n_out: usize, key: bool| -> Vec<Vec<f64>> {
+                    (0..t_end)
+                        .map(|j| {
+                            let c = &latent[j * rkv..(j + 1) * rkv];
+                            (0..n_out)
+                                .map(|d| {
+                                    (0..rkv)
+                                        .map(|cc| {
+                                            let wv =
+                                                if key { w[cc * dn + d] } else { w[d * rkv + cc] };
+                                            wv * c[cc] as f64
+                                        })
+                                        .sum()
+                                })
+                                .collect()
+                        })
+                        .collect()
+                };
+                let heads: Vec<(Rows, Rows)> = (0..ha)
+                    .map(|h| {
+                        (
+                            expand(&kbv[h * rkv * dn..(h + 1) * rkv * dn], dn, true),
+                            expand(&vbv[h * dv * rkv..(h + 1) * dv * rkv], dv, false),
+                        )
+                    })
+                    .collect();
                 let mut want = Vec::new();
                 for i in 0..rows {
                     let t = pos0 + i;
@@ -435,31 +466,9 @@ fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
                     } else {
                         (0..=t).collect()
                     };
-                    for h in 0..ha {
-                        let kbh = &kbv[h * rkv * dn..(h + 1) * rkv * dn];
-                        let vbh = &vbv[h * dv * rkv..(h + 1) * dv * rkv];
-                        let keys: Vec<Vec<f64>> = toks
-                            .iter()
-                            .map(|&j| {
-                                let c = &latent[j * rkv..(j + 1) * rkv];
-                                (0..dn)
-                                    .map(|d| {
-                                        (0..rkv).map(|cc| kbh[cc * dn + d] * c[cc] as f64).sum()
-                                    })
-                                    .collect()
-                            })
-                            .collect();
-                        let vals: Vec<Vec<f64>> = toks
-                            .iter()
-                            .map(|&j| {
-                                let c = &latent[j * rkv..(j + 1) * rkv];
-                                (0..dv)
-                                    .map(|e| {
-                                        (0..rkv).map(|cc| vbh[e * rkv + cc] * c[cc] as f64).sum()
-                                    })
-                                    .collect()
-                            })
-                            .collect();
+                    for (h, (hk, hv)) in heads.iter().enumerate() {
+                        let keys: Vec<Vec<f64>> = toks.iter().map(|&j| hk[j].clone()).collect();
+                        let vals: Vec<Vec<f64>> = toks.iter().map(|&j| hv[j].clone()).collect();
                         let qh = wide(&q[(i * ha + h) * dn..(i * ha + h + 1) * dn]);
                         want.extend(attend(&qh, &keys, &vals, shape.scale as f64, None));
                     }
@@ -505,7 +514,7 @@ fn sink_checks<B: Backend>(r: &mut Report<'_, B>) {
                 for i in 0..rows {
                     ids.extend(random_pools(rng, (pos0 + i + 1) / rate.max(1), per_q));
                 }
-                let step = b.step(&[0; 3], pos0)?;
+                let step = b.step(&vec![0; rows], pos0)?;
                 let mut idb = b.ids(ids.len().max(1))?;
                 if !ids.is_empty() {
                     b.write_ids(&mut idb, 0, &ids)?;

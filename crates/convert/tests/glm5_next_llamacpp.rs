@@ -35,6 +35,7 @@ fn ours(outtype: OutType) -> GgufFile {
         name: None,
         synthetic: None,
         seed: 1,
+        mtp: false,
     };
     let report = ds4_convert::run(&args).unwrap();
     assert!(report.unused.is_empty(), "{:?}", report.unused);

@@ -1,6 +1,6 @@
 // Weight preparation and dequantization: splitting GGUF blocks into field planes,
-// generating synthetic blocks, embedding rows (get_rows) and whole matrices to bf16
-// for the prefill GEMMs.
+// generating synthetic blocks and floats, embedding rows (get_rows) and whole matrices
+// to bf16 for the prefill GEMMs.
 
 #include "common.cuh"
 
@@ -17,7 +17,7 @@ extern "C" __global__ void split_plane(const u8* src, u8* dst, i64 n_blocks, int
 }
 
 // splitmix64 (Steele, Lea, Flood 2014): the synthetic-weight generator, mirrored in
-// src/synth/gen.rs so that host and device produce the same bytes.
+// src/synth/generate.rs so that host and device produce the same bytes.
 __device__ __forceinline__ u64 splitmix64(u64 x) {
     u64 z = x + 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -30,7 +30,7 @@ __device__ __forceinline__ void put_u16(u8* p, u16 v) {
     p[1] = (u8)(v >> 8);
 }
 
-// Random valid blocks of type `ty` (see src/synth/gen.rs for the scheme): random bytes,
+// Random valid blocks of type `ty` (see src/synth/generate.rs for the scheme): random bytes,
 // then the f16 scales set to finite values of a fixed exponent and random mantissa.
 extern "C" __global__ void synth_blocks(u8* dst, int ty, int block_bytes, i64 n_blocks, u64 key) {
     for (i64 b = blockIdx.x * (i64)blockDim.x + threadIdx.x; b < n_blocks; b += (i64)gridDim.x * blockDim.x) {
@@ -56,6 +56,17 @@ extern "C" __global__ void synth_blocks(u8* dst, int ty, int block_bytes, i64 n_
         case T_Q2_K: put_u16(o + 80, (u16)((3u << 10) | mant)); put_u16(o + 82, (u16)((3u << 10) | mant)); break;
         default: break;
         }
+    }
+}
+
+// Random floats of a synthetic tensor (see src/synth/generate.rs `float`): element i is
+// (u - 2^23) * 2^-28 with u the top 24 bits of splitmix64(key ^ i * 0x9E3779B97F4A7C15),
+// exact in f32, stored as f16 or bf16 (`ty`) rounded to nearest even.
+extern "C" __global__ void synth_floats(u16* dst, int ty, i64 n, u64 key) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const i32 u = (i32)(splitmix64(key ^ ((u64)i * 0x9E3779B97F4A7C15ull)) >> 40);
+        const float x = __fmul_rn((float)(u - (1 << 23)), 3.7252902984619140625e-9f);
+        dst[i] = ty == T_BF16 ? f2bf(x) : f2h(x);
     }
 }
 

@@ -108,3 +108,11 @@ extern "C" __global__ void scale_sigmoid(float* x, const float* gate, i64 rows, 
         x[i] = rnd(__fmul_rn(x[i], sigmoidf_ref(g)), rb);
     }
 }
+
+// out[i] = element i of a float weight of type ty (F32, F16, BF16), as f32.
+extern "C" __global__ void to_f32(const u8* w, int ty, float* out, i64 n) {
+    pdl_wait();
+    pdl_trigger();
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        out[i] = wval(w, ty, i);
+}

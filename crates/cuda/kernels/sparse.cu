@@ -340,3 +340,26 @@ extern "C" __global__ void mla_expand(const StepInfo* step, const float* latent,
         vexp[((i64)j * heads + h) * dv + e] = bf2f(f2bf(a));
     }
 }
+
+// The causal softmax of MLA's prefill scores in place: row r = (query i, head h) of
+// `s` [rows·heads, ld] holds the dots with keys 0 .. ld−1; key j is visible when
+// j ≤ pos + i. p_j = exp(s_j·scale − max) / Σ (f64 sum), 0 where not visible — the
+// arithmetic of `mla_attend`.
+extern "C" __global__ void mla_softmax(float* s, i32 heads, i32 ld, i32 pos, float scale) {
+    __shared__ float redf[32];
+    __shared__ double redd[32];
+    pdl_wait();
+    pdl_trigger();
+    const int r = blockIdx.x, i = r / heads;
+    float* row = s + (i64)r * ld;
+    const int n = min(ld, pos + i + 1);
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, __fmul_rn(row[j], scale));
+    mx = block_max_f(mx, redf);
+    double z = 0.0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) z += (double)expf(__fsub_rn(__fmul_rn(row[j], scale), mx));
+    z = block_sum_d(z, redd);
+    const float inv = (float)(1.0 / z);
+    for (int j = threadIdx.x; j < ld; j += blockDim.x)
+        row[j] = j < n ? __fmul_rn(expf(__fsub_rn(__fmul_rn(row[j], scale), mx)), inv) : 0.f;
+}

@@ -32,7 +32,7 @@ use crate::error::{CudaError, Result};
 use crate::gemm::Blas;
 use crate::graph::GraphCache;
 use crate::kernels::Kernels;
-use crate::lower::{AttnScratch, Cmd, Ctx, lower};
+use crate::lower::{AttnScratch, Cmd, Ctx, lower_traced};
 use crate::ops::{MatRef, Op, Recording, RopeArgs, step_bytes};
 use crate::weights::{CudaWeight, Source, load};
 
@@ -66,6 +66,8 @@ impl CudaKv {
 /// One step's inputs: they live in the device's step buffer; this records how many.
 pub struct CudaStep {
     pub(crate) n_tok: usize,
+    /// Position of the step's first token.
+    pub(crate) pos0: usize,
 }
 
 /// Counters of what the backend ran, for `bench`.
@@ -91,6 +93,8 @@ pub struct Stats {
 /// One line of a kernel profile (see [`CudaBackend::set_profile`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileRow {
+    /// The model part ([`ds4_engine::backend::Backend::region`]; `""` when unlabelled).
+    pub region: &'static str,
     pub label: &'static str,
     pub launches: u64,
     /// Device time in ms, from events around each launch.
@@ -238,10 +242,10 @@ impl CudaBackend {
         })
     }
 
-    /// Like [`CudaBackend::new`], but every matrix and vector the model loads is
-    /// generated from `seed` and the tensor's name (see [`crate::synth::generate`]) instead of
-    /// read from the file: the file needs only its tensor directory
-    /// ([`crate::synth::header_file`]).
+    /// Like [`CudaBackend::new`], but the large tensors the model loads (those not
+    /// [`crate::synth::on_host`]) are generated on the device from `seed` and the
+    /// tensor's name (see [`crate::synth::generate`]) instead of read from the file: the
+    /// file needs only the host-generated ones ([`crate::synth::header_file`]).
     pub fn synthetic(ordinal: usize, seed: u64) -> Result<CudaBackend> {
         Ok(CudaBackend {
             synthetic: Some(seed),
@@ -376,6 +380,7 @@ impl CudaBackend {
                 step_ptr: 0,
                 ops: Vec::new(),
                 keep: Vec::new(),
+                regions: Vec::new(),
             })
             .push(op, keep);
     }
@@ -397,8 +402,11 @@ impl CudaBackend {
                 st.stats.decode_kernels = st.graphs.get(i).kernels;
                 return Ok(());
             }
-            let cmds = self.lower(st, &rec)?;
-            if !cmds.iter().any(|c| matches!(c, Cmd::Gemm { .. })) {
+            let (cmds, regions) = self.lower(st, &rec)?;
+            if !cmds
+                .iter()
+                .any(|c| matches!(c, Cmd::Gemm { .. } | Cmd::Sgemm(_)))
+            {
                 let n = cmds.len();
                 let captured = {
                     let gpu = self.gpu.clone();
@@ -426,19 +434,20 @@ impl CudaBackend {
                             "graph capture with programmatic dependent launch failed ({e}); disabling it"
                         );
                         self.pdl.store(false, Ordering::Relaxed);
-                        return self.run_eager(st, cmds, false, 1);
+                        return self.run_eager(st, cmds, &regions, false, 1);
                     }
                     Err(e) => return Err(e),
                 }
             }
-            return self.run_eager(st, cmds, pdl, rec.n_tok);
+            return self.run_eager(st, cmds, &regions, pdl, rec.n_tok);
         }
-        let cmds = self.lower(st, &rec)?;
-        self.run_eager(st, cmds, pdl, rec.n_tok)
+        let (cmds, regions) = self.lower(st, &rec)?;
+        self.run_eager(st, cmds, &regions, pdl, rec.n_tok)
         // `rec.keep` drops here, after its kernels were enqueued.
     }
 
-    fn lower(&self, st: &State, rec: &Recording) -> Result<Vec<Cmd>> {
+    /// The recording's commands and the region of each.
+    fn lower(&self, st: &State, rec: &Recording) -> Result<(Vec<Cmd>, Vec<&'static str>)> {
         let occ = |f, threads: u32, smem: u32| self.gpu.occupancy(f, threads, smem);
         let cx = Ctx {
             k: &self.k,
@@ -452,7 +461,9 @@ impl CudaBackend {
             n_tok: rec.n_tok,
             attn: st.attn,
         };
-        lower(&rec.ops, &cx)
+        let (cmds, origin) = lower_traced(&rec.ops, &cx)?;
+        let regions = origin.iter().map(|&i| rec.region_of(i)).collect();
+        Ok((cmds, regions))
     }
 
     fn timed_graph_launch(&self, st: &mut State, i: usize) -> Result<()> {
@@ -486,7 +497,14 @@ impl CudaBackend {
         }
     }
 
-    fn run_eager(&self, st: &mut State, cmds: Vec<Cmd>, pdl: bool, n_tok: usize) -> Result<()> {
+    fn run_eager(
+        &self,
+        st: &mut State,
+        cmds: Vec<Cmd>,
+        regions: &[&'static str],
+        pdl: bool,
+        n_tok: usize,
+    ) -> Result<()> {
         let profile = self.profile.load(Ordering::Relaxed);
         let n_launch = cmds.iter().filter(|c| matches!(c, Cmd::Launch(_))).count();
         if profile {
@@ -496,7 +514,7 @@ impl CudaBackend {
         }
         let mut launches = 0;
         let mut timed = Vec::new();
-        for c in &cmds {
+        for (c, &region) in cmds.iter().zip(regions) {
             match c {
                 Cmd::Launch(l) => {
                     if profile {
@@ -506,7 +524,7 @@ impl CudaBackend {
                         .launch(l.f, l.grid, l.block, l.smem, &l.args, pdl && !profile)?;
                     if profile {
                         st.profile_events[2 * timed.len() + 1].record()?;
-                        timed.push((l.label, l.bytes));
+                        timed.push((region, l.label, l.bytes));
                     }
                     launches += 1;
                 }
@@ -514,18 +532,31 @@ impl CudaBackend {
                     self.gemm(st, w, *x, *rows as usize, *out, pdl)?;
                     launches += 3;
                 }
+                Cmd::Sgemm(g) => {
+                    if st.blas.is_none() {
+                        st.blas = Some(Blas::new(&self.gpu)?);
+                    }
+                    st.blas.as_ref().expect("created").sgemm(g)?;
+                    st.stats.gemms += 1;
+                    launches += 1;
+                }
             }
         }
         if profile {
-            for (k, (label, bytes)) in timed.into_iter().enumerate() {
+            for (k, (region, label, bytes)) in timed.into_iter().enumerate() {
                 let ms = st.profile_events[2 * k].elapsed_ms(&st.profile_events[2 * k + 1])? as f64;
-                match st.profile.iter_mut().find(|r| r.label == label) {
+                match st
+                    .profile
+                    .iter_mut()
+                    .find(|r| r.label == label && r.region == region)
+                {
                     Some(r) => {
                         r.launches += 1;
                         r.ms += ms;
                         r.bytes += bytes;
                     }
                     None => st.profile.push(ProfileRow {
+                        region,
                         label,
                         launches: 1,
                         ms,
@@ -698,6 +729,15 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn region(&self, name: &'static str) {
+        let tid = std::thread::current().id();
+        let mut st = self.lock();
+        if let Some(rec) = st.recs.get_mut(&tid) {
+            let at = rec.ops.len();
+            rec.regions.push((at, name));
+        }
+    }
+
     fn memory_available(&self) -> Option<u64> {
         self.gpu.mem_info().ok().map(|(free, _)| free as u64)
     }
@@ -712,9 +752,13 @@ impl Backend for CudaBackend {
     }
 
     fn weight(&self, file: &Arc<GgufFile>, info: &TensorInfo) -> EngineResult<CudaWeight> {
+        // A synthetic model's small and f32 tensors lie in its header file; the device
+        // generates the rest.
         let src = match self.synthetic {
-            Some(seed) => Source::Synthetic(seed),
-            None => Source::File(file),
+            Some(seed) if !crate::synth::on_host(info.dtype, info.n_elements()) => {
+                Source::Synthetic(seed)
+            }
+            _ => Source::File(file),
         };
         let mut st = self.lock();
         load(&self.gpu, &self.k, &mut st.staging, src, info).map_err(|e| match e {
@@ -797,10 +841,12 @@ impl Backend for CudaBackend {
                 step_ptr: ptr,
                 ops: Vec::new(),
                 keep: Vec::new(),
+                regions: Vec::new(),
             },
         );
         Ok(CudaStep {
             n_tok: tokens.len(),
+            pos0,
         })
     }
 
@@ -1291,7 +1337,7 @@ impl Backend for CudaBackend {
 
     fn mla_attention(
         &self,
-        _step: &CudaStep,
+        step: &CudaStep,
         q: &CudaBuf,
         latent: &CudaBuf,
         k_b: &CudaWeight,
@@ -1302,7 +1348,7 @@ impl Backend for CudaBackend {
         p: Prec,
         out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        self.mla_op(q, latent, k_b, v_b, sel, rows, shape, p, out)
+        self.mla_op(q, latent, k_b, v_b, sel, rows, shape, p, step.pos0, out)
     }
 
     fn sink_attention(

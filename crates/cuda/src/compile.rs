@@ -68,6 +68,7 @@ pub const SOURCES: &[Source] = &[
             "swiglu_ref",
             "add_round",
             "scale_sigmoid",
+            "to_f32",
         ],
     },
     Source {
@@ -76,6 +77,7 @@ pub const SOURCES: &[Source] = &[
         kernels: &[
             "split_plane",
             "synth_blocks",
+            "synth_floats",
             "embed_rows",
             "dequant_bf16",
             "embed_streams",
@@ -158,6 +160,7 @@ pub const SOURCES: &[Source] = &[
             "dsa_topk",
             "mla_attend",
             "mla_expand",
+            "mla_softmax",
         ],
     },
 ];

@@ -1,5 +1,7 @@
-//! Prefill matrix products on the tensor cores through cuBLAS: `out = x · wᵀ` with `w`
-//! dequantized to bf16 (by `dequant_bf16`), `x` converted to bf16 and f32 accumulation.
+//! Prefill matrix products through cuBLAS: `out = x · wᵀ` on the tensor cores with `w`
+//! dequantized to bf16 (by `dequant_bf16`), `x` converted to bf16 and f32 accumulation
+//! ([`Blas::gemm_bf16`]); and f32 products ([`Sgemm`], the reference policies' float
+//! weights and MLA's attention over many queries) in f32 arithmetic (no TF32).
 
 use std::ffi::c_void;
 
@@ -85,6 +87,66 @@ impl Blas {
                     cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                 ),
                 "cublasGemmEx",
+            )
+        }
+    }
+}
+
+/// A strided-batched f32 product in cuBLAS's column-major terms:
+/// `C_b = op(A_b) · B_b` for `b < batch` with `op(A) = Aᵀ` when `trans_a`; `A_b` is
+/// `m × k` after `op`, `B_b` `k × n`, `C_b` `m × n`; leading dimensions and batch strides
+/// in elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sgemm {
+    pub trans_a: bool,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub a: DPtr,
+    pub lda: i32,
+    pub stride_a: i64,
+    pub b: DPtr,
+    pub ldb: i32,
+    pub stride_b: i64,
+    pub c: DPtr,
+    pub ldc: i32,
+    pub stride_c: i64,
+    pub batch: i32,
+}
+
+impl Blas {
+    /// Runs `g` (f32 compute, the handle's default math mode: no TF32).
+    pub fn sgemm(&self, g: &Sgemm) -> Result<()> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let op_a = if g.trans_a {
+            cb::cublasOperation_t::CUBLAS_OP_T
+        } else {
+            cb::cublasOperation_t::CUBLAS_OP_N
+        };
+        // SAFETY: the pointers hold the described matrices; the handle is live.
+        unsafe {
+            check(
+                cb::cublasSgemmStridedBatched(
+                    self.handle,
+                    op_a,
+                    cb::cublasOperation_t::CUBLAS_OP_N,
+                    g.m,
+                    g.n,
+                    g.k,
+                    &alpha,
+                    g.a as *const f32,
+                    g.lda,
+                    g.stride_a,
+                    g.b as *const f32,
+                    g.ldb,
+                    g.stride_b,
+                    &beta,
+                    g.c as *mut f32,
+                    g.ldc,
+                    g.stride_c,
+                    g.batch,
+                ),
+                "cublasSgemmStridedBatched",
             )
         }
     }

@@ -10,8 +10,8 @@
 //!   flash-attention kernel.
 //! - Kernels are `.cu` files under `kernels/`, compiled at run time by NVRTC for the
 //!   device's architecture and cached on disk ([`compile`]).
-//! - [`synth`]: synthetic models of real shapes (`llama3-8b:q4_k_m` …), as GGUF files
-//!   or generated directly in GPU memory; works without CUDA.
+//! - [`synth`]: synthetic models of real shapes (`llama3-8b:q4_k_m`, `glm53-flash:q2`
+//!   …), as GGUF files or generated directly in GPU memory; works without CUDA.
 //! - [`bench`]: the copy-bandwidth probe and the derived decode figures.
 //! - [`parity`] and [`reference`]: CUDA-versus-CPU comparison against an f64 reference
 //!   forward pass (docs/parity.md).

@@ -50,6 +50,8 @@ pub enum Cmd {
         rows: u32,
         out: DPtr,
     },
+    /// An f32 cuBLAS product as recorded.
+    Sgemm(crate::gemm::Sgemm),
 }
 
 /// Scratch memory of the decode attention (fixed for the backend's lifetime, so captured
@@ -149,128 +151,136 @@ fn grid_1d(n: u64, n_sm: u32) -> (u32, u32, u32) {
 
 /// Lowers `ops` to commands.
 pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
+    Ok(lower_traced(ops, cx)?.0)
+}
+
+/// Lowers `ops` to commands, with the index of the first op each command computes.
+pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
     let mut cmds = Vec::with_capacity(ops.len());
+    let mut origin = Vec::with_capacity(ops.len());
     let mut i = 0;
     while i < ops.len() {
-        // Fused patterns first.
-        if let Op::RmsNorm {
-            x,
-            w,
-            n,
-            rows: 1,
-            eps,
-            out,
-        } = ops[i]
-            && let Some((used, cmd)) = gemv_group(
-                ops,
-                i + 1,
-                Input {
-                    x,
-                    norm: Some((w, eps, out)),
-                    n,
-                },
-                cx,
-            )
-        {
-            cmds.push(cmd);
-            i += 1 + used;
-            continue;
-        }
-        if let Op::Matmul { x, rows: 1, w, .. } = ops[i]
-            && let Some((used, cmd)) = gemv_group(
-                ops,
-                i,
-                Input {
-                    x,
-                    norm: None,
-                    n: w.cols,
-                },
-                cx,
-            )
-        {
-            cmds.push(cmd);
-            i += used;
-            continue;
-        }
-        if let (Op::HcPost(post), Some(Op::HcPre { x, args })) = (ops[i], ops.get(i + 1))
-            && *x == post.x
-            && cx.fuse_decode
-        {
-            let mut a = Args::new();
-            a.push(post).push(*args);
-            cmds.push(Cmd::Launch(Launch {
-                f: cx.k.hc_post_pre,
-                grid: ((post.d as usize).div_ceil(HC_COLS) as u32, 1, 1),
-                block: HC_COLS as u32,
-                smem: 0,
-                args: a,
-                label: "hc_post_pre",
-                bytes: 0,
-            }));
-            i += 2;
-            continue;
-        }
-        if let (Op::FloatGemv(seg), Some(&Op::MoeRoute { p, counter })) = (ops[i], ops.get(i + 1))
-            && p.logits == seg.out
-            && seg.n_tok == 1
-            && cx.fuse_decode
-        {
-            let mut a = Args::new();
-            a.push(seg).push(p).push(counter);
-            cmds.push(Cmd::Launch(Launch {
-                f: cx.k.router_route,
-                grid: ((seg.n_out as u32).div_ceil(FLOAT_ROWS_PER_BLOCK), 1, 1),
-                block: FLOAT_ROWS_PER_BLOCK * 32,
-                smem: 0,
-                args: a,
-                label: "router_route",
-                bytes: 0,
-            }));
-            i += 2;
-            continue;
-        }
-        if let Op::ExpertsDown {
+        let before = cmds.len();
+        let used = lower_at(ops, i, cx, &mut cmds)?;
+        origin.resize(origin.len() + cmds.len() - before, i);
+        i += used;
+    }
+    Ok((cmds, origin))
+}
+
+/// Lowers the ops from `ops[i]` on that make one pattern (a fusion, or `ops[i]` alone)
+/// into `cmds`; returns how many it consumed.
+fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize> {
+    // Fused patterns first.
+    if let Op::RmsNorm {
+        x,
+        w,
+        n,
+        rows: 1,
+        eps,
+        out,
+    } = ops[i]
+        && let Some((used, cmd)) = gemv_group(
+            ops,
+            i + 1,
+            Input {
+                x,
+                norm: Some((w, eps, out)),
+                n,
+            },
+            cx,
+        )
+    {
+        cmds.push(cmd);
+        return Ok(1 + used);
+    }
+    if let Op::Matmul { x, rows: 1, w, .. } = ops[i]
+        && let Some((used, cmd)) = gemv_group(
+            ops,
+            i,
+            Input {
+                x,
+                norm: None,
+                n: w.cols,
+            },
+            cx,
+        )
+    {
+        cmds.push(cmd);
+        return Ok(used);
+    }
+    if let (Op::HcPost(post), Some(Op::HcPre { x, args })) = (ops[i], ops.get(i + 1))
+        && *x == post.x
+        && cx.fuse_decode
+    {
+        let mut a = Args::new();
+        a.push(post).push(*args);
+        cmds.push(Cmd::Launch(Launch {
+            f: cx.k.hc_post_pre,
+            grid: ((post.d as usize).div_ceil(HC_COLS) as u32, 1, 1),
+            block: HC_COLS as u32,
+            smem: 0,
+            args: a,
+            label: "hc_post_pre",
+            bytes: 0,
+        }));
+        return Ok(2);
+    }
+    if let (Op::FloatGemv(seg), Some(&Op::MoeRoute { p, counter })) = (ops[i], ops.get(i + 1))
+        && p.logits == seg.out
+        && seg.n_tok == 1
+        && cx.fuse_decode
+    {
+        let mut a = Args::new();
+        a.push(seg).push(p).push(counter);
+        cmds.push(Cmd::Launch(Launch {
+            f: cx.k.router_route,
+            grid: ((seg.n_out as u32).div_ceil(FLOAT_ROWS_PER_BLOCK), 1, 1),
+            block: FLOAT_ROWS_PER_BLOCK * 32,
+            smem: 0,
+            args: a,
+            label: "router_route",
+            bytes: 0,
+        }));
+        return Ok(2);
+    }
+    if let Op::ExpertsDown {
+        e,
+        tail,
+        grid_x,
+        smem,
+    } = ops[i]
+    {
+        // An add of the sum right after it becomes the tail's addend.
+        let (add, used) = match ops.get(i + 1) {
+            Some(&Op::Add { x, y, len })
+                if cx.fuse_decode && x == tail.out && len == e.rows as u32 && y != tail.out =>
+            {
+                (y, 2)
+            }
+            _ => (0, 1),
+        };
+        cmds.push(experts_down(
             e,
-            tail,
+            ReduceTail { add, ..tail },
             grid_x,
             smem,
-        } = ops[i]
-        {
-            // An add of the sum right after it becomes the tail's addend.
-            let (add, used) = match ops.get(i + 1) {
-                Some(&Op::Add { x, y, len })
-                    if cx.fuse_decode && x == tail.out && len == e.rows as u32 && y != tail.out =>
-                {
-                    (y, 2)
-                }
-                _ => (0, 1),
-            };
-            cmds.push(experts_down(
-                e,
-                ReduceTail { add, ..tail },
-                grid_x,
-                smem,
-                cx,
-            ));
-            i += used;
-            continue;
-        }
-        if let Op::FloatGemv(_) = ops[i] {
-            let (used, cmd) = float_group(ops, i, cx);
-            cmds.push(cmd);
-            i += used;
-            continue;
-        }
-        if cx.n_tok == 1
-            && let Some(used) = decode_attention(ops, i, cx, &mut cmds)?
-        {
-            i += used;
-            continue;
-        }
-        single(&ops[i], cx, &mut cmds)?;
-        i += 1;
+            cx,
+        ));
+        return Ok(used);
     }
-    Ok(cmds)
+    if let Op::FloatGemv(_) = ops[i] {
+        let (used, cmd) = float_group(ops, i, cx);
+        cmds.push(cmd);
+        return Ok(used);
+    }
+    if cx.n_tok == 1
+        && let Some(used) = decode_attention(ops, i, cx, cmds)?
+    {
+        return Ok(used);
+    }
+    single(&ops[i], cx, cmds)?;
+    Ok(1)
 }
 
 /// `gemv_float_multi`'s parameters (kernels/float_gemv.cu).
@@ -1005,6 +1015,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
             }));
         }
         Op::FloatGemv(_) => cmds.push(float_group(std::slice::from_ref(op), 0, cx).1),
+        Op::Sgemm(g) => cmds.push(Cmd::Sgemm(g)),
         Op::ExpertsDown {
             e,
             tail,

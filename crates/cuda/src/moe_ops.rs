@@ -22,6 +22,7 @@ use ds4_gguf::GgmlType;
 
 use crate::backend::{CudaBackend, CudaBuf, CudaStep};
 use crate::driver::{DPtr, DevMem, Func};
+use crate::gemm::Sgemm;
 use crate::layout::uses_q8k;
 use crate::ops::{
     ExpertGemv, FloatSeg, HC_COLS, HcPostArgs, HcPreArgs, KArgs, KernelOp, MatRef, Op, ReduceTail,
@@ -122,6 +123,9 @@ const MM_MAX_E: usize = 1024;
 /// Steps of at least this many tokens run quantized experts on tensor cores, grouped by
 /// expert; shorter ones one GEMV per (token, expert) pair.
 const MMA_MIN_ROWS: usize = 16;
+
+/// Float products of at least this many tokens (f32 policy) run as cuBLAS f32 GEMMs.
+const SGEMM_MIN_ROWS: usize = 16;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -327,6 +331,33 @@ impl CudaBackend {
             }
             None => 0,
         };
+        // Many tokens in f32 arithmetic: cuBLAS, on an f32 copy of the weight.
+        if rows >= SGEMM_MIN_ROWS && p != Prec::Bf16 && bias.is_none() {
+            let wf = self.f32_weight(wm, ty, n * n_out * n_in)?;
+            let g = Sgemm {
+                trans_a: true,
+                m: n_out as i32,
+                n: rows as i32,
+                k: n_in as i32,
+                a: wf.as_ref().map_or(wm.ptr(), |f| f.ptr()),
+                lda: n_in as i32,
+                stride_a: if groups == 1 {
+                    0
+                } else {
+                    (n_out * n_in) as i64
+                },
+                b: xp,
+                ldb: (groups * n_in) as i32,
+                stride_b: n_in as i64,
+                c: op,
+                ldc: (groups * n_out) as i32,
+                stride_c: n_out as i64,
+                batch: groups as i32,
+            };
+            keep.extend(wf.as_ref());
+            self.record(Op::Sgemm(g), &keep);
+            return Ok(());
+        }
         if groups == 1 {
             let seg = FloatSeg {
                 w: wm.ptr(),
@@ -369,6 +400,19 @@ impl CudaBackend {
             keep,
         });
         Ok(())
+    }
+
+    /// `w` (`n` values of float type `ty`) converted to f32 in scratch, or `None` when it
+    /// is f32 already.
+    fn f32_weight(&self, w: &Arc<DevMem>, ty: GgmlType, n: usize) -> Result<Option<Arc<DevMem>>> {
+        if ty == GgmlType::F32 {
+            return Ok(None);
+        }
+        let f = self.scratch_mem("sgemm_w", n * 4)?;
+        let mut a = KArgs::default();
+        a.push(w.ptr()).push(ty as i32).push(f.ptr()).push(n as i64);
+        self.elementwise(self.k.to_f32, n as u64, a, "to_f32", vec![w, &f]);
+        Ok(Some(f))
     }
 
     fn elementwise(
@@ -1612,6 +1656,7 @@ impl CudaBackend {
         rows: usize,
         sh: &MlaShape,
         p: Prec,
+        pos0: usize,
         out: &CudaBuf,
     ) -> Result<()> {
         let (ha, rkv, dn, dv) = (sh.heads, sh.rank, sh.qk_dim, sh.v_dim);
@@ -1726,6 +1771,10 @@ impl CudaBackend {
             len: rows * ha * rkv,
         };
         self.head_matmul(k_b, q, rows, ha, Prec::F32, &qt_buf)?;
+        if sel.is_none() && rows >= SGEMM_MIN_ROWS {
+            self.mla_dense_gemm(&qt, latent, &ctx, rows, pos0, sh)?;
+            return self.head_matmul(v_b, &ctx_buf, rows, ha, p, out);
+        }
         keep.extend([&qt, &ctx]);
         attend(
             MlaParams {
@@ -1742,6 +1791,90 @@ impl CudaBackend {
             keep,
         );
         self.head_matmul(v_b, &ctx_buf, rows, ha, p, out)
+    }
+
+    /// Dense MLA attention of many queries as f32 GEMMs: per chunk of queries the scores
+    /// `q̃ · Lᵀ` over the keys they can see, the causal softmax (`mla_softmax`), then
+    /// `P · L` into `ctx` (`[rows, heads, rank]`). The score block is kept under 1 GiB.
+    fn mla_dense_gemm(
+        &self,
+        qt: &Arc<DevMem>,
+        latent: &CudaBuf,
+        ctx: &Arc<DevMem>,
+        rows: usize,
+        pos0: usize,
+        sh: &MlaShape,
+    ) -> Result<()> {
+        let (ha, rkv) = (sh.heads, sh.rank);
+        let t_all = pos0 + rows;
+        if latent.len < t_all * rkv {
+            return Err(bad(
+                "mla_attention: the latent cache is shorter than the context",
+            ));
+        }
+        let qc = ((1usize << 30) / (ha * t_all * 4)).clamp(1, rows);
+        let scores = self.scratch_mem("mla_gemm_scores", qc * ha * t_all * 4)?;
+        for q0 in (0..rows).step_by(qc) {
+            let nq = qc.min(rows - q0);
+            let tk = pos0 + q0 + nq;
+            let qp = qt.ptr() + (q0 * ha * rkv * 4) as u64;
+            let cp = ctx.ptr() + (q0 * ha * rkv * 4) as u64;
+            let keep = [qt, &latent.mem, &scores, ctx];
+            self.record(
+                Op::Sgemm(Sgemm {
+                    trans_a: true,
+                    m: tk as i32,
+                    n: (nq * ha) as i32,
+                    k: rkv as i32,
+                    a: latent.ptr(),
+                    lda: rkv as i32,
+                    stride_a: 0,
+                    b: qp,
+                    ldb: rkv as i32,
+                    stride_b: 0,
+                    c: scores.ptr(),
+                    ldc: tk as i32,
+                    stride_c: 0,
+                    batch: 1,
+                }),
+                &keep,
+            );
+            let mut a = KArgs::default();
+            a.push(scores.ptr())
+                .push(ha as i32)
+                .push(tk as i32)
+                .push((pos0 + q0) as i32)
+                .push(sh.scale);
+            self.launch_op(Launch {
+                f: self.k.mla_softmax,
+                grid: ((nq * ha) as u32, 1, 1),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "mla_softmax",
+                keep: vec![&scores],
+            });
+            self.record(
+                Op::Sgemm(Sgemm {
+                    trans_a: false,
+                    m: rkv as i32,
+                    n: (nq * ha) as i32,
+                    k: tk as i32,
+                    a: latent.ptr(),
+                    lda: rkv as i32,
+                    stride_a: 0,
+                    b: scores.ptr(),
+                    ldb: tk as i32,
+                    stride_b: 0,
+                    c: cp,
+                    ldc: rkv as i32,
+                    stride_c: 0,
+                    batch: 1,
+                }),
+                &keep,
+            );
+        }
+        Ok(())
     }
 
     /// `out[t, h] = w[h] · x[t, h]` for a stack of `heads` matrices, float or quantized

@@ -125,6 +125,8 @@ pub enum Op {
         grid_x: u32,
         smem: u32,
     },
+    /// An f32 cuBLAS product (multi-token float products, MLA's prefill attention).
+    Sgemm(crate::gemm::Sgemm),
     /// A launch recorded as is (the MoE families' operations, `crate::moe_ops`).
     Kernel(KernelOp),
 }
@@ -264,9 +266,19 @@ pub struct Recording {
     pub ops: Vec<Op>,
     /// Memory the ops point to, held until they are enqueued.
     pub keep: Vec<Arc<DevMem>>,
+    /// `(first op, name)` of each labelled region ([`ds4_engine::backend::Backend::region`]).
+    pub regions: Vec<(usize, &'static str)>,
 }
 
 impl Recording {
+    /// The region op `i` belongs to (`""` before the first label).
+    pub fn region_of(&self, i: usize) -> &'static str {
+        match self.regions.partition_point(|&(first, _)| first <= i) {
+            0 => "",
+            k => self.regions[k - 1].1,
+        }
+    }
+
     pub fn push(&mut self, op: Op, keep: &[&Arc<DevMem>]) {
         self.ops.push(op);
         self.keep.extend(keep.iter().map(|m| (*m).clone()));

@@ -1,6 +1,6 @@
 //! Weights on the device: quantized matrices split into field planes
-//! ([`crate::layout`]) from the file's bytes or generated synthetically on the GPU, and
-//! f32 vectors (norm weights, biases).
+//! ([`crate::layout`]) and float matrices, from the file's bytes or generated
+//! synthetically on the GPU, and f32 vectors (norm weights, biases).
 
 use std::sync::Arc;
 
@@ -40,6 +40,9 @@ pub enum CudaWeight {
 
 /// Float tensors of at most this many elements are kept as f32 on the device.
 const SMALL_FLOAT: usize = 1 << 20;
+
+// Synthetic float tensors generated on the device are all large (kept in their type).
+const _: () = assert!(crate::synth::HOST_ELEMENTS >= SMALL_FLOAT as u64);
 
 impl CudaWeight {
     fn misuse(&self, want: &str) -> CudaError {
@@ -104,8 +107,20 @@ impl CudaWeight {
 pub enum Source<'a> {
     /// The mapped file.
     File(&'a GgufFile),
-    /// Generated from `seed` and the tensor's name (see [`crate::synth::generate`]).
+    /// Generated on the device from `seed` and the tensor's name (see
+    /// [`crate::synth::generate`]): quantized matrices and F16/BF16 matrices.
     Synthetic(u64),
+}
+
+/// The error for a synthetic tensor the device does not generate.
+fn not_on_device(info: &TensorInfo) -> CudaError {
+    CudaError::Unsupported(format!(
+        "synthetic tensor '{}' ({}, {} elements) is not generated on the device: \
+         vectors, integer tables and f32 tensors come from the header file",
+        info.name,
+        info.dtype,
+        info.n_elements()
+    ))
 }
 
 /// Uploads (or generates) tensor `info`. `staging` is a reusable device buffer for the
@@ -122,7 +137,7 @@ pub fn load(
     if info.dtype == GgmlType::I32 {
         let v: Vec<u8> = match src {
             Source::File(f) => f.tensor_data(info).to_vec(),
-            Source::Synthetic(_) => vec![0u8; info.n_elements() as usize * 4],
+            Source::Synthetic(_) => return Err(not_on_device(info)),
         };
         let mem = gpu.alloc(v.len().max(4))?;
         gpu.htod(mem.ptr(), &v)?;
@@ -134,7 +149,7 @@ pub fn load(
     if info.dims.len() == 1 || rows == 1 {
         let v = match src {
             Source::File(f) => vector_f32(info, f.tensor_data(info))?,
-            Source::Synthetic(seed) => generate::vector(seed, &info.name, cols),
+            Source::Synthetic(_) => return Err(not_on_device(info)),
         };
         let mem = gpu.alloc(v.len() * 4)?;
         gpu.htod(mem.ptr(), as_bytes(&v))?;
@@ -148,7 +163,7 @@ pub fn load(
     let per_rows = info.dims.get(1).copied().unwrap_or(1) as usize;
     let n_mats = rows / per_rows.max(1);
     if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-        return load_float(gpu, src, info, per_rows, cols, n_mats);
+        return load_float(gpu, k, src, info, per_rows, cols, n_mats);
     }
     if !MATRIX_TYPES.contains(&ty) {
         return Err(CudaError::Unsupported(format!(
@@ -177,20 +192,8 @@ pub fn load(
             gpu.htod(stage, data)?;
         }
         Source::Synthetic(seed) => {
-            let mut a = Args::new();
-            a.push(stage)
-                .push(ty as i32)
-                .push(ty.type_size() as i32)
-                .push(n_blocks as i64)
-                .push(generate::tensor_key(seed, &info.name));
-            gpu.launch(
-                k.synth_blocks,
-                grid(n_blocks as u64, gpu),
-                256,
-                0,
-                &a,
-                false,
-            )?;
+            let key = generate::tensor_key(seed, &info.name);
+            launch_synth_blocks(gpu, k, stage, ty, n_blocks, key)?;
         }
     }
     let mem = gpu.alloc(layout.total)?;
@@ -234,6 +237,7 @@ pub fn load(
 /// A float matrix (stack): small ones as f32, large ones in their file type.
 fn load_float(
     gpu: &Arc<Gpu>,
+    k: &Kernels,
     src: Source,
     info: &TensorInfo,
     rows: usize,
@@ -241,19 +245,30 @@ fn load_float(
     n: usize,
 ) -> Result<CudaWeight> {
     let elems = info.n_elements() as usize;
-    let (ty, bytes): (GgmlType, Vec<u8>) = match src {
-        Source::File(f) if elems > SMALL_FLOAT => (info.dtype, f.tensor_data(info).to_vec()),
-        Source::File(f) => (
-            GgmlType::F32,
-            as_bytes(&vector_f32(info, f.tensor_data(info))?).to_vec(),
-        ),
-        Source::Synthetic(seed) => (
-            GgmlType::F32,
-            as_bytes(&generate::vector(seed, &info.name, elems)).to_vec(),
-        ),
+    let (ty, mem) = match src {
+        Source::File(f) => {
+            let (ty, bytes): (GgmlType, Vec<u8>) = if elems > SMALL_FLOAT {
+                (info.dtype, f.tensor_data(info).to_vec())
+            } else {
+                (
+                    GgmlType::F32,
+                    as_bytes(&vector_f32(info, f.tensor_data(info))?).to_vec(),
+                )
+            };
+            let mem = gpu.alloc(bytes.len().max(4))?;
+            gpu.htod(mem.ptr(), &bytes)?;
+            (ty, mem)
+        }
+        Source::Synthetic(seed) => {
+            if !matches!(info.dtype, GgmlType::F16 | GgmlType::BF16) {
+                return Err(not_on_device(info));
+            }
+            let mem = gpu.alloc(elems * 2)?;
+            let key = generate::tensor_key(seed, &info.name);
+            launch_synth_floats(gpu, k, mem.ptr(), info.dtype, elems, key)?;
+            (info.dtype, mem)
+        }
     };
-    let mem = gpu.alloc(bytes.len().max(4))?;
-    gpu.htod(mem.ptr(), &bytes)?;
     Ok(CudaWeight::Float {
         mem: Arc::new(mem),
         ty,
@@ -261,6 +276,41 @@ fn load_float(
         cols,
         n,
     })
+}
+
+/// Generates `n_blocks` random blocks of `ty` with `key` at `dst` (GGUF layout) with
+/// `synth_blocks` ([`crate::synth::generate::blocks`] on the host).
+fn launch_synth_blocks(
+    gpu: &Arc<Gpu>,
+    k: &Kernels,
+    dst: DPtr,
+    ty: GgmlType,
+    n_blocks: usize,
+    key: u64,
+) -> Result<()> {
+    let mut a = Args::new();
+    a.push(dst)
+        .push(ty as i32)
+        .push(ty.type_size() as i32)
+        .push(n_blocks as i64)
+        .push(key);
+    let g = grid(n_blocks as u64, gpu);
+    gpu.launch(k.synth_blocks, g, 256, 0, &a, false)
+}
+
+/// Generates `n` random floats of `ty` (F16 or BF16) with `key` at `dst` with
+/// `synth_floats` ([`crate::synth::generate::floats`] on the host).
+fn launch_synth_floats(
+    gpu: &Arc<Gpu>,
+    k: &Kernels,
+    dst: DPtr,
+    ty: GgmlType,
+    n: usize,
+    key: u64,
+) -> Result<()> {
+    let mut a = Args::new();
+    a.push(dst).push(ty as i32).push(n as i64).push(key);
+    gpu.launch(k.synth_floats, grid(n as u64, gpu), 256, 0, &a, false)
 }
 
 /// A float weight built from values at load time (`Backend::weight_f32`), ggml dims
@@ -330,31 +380,23 @@ pub(crate) fn as_bytes(v: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
-/// Generates `n_blocks` synthetic blocks of `ty` with `key` on the device and copies
-/// them back (GGUF layout), to check the device generator against the host's.
+/// Generates `n` synthetic blocks of a quantized `ty`, or `n` random floats of F16 or
+/// BF16, with `key` on the device and copies them back (GGUF layout), to check the
+/// device generators against the host's.
 pub fn synth_on_device(
     gpu: &Arc<Gpu>,
     k: &Kernels,
     ty: GgmlType,
     key: u64,
-    n_blocks: usize,
+    n: usize,
 ) -> Result<Vec<u8>> {
-    let bytes = n_blocks * ty.type_size();
+    let bytes = n * ty.type_size();
     let mem = gpu.alloc(bytes)?;
-    let mut a = Args::new();
-    a.push(mem.ptr())
-        .push(ty as i32)
-        .push(ty.type_size() as i32)
-        .push(n_blocks as i64)
-        .push(key);
-    gpu.launch(
-        k.synth_blocks,
-        grid(n_blocks as u64, gpu),
-        256,
-        0,
-        &a,
-        false,
-    )?;
+    if matches!(ty, GgmlType::F16 | GgmlType::BF16) {
+        launch_synth_floats(gpu, k, mem.ptr(), ty, n, key)?;
+    } else {
+        launch_synth_blocks(gpu, k, mem.ptr(), ty, n, key)?;
+    }
     let mut out = vec![0u8; bytes];
     gpu.dtoh(&mut out, mem.ptr())?;
     Ok(out)

@@ -37,7 +37,7 @@ fn cuda_matches_cpu_on_synthetic_models() {
         let rep = compare(
             &cpu,
             &cuda,
-            &test_tokens(40, spec.shape.n_vocab, 42),
+            &test_tokens(40, spec.n_vocab(), 42),
             16,
             Some(&file),
         )

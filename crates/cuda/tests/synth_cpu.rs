@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use ds4_cuda::parity::test_tokens;
-use ds4_cuda::synth::{QUANTS, Spec, write_gguf};
+use ds4_cuda::synth::dense::QUANTS;
+use ds4_cuda::synth::{Spec, write_gguf};
 use ds4_engine::Session;
 use ds4_gguf::GgufFile;
 
@@ -21,9 +22,9 @@ fn every_quant_runs_on_the_cpu_with_finite_spread_logits() {
             write_gguf(&spec, &path).unwrap();
             let file = Arc::new(GgufFile::open(&path).unwrap());
             let model = ds4_engine::loader::load_model(&file, &path).unwrap();
-            assert_eq!(model.info().n_vocab, spec.shape.n_vocab);
+            assert_eq!(model.info().n_vocab, spec.n_vocab());
             let mut s = Session::new(model.clone(), 16).unwrap();
-            let toks = test_tokens(6, spec.shape.n_vocab, 3);
+            let toks = test_tokens(6, spec.n_vocab(), 3);
             let l = s.prefill(&toks, &mut |_, _| {}).unwrap().to_vec();
             assert!(l.iter().all(|v| v.is_finite()), "{name}: non-finite logits");
             let mean = l.iter().map(|&v| v as f64).sum::<f64>() / l.len() as f64;
@@ -46,7 +47,7 @@ fn the_cpu_backend_is_within_int8_activation_noise_of_the_f64_reference() {
         write_gguf(&spec, &path).unwrap();
         let file = Arc::new(GgufFile::open(&path).unwrap());
         let model = ds4_engine::loader::load_model(&file, &path).unwrap();
-        let toks = test_tokens(8, spec.shape.n_vocab, 5);
+        let toks = test_tokens(8, spec.n_vocab(), 5);
         let mut s = Session::new(model, 16).unwrap();
         let cpu = s.forward_all(&toks).unwrap();
         let reference = ds4_cuda::reference::logits(&file, &toks).unwrap();
@@ -57,6 +58,38 @@ fn the_cpu_backend_is_within_int8_activation_noise_of_the_f64_reference() {
             assert!(d.nrmse < 0.05, "{name} row {i}: nrmse {}", d.nrmse);
             eprintln!("{name} row {i}: cpu vs f64 reference nrmse {:.2e}", d.nrmse);
         }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn tiny_glm5_runs_on_the_cpu_with_finite_spread_logits() {
+    // GLM-5.3-Flash's structure (KDA, MLA + DSA indexer, dense then MoE layers, mHC) at
+    // hidden 256: prefill past the indexer's top-k (32), then decode.
+    let dir = std::env::temp_dir().join(format!("ds4-synth-glm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = Spec::parse("tiny-glm5:q2").unwrap();
+    let path = dir.join("m.gguf");
+    write_gguf(&spec, &path).unwrap();
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let model = ds4_engine::loader::load_model(&file, &path).unwrap();
+    assert_eq!(model.info().n_vocab, spec.n_vocab());
+    let mut s = Session::new(model, 64).unwrap();
+    let toks = test_tokens(40, spec.n_vocab(), 9);
+    let mut rows = vec![s.prefill(&toks, &mut |_, _| {}).unwrap().to_vec()];
+    for t in [5, 77, 300] {
+        rows.push(s.decode(t).unwrap().to_vec());
+    }
+    for (i, l) in rows.iter().enumerate() {
+        assert!(
+            l.iter().all(|v| v.is_finite()),
+            "row {i}: non-finite logits"
+        );
+        let mean = l.iter().map(|&v| v as f64).sum::<f64>() / l.len() as f64;
+        let sd =
+            (l.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / l.len() as f64).sqrt();
+        assert!(sd > 0.05 && sd < 100.0, "row {i}: logits sd {sd}");
+        eprintln!("tiny-glm5:q2 row {i}: logits sd {sd:.3}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! gpu_check info                      device, NVRTC, copy bandwidth
-//! gpu_check gen                       device generator == host generator, every type
+//! gpu_check gen                       device generators == host generators, every type
 //! gpu_check parity SPEC...            CUDA vs CPU logits on synthetic models (SHAPE:QUANT)
 //! gpu_check bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS]
 //! gpu_check gemv                      single-matrix GEMV bandwidth (llama3-8b shapes)
@@ -25,11 +25,11 @@ use std::time::Instant;
 
 use ds4_cuda::bench::{DecodeFigures, copy_bandwidth, median};
 use ds4_cuda::parity::{Report, argmax, compare, test_tokens};
-use ds4_cuda::synth::{Spec, generate, write_gguf};
+use ds4_cuda::synth::{Family, Spec, generate, write_gguf};
 use ds4_cuda::{CudaBackend, load_model, load_synthetic};
 use ds4_engine::backend::Prec;
 use ds4_engine::{Model, Session};
-use ds4_gguf::GgufFile;
+use ds4_gguf::{GgmlType, GgufFile};
 
 pub(crate) type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -101,11 +101,16 @@ fn tb(v: &[f64]) -> Vec<String> {
 fn gen_check() -> Res<()> {
     let b = CudaBackend::new(0)?;
     let mut bad = 0;
-    for ty in ds4_cuda::layout::MATRIX_TYPES {
+    let floats = [GgmlType::F16, GgmlType::BF16];
+    for ty in ds4_cuda::layout::MATRIX_TYPES.into_iter().chain(floats) {
         let key = generate::tensor_key(7, "blk.3.ffn_down.weight");
         let n = 3001;
         let dev = ds4_cuda::weights::synth_on_device(b.gpu(), b.kernels(), ty, key, n)?;
-        let host = generate::blocks(ty, key, n);
+        let host = if floats.contains(&ty) {
+            generate::floats(ty, key, n)
+        } else {
+            generate::blocks(ty, key, n)
+        };
         let ok = dev == host;
         println!("gen {ty}: {}", if ok { "identical" } else { "DIFFERENT" });
         bad += usize::from(!ok);
@@ -152,7 +157,9 @@ fn parity_one(name: &str, dir: &std::path::Path, gpu: &Arc<CudaBackend>) -> Res<
     // large models.
     let big = spec.weight_bytes() > 200_000_000;
     let tokens = test_tokens(if big { 20 } else { 40 }, n_vocab, 42);
-    let rep = compare(&cpu, &cuda, &tokens, 16, Some(&file))?;
+    // The f64 reference is the dense graph's.
+    let reference = matches!(spec.family, Family::Dense { .. }).then_some(&*file);
+    let rep = compare(&cpu, &cuda, &tokens, 16, reference)?;
     // The synthetic model built in GPU memory must equal the file's, bit for bit.
     let synth = load_synthetic(name, 0)?.model;
     let same = decode_logits(&synth, &tokens[..12])? == decode_logits(&cuda, &tokens[..12])?;
@@ -376,11 +383,41 @@ fn bench(args: &[String]) -> Res<()> {
                 String::new()
             };
             println!(
-                "  {:<32} {:>6.1} launches/token {:>9.1} us/token {:>8.2} us/launch {bw}",
+                "  {:<22} {:<24} {:>6.1} launches/token {:>9.1} us/token {:>8.2} us/launch {bw}",
+                r.region,
                 r.label,
                 r.launches as f64 / n as f64,
                 1e3 * r.ms / n as f64,
                 1e3 * r.ms / r.launches as f64
+            );
+        }
+        // Per model part (the family's regions).
+        let mut parts: Vec<(&str, f64, u64)> = Vec::new();
+        for r in &rows {
+            match parts.iter_mut().find(|p| p.0 == r.region) {
+                Some(p) => {
+                    p.1 += r.ms;
+                    p.2 += r.launches;
+                }
+                None => parts.push((r.region, r.ms, r.launches)),
+            }
+        }
+        parts.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (region, ms, launches) in parts {
+            println!(
+                "  part {:<22} {:>9.1} us/token {:>6.1} launches/token",
+                if region.is_empty() {
+                    "(unlabelled)"
+                } else {
+                    region
+                },
+                1e3 * ms / n as f64,
+                launches as f64 / n as f64
+            );
+            println!(
+                "RESULT {{\"kind\":\"part\",\"model\":\"{name}\",\"part\":{region:?},\"us_per_token\":{:.2},\"launches\":{:.1}}}",
+                1e3 * ms / n as f64,
+                launches as f64 / n as f64
             );
         }
     }

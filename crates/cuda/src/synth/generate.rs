@@ -1,21 +1,31 @@
-//! The synthetic-weight generator, shared by the host (GGUF files) and the device
-//! (`synth_blocks` in `kernels/dequant.cu`), so that a model built in GPU memory and the
-//! same model written to a file hold identical bytes.
+//! The synthetic-weight generators, shared by the host (GGUF files) and the device
+//! (`synth_blocks` and `synth_floats` in `kernels/dequant.cu`), so that a model built in
+//! GPU memory and the same model written to a file hold identical bytes.
 //!
-//! Every byte of block `b` of a tensor comes from splitmix64 (Steele, Lea, Flood 2014)
-//! counters: `base = splitmix64(key ^ b·0xD1B54A32D192ED03)`, word `i` of the block is
-//! `splitmix64(base + i)` (little-endian, truncated to the block size), with
-//! `key = splitmix64(seed ^ fnv1a64(tensor name))`. Then the f16 scales are overwritten
-//! with finite values of a fixed exponent per type and a random mantissa (from
-//! `splitmix64(base ^ 0xA5A5…)`), chosen so that weights have a standard deviation of
-//! about 0.02, and Q6_K's int8 sub-block scales are folded into [-32, 31]. Everything is
-//! integer arithmetic, so host and device agree bit for bit.
+//! Every tensor has a key, `key = splitmix64(seed ^ fnv1a64(tensor name))`
+//! ([`tensor_key`]); splitmix64 is Steele, Lea and Flood's (2014).
 //!
-//! Vectors (norm weights, biases) are f32 and generated on the host only: norm weights
-//! uniform in [0.5, 1.5), biases in [-0.1, 0.1).
+//! - Quantized blocks ([`blocks`]): every byte of block `b` comes from splitmix64
+//!   counters: `base = splitmix64(key ^ b·0xD1B54A32D192ED03)`, word `i` of the block is
+//!   `splitmix64(base + i)` (little-endian, truncated to the block size). Then the f16
+//!   scales are overwritten with finite values of a fixed exponent per type and a random
+//!   mantissa (from `splitmix64(base ^ 0xA5A5…)`), chosen so that weights have a standard
+//!   deviation of about 0.02, and Q6_K's int8 sub-block scales are folded into
+//!   [-32, 31].
+//! - Element `i` of a float tensor draws `u = splitmix64(key ^ i·0x9E3779B97F4A7C15) >> 40`,
+//!   24 random bits. Random floats ([`floats`]) are `(u − 2²³)·2⁻²⁸`, uniform in
+//!   [-1/32, 1/32) (standard deviation 0.018), exact in f32 and rounded to the tensor's
+//!   type (F16, BF16) to nearest even; norm weights ([`norms`]) are `0.5 + u·2⁻²⁴`, in
+//!   [0.5, 1.5); biases ([`biases`]) `(u·2⁻²⁴ − 0.5)·0.2`, in [-0.1, 0.1).
+//!
+//! Blocks and random floats are integer arithmetic up to one rounding, so host and device
+//! agree bit for bit; norms, biases and constants are F32 and generated on the host only
+//! ([`super::on_host`]).
 
 use ds4_gguf::GgmlType;
 use rayon::prelude::*;
+
+use super::{Init, Tensor};
 
 /// splitmix64's output function of `x` (the state advanced once).
 pub fn splitmix64(x: u64) -> u64 {
@@ -75,6 +85,10 @@ pub fn block(ty: GgmlType, key: u64, b: u64, out: &mut [u8]) {
             out[208..210].copy_from_slice(&f16_bits(1, m));
         }
         IQ2_XXS => out[0..2].copy_from_slice(&f16_bits(4, m)),
+        Q2_K => {
+            out[80..82].copy_from_slice(&f16_bits(3, m));
+            out[82..84].copy_from_slice(&f16_bits(3, m));
+        }
         _ => {}
     }
 }
@@ -98,22 +112,89 @@ pub fn blocks(ty: GgmlType, key: u64, n_blocks: usize) -> Vec<u8> {
     out
 }
 
-/// A synthetic f32 vector: biases (names ending in `.bias`) in [-0.1, 0.1), other
-/// vectors (norm weights) in [0.5, 1.5).
-pub fn vector(seed: u64, name: &str, len: usize) -> Vec<f32> {
-    let key = tensor_key(seed, name);
-    let bias = name.ends_with(".bias");
-    (0..len)
-        .map(|i| {
-            let r = splitmix64(key ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let u = (r >> 40) as f32 * (1.0 / 16_777_216.0);
-            if bias { (u - 0.5) * 0.2 } else { 0.5 + u }
-        })
-        .collect()
+/// 24 random bits for element `i` of the tensor with key `key`.
+fn unit_bits(key: u64, i: u64) -> u32 {
+    (splitmix64(key ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 40) as u32
+}
+
+/// `unit_bits` in [0, 1).
+fn unit(key: u64, i: u64) -> f32 {
+    unit_bits(key, i) as f32 * (1.0 / 16_777_216.0)
+}
+
+/// Random float `i` of the tensor with key `key`: uniform in [-1/32, 1/32), exact in f32.
+pub fn float(key: u64, i: u64) -> f32 {
+    (unit_bits(key, i) as i32 - (1 << 23)) as f32 * (1.0 / 268_435_456.0)
+}
+
+/// `n` random floats (see [`float`]) of type `ty` (F32, F16 or BF16; rounded to nearest
+/// even), as the tensor's bytes, generated in parallel.
+///
+/// # Panics
+/// On another type (callers choose the type from the model's plan).
+pub fn floats(ty: GgmlType, key: u64, n: usize) -> Vec<u8> {
+    let size = ty.type_size();
+    let mut out = vec![0u8; n * size];
+    out.par_chunks_mut(size * 4096)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            for (j, e) in chunk.chunks_mut(size).enumerate() {
+                let x = float(key, (c * 4096 + j) as u64);
+                match ty {
+                    GgmlType::F32 => e.copy_from_slice(&x.to_le_bytes()),
+                    GgmlType::F16 => e.copy_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+                    GgmlType::BF16 => e.copy_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+                    _ => panic!("random floats of type {ty}"),
+                }
+            }
+        });
+    out
+}
+
+/// `n` norm weights in [0.5, 1.5).
+pub fn norms(key: u64, n: usize) -> Vec<f32> {
+    (0..n as u64).map(|i| 0.5 + unit(key, i)).collect()
+}
+
+/// `n` biases in [-0.1, 0.1).
+pub fn biases(key: u64, n: usize) -> Vec<f32> {
+    (0..n as u64).map(|i| (unit(key, i) - 0.5) * 0.2).collect()
+}
+
+/// The bytes of tensor `t` of a model with generator seed `seed`.
+///
+/// # Panics
+/// On an init the generators do not make in `t`'s type (random blocks of a type
+/// [`block`] does not support, random floats of a non-float type, norms, biases or
+/// constants of a type other than F32): the model plans never ask for one.
+pub fn tensor_bytes(seed: u64, t: &Tensor) -> Vec<u8> {
+    let key = tensor_key(seed, &t.name);
+    let n = t.n_elements() as usize;
+    let f32s = |v: Vec<f32>| {
+        assert_eq!(
+            t.ty,
+            GgmlType::F32,
+            "{}: {:?} values are f32",
+            t.name,
+            t.init
+        );
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    };
+    match t.init {
+        Init::Blocks => {
+            assert!(supported(t.ty), "{}: no random blocks of {}", t.name, t.ty);
+            blocks(t.ty, key, n / t.ty.block_size())
+        }
+        Init::Floats => floats(t.ty, key, n),
+        Init::Norm => f32s(norms(key, n)),
+        Init::Bias => f32s(biases(key, n)),
+        Init::Const(c) => f32s(vec![c; n]),
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::DEFAULT_SEED;
     use super::*;
 
     #[test]
@@ -136,7 +217,11 @@ mod tests {
         for ty in crate::layout::MATRIX_TYPES {
             let data = blocks(ty, tensor_key(7, "blk.0.attn_q.weight"), 64);
             for blk in data.chunks(ty.type_size()) {
-                let d_at = if ty == GgmlType::Q6_K { 208 } else { 0 };
+                let d_at = match ty {
+                    GgmlType::Q6_K => 208,
+                    GgmlType::Q2_K => 80,
+                    _ => 0,
+                };
                 let d = half::f16::from_le_bytes([blk[d_at], blk[d_at + 1]]).to_f32();
                 assert!(d.is_finite() && d > 0.0 && d < 0.01, "{ty}: d = {d}");
             }
@@ -145,15 +230,37 @@ mod tests {
 
     #[test]
     fn vectors_are_in_range() {
+        let key = tensor_key(1, "output_norm.weight");
+        assert!(norms(key, 1000).iter().all(|v| (0.5..1.5).contains(v)));
+        assert!(biases(key, 1000).iter().all(|v| (-0.1..0.1).contains(v)));
+    }
+
+    #[test]
+    fn floats_match_known_values() {
+        // Independent reference: splitmix64 and numpy's float16 (round to nearest even)
+        // in Python; bf16 rounded to nearest even by hand from the f32 bits.
+        let key = tensor_key(DEFAULT_SEED, "blk.0.ssm_f_a.weight");
+        let f32s: Vec<u32> = (4..8).map(|i| float(key, i).to_bits()).collect();
+        assert_eq!(f32s, [0xbbb0_e008, 0x3adb_8460, 0xbc91_c776, 0x399a_2e00]);
+        let bits = |ty| {
+            floats(ty, key, 8)[8..]
+                .chunks(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect::<Vec<u16>>()
+        };
+        assert_eq!(bits(GgmlType::F16), [0x9d87, 0x16dc, 0xa48e, 0x0cd1]);
+        assert_eq!(bits(GgmlType::BF16), [0xbbb1, 0x3adc, 0xbc92, 0x399a]);
+        let all = floats(GgmlType::F32, key, 100_000);
+        let v: Vec<f64> = all
+            .chunks(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect();
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
         assert!(
-            vector(1, "output_norm.weight", 1000)
-                .iter()
-                .all(|v| (0.5..1.5).contains(v))
+            mean.abs() < 5e-4 && (sd - 0.018).abs() < 5e-4,
+            "{mean} {sd}"
         );
-        assert!(
-            vector(1, "blk.0.attn_q.bias", 1000)
-                .iter()
-                .all(|v| (-0.1..0.1).contains(v))
-        );
+        assert!(v.iter().all(|x| (-1.0 / 32.0..1.0 / 32.0).contains(x)));
     }
 }

@@ -1,329 +1,298 @@
-//! Synthetic models: random, valid quantized weights of a real model's shape, so that
-//! speed can be measured (and compared with another engine on the identical file)
-//! without the real weights.
+//! Synthetic models: random, valid weights of a real model's shape, so that speed can
+//! be measured (and compared with another engine on the identical file) without the
+//! real weights.
 //!
-//! A name is `SHAPE:QUANT`, e.g. `llama3-8b:q4_k_m`:
+//! A name is `SHAPE:QUANT`:
 //!
-//! - shapes ([`SHAPES`]): `llama3-8b`, `qwen2.5-7b`, `qwen2.5-1.5b` (the published
-//!   configurations), and small ones for parity tests (`tiny-llama`, `tiny-qwen2`,
-//!   `small-llama`);
-//! - quants: `q4_k_m` (llama.cpp's Q4_K_M choice: Q4_K for most matrices, Q6_K for
-//!   `attn_v`, `ffn_down` and the output head) or one type for every matrix (`q4_0`,
-//!   `q4_1`, `q5_0`, `q8_0`, `q4_k`, `q5_k`, `q6_k`, `iq2_xxs`).
+//! - dense shapes ([`dense::SHAPES`]): `llama3-8b`, `qwen2.5-7b`, `qwen2.5-1.5b` (the
+//!   published configurations) and small ones for parity tests (`tiny-llama`,
+//!   `tiny-qwen2`, `small-llama`), with `q4_k_m` (llama.cpp's Q4_K_M choice) or one
+//!   type for every matrix ([`dense::QUANTS`]);
+//! - `glm5-next` shapes ([`glm5_next::SHAPES`]): `glm53-flash` (GLM-5.3-Flash) and
+//!   `tiny-glm5` (its structure at hidden 256, for CPU tests), with `q2`, the mix
+//!   llama.cpp writes for it (`../shared/tools/synth_gguf.py --shape glm53-flash`, the
+//!   layout's authority).
 //!
-//! [`write_gguf`] writes the model as a GGUF file with a byte-level BPE vocabulary of
-//! the right size (256 byte tokens, filler tokens, BOS and EOS); [`header_file`] opens
-//! the same tensor directory over a sparse file with no data, for
-//! [`crate::CudaBackend::synthetic`], which generates the weights in GPU memory with the
-//! same generator ([`generate`]). Works without CUDA.
+//! A [`Window`] keeps real layers `first..first + n_layer` with their real kinds (file
+//! layer 0 is real layer `first`), as `synth_gguf.py --first-layer K --layers N` does.
+//!
+//! Every tensor has an [`Init`]: random quantized blocks, random floats, norm weights,
+//! small biases or a constant the model needs ([`generate`] has the generators).
+//! [`write_gguf`] writes the whole model; [`header_file`] writes the same file with only
+//! the tensors the host generates ([`on_host`]: every F32 tensor and every tensor of at
+//! most [`HOST_ELEMENTS`] elements) and the rest a sparse hole, for
+//! [`crate::CudaBackend::synthetic`], which reads those from the file (the engine reads
+//! some of them on the host) and generates the others in GPU memory with the device
+//! twins of the same generators. Works without CUDA.
 
+pub mod dense;
 pub mod generate;
 mod gguf;
+pub mod glm5_next;
+mod vocab;
 
-pub use gguf::{header_file, write_gguf};
+pub use gguf::{header_bytes, header_file, write_gguf};
 
-use ds4_gguf::GgmlType;
+use ds4_gguf::{GgmlType, Value};
 
 use crate::error::{CudaError, Result};
 
-/// A model configuration (as in the published `config.json`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Shape {
-    pub name: &'static str,
-    /// `llama` or `qwen2`.
-    pub arch: &'static str,
-    pub n_embd: usize,
-    pub n_ff: usize,
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_head_kv: usize,
-    pub n_vocab: usize,
-    pub rope_base: f32,
-    pub eps: f32,
-    pub n_ctx_train: usize,
-    /// The output head is the embedding table (no `output.weight`).
-    pub tied: bool,
-    /// q/k/v projections have biases (qwen2).
-    pub qkv_bias: bool,
+/// Tensors of at most this many elements are generated on the host (see [`on_host`]).
+pub const HOST_ELEMENTS: u64 = 1 << 20;
+
+/// Whether a synthetic tensor of type `ty` with `n_elements` elements is generated on the
+/// host (and so lies in [`header_file`]): every F32 tensor and every small one. The rest
+/// (quantized matrices, large F16/BF16 matrices) is generated on the device.
+pub fn on_host(ty: GgmlType, n_elements: u64) -> bool {
+    ty == GgmlType::F32 || n_elements <= HOST_ELEMENTS
 }
-
-/// The shapes known by name.
-pub const SHAPES: &[Shape] = &[
-    Shape {
-        name: "llama3-8b",
-        arch: "llama",
-        n_embd: 4096,
-        n_ff: 14336,
-        n_layer: 32,
-        n_head: 32,
-        n_head_kv: 8,
-        n_vocab: 128256,
-        rope_base: 500000.0,
-        eps: 1e-5,
-        n_ctx_train: 8192,
-        tied: false,
-        qkv_bias: false,
-    },
-    Shape {
-        name: "qwen2.5-7b",
-        arch: "qwen2",
-        n_embd: 3584,
-        n_ff: 18944,
-        n_layer: 28,
-        n_head: 28,
-        n_head_kv: 4,
-        n_vocab: 152064,
-        rope_base: 1000000.0,
-        eps: 1e-6,
-        n_ctx_train: 32768,
-        tied: false,
-        qkv_bias: true,
-    },
-    Shape {
-        name: "qwen2.5-1.5b",
-        arch: "qwen2",
-        n_embd: 1536,
-        n_ff: 8960,
-        n_layer: 28,
-        n_head: 12,
-        n_head_kv: 2,
-        n_vocab: 151936,
-        rope_base: 1000000.0,
-        eps: 1e-6,
-        n_ctx_train: 32768,
-        tied: true,
-        qkv_bias: true,
-    },
-    Shape {
-        name: "tiny-llama",
-        arch: "llama",
-        n_embd: 512,
-        n_ff: 1536,
-        n_layer: 2,
-        n_head: 8,
-        n_head_kv: 2,
-        n_vocab: 2048,
-        rope_base: 10000.0,
-        eps: 1e-5,
-        n_ctx_train: 2048,
-        tied: false,
-        qkv_bias: false,
-    },
-    Shape {
-        name: "tiny-qwen2",
-        arch: "qwen2",
-        n_embd: 512,
-        n_ff: 1024,
-        n_layer: 2,
-        n_head: 4,
-        n_head_kv: 2,
-        n_vocab: 1536,
-        rope_base: 1000000.0,
-        eps: 1e-6,
-        n_ctx_train: 2048,
-        tied: true,
-        qkv_bias: true,
-    },
-    Shape {
-        name: "small-llama",
-        arch: "llama",
-        n_embd: 1024,
-        n_ff: 2816,
-        n_layer: 4,
-        n_head: 16,
-        n_head_kv: 4,
-        n_vocab: 4096,
-        rope_base: 10000.0,
-        eps: 1e-5,
-        n_ctx_train: 4096,
-        tied: false,
-        qkv_bias: false,
-    },
-];
-
-/// How matrices are quantized.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recipe {
-    /// llama.cpp's Q4_K_M choice (with Q6_K for `attn_v` and `ffn_down` in every layer).
-    Q4KM,
-    /// One type for every matrix.
-    Uniform(GgmlType),
-}
-
-/// A synthetic model: shape, quantization and generator seed.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Spec {
-    pub shape: Shape,
-    pub recipe: Recipe,
-    pub seed: u64,
-}
-
-/// The quant names accepted after the colon.
-pub const QUANTS: &[(&str, Option<GgmlType>)] = &[
-    ("q4_k_m", None),
-    ("q4_0", Some(GgmlType::Q4_0)),
-    ("q4_1", Some(GgmlType::Q4_1)),
-    ("q5_0", Some(GgmlType::Q5_0)),
-    ("q8_0", Some(GgmlType::Q8_0)),
-    ("q4_k", Some(GgmlType::Q4_K)),
-    ("q5_k", Some(GgmlType::Q5_K)),
-    ("q6_k", Some(GgmlType::Q6_K)),
-    ("iq2_xxs", Some(GgmlType::IQ2_XXS)),
-];
 
 /// The default generator seed.
 pub const DEFAULT_SEED: u64 = 0x05EE_DD54;
 
+/// A model family with its shape and quantization.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Family {
+    /// A dense `llama` / `qwen2` model.
+    Dense {
+        shape: &'static dense::Shape,
+        recipe: dense::Recipe,
+    },
+    /// A `glm5-next` model in the `q2` mix.
+    Glm5Next(&'static glm5_next::Shape),
+}
+
+/// Real layers `first..first + n_layer` of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub first: usize,
+    pub n_layer: usize,
+}
+
+/// A synthetic model: family, shape and quantization, layer window and generator seed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spec {
+    pub family: Family,
+    pub window: Window,
+    pub seed: u64,
+}
+
+/// How a tensor's values are made (see [`generate`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// Random quantized blocks ([`generate::blocks`]).
+    Blocks,
+    /// Random floats of standard deviation about 0.02 ([`generate::floats`]).
+    Floats,
+    /// Norm weights in [0.5, 1.5) ([`generate::norms`]).
+    Norm,
+    /// Biases in [-0.1, 0.1) ([`generate::biases`]).
+    Bias,
+    /// Every element this value.
+    Const(f32),
+}
+
+/// How much of a tensor one decode token reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// All of it.
+    All,
+    /// One row (a token embedding table).
+    Row,
+    /// `used` of its `n` stacked expert matrices.
+    Experts { used: u64, n: u64 },
+}
+
+/// One tensor of a synthetic model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub name: String,
+    /// ggml order: `dims[0]` is the row length.
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+    pub init: Init,
+    pub read: Read,
+}
+
+impl Tensor {
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+
+    /// Bytes in the file (without padding).
+    pub fn n_bytes(&self) -> u64 {
+        self.n_elements() / self.ty.block_size() as u64 * self.ty.type_size() as u64
+    }
+
+    /// Bytes one decode token reads.
+    pub fn decode_bytes(&self) -> u64 {
+        let b = self.n_bytes();
+        match self.read {
+            Read::All => b,
+            Read::Row => b / self.dims.get(1).copied().unwrap_or(1).max(1),
+            Read::Experts { used, n } => b / n * used,
+        }
+    }
+}
+
 impl Spec {
-    /// Parses `SHAPE:QUANT` (see the module docs).
+    /// Parses `SHAPE:QUANT` (see the module docs); the window is the whole model.
     ///
-    /// Errors: [`CudaError::Unsupported`] naming the known shapes and quants.
+    /// Errors: [`CudaError::Unsupported`] listing the valid names.
     pub fn parse(name: &str) -> Result<Spec> {
-        let known = || {
-            let shapes: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
-            let quants: Vec<&str> = QUANTS.iter().map(|q| q.0).collect();
-            format!(
-                "shapes: {}; quants: {}",
-                shapes.join(", "),
-                quants.join(", ")
-            )
+        let bad = |what: String| {
+            CudaError::Unsupported(format!("{what}; valid names: {}", valid_names()))
         };
-        let (s, q) = name.split_once(':').ok_or_else(|| {
-            CudaError::Unsupported(format!(
-                "synthetic model '{name}' is not SHAPE:QUANT ({})",
-                known()
-            ))
-        })?;
-        let shape = SHAPES
+        let (s, q) = name
+            .split_once(':')
+            .ok_or_else(|| bad(format!("synthetic model '{name}' is not SHAPE:QUANT")))?;
+        let family = if let Some(shape) = dense::SHAPES
             .iter()
             .find(|x| x.name.eq_ignore_ascii_case(s))
-            .ok_or_else(|| {
-                CudaError::Unsupported(format!("unknown synthetic shape '{s}' ({})", known()))
+        {
+            let recipe = dense::Recipe::parse(q).ok_or_else(|| {
+                bad(format!(
+                    "'{q}' is not a quant of the dense shape {}",
+                    shape.name
+                ))
             })?;
-        let recipe = match QUANTS.iter().find(|x| x.0.eq_ignore_ascii_case(q)) {
-            Some((_, None)) => Recipe::Q4KM,
-            Some((_, Some(t))) => Recipe::Uniform(*t),
-            None => {
-                return Err(CudaError::Unsupported(format!(
-                    "unknown synthetic quant '{q}' ({})",
-                    known()
+            dense::check(shape, recipe, q)?;
+            Family::Dense { shape, recipe }
+        } else if let Some(shape) = glm5_next::SHAPES
+            .iter()
+            .find(|x| x.name.eq_ignore_ascii_case(s))
+        {
+            if !q.eq_ignore_ascii_case(glm5_next::QUANT) {
+                return Err(bad(format!(
+                    "'{q}' is not a quant of the glm5-next shape {}",
+                    shape.name
                 )));
             }
+            Family::Glm5Next(shape)
+        } else {
+            return Err(bad(format!("unknown synthetic shape '{s}'")));
         };
-        for &d in [shape.n_embd, shape.n_ff].iter() {
-            let ty_block = match recipe {
-                Recipe::Q4KM => 256,
-                Recipe::Uniform(t) => t.block_size(),
-            };
-            if d % ty_block != 0 {
-                return Err(CudaError::Unsupported(format!(
-                    "shape {s} has a dimension {d} that {q} blocks do not divide"
-                )));
-            }
+        let spec = Spec {
+            family,
+            window: Window {
+                first: 0,
+                n_layer: 0,
+            },
+            seed: DEFAULT_SEED,
+        };
+        spec.window(0, None)
+    }
+
+    /// The same model cut to real layers `first..first + n_layer` (`None`: to the last).
+    ///
+    /// Errors: [`CudaError::Unsupported`] for a window outside the model's layers.
+    pub fn window(self, first: usize, n_layer: Option<usize>) -> Result<Spec> {
+        let total = self.n_layer_real();
+        let n_layer = n_layer.unwrap_or(total.saturating_sub(first));
+        if n_layer == 0 || first + n_layer > total {
+            return Err(CudaError::Unsupported(format!(
+                "layers {first}..{} are outside {}'s layers 0..{}",
+                first + n_layer.max(1) - 1,
+                self.name(),
+                total - 1
+            )));
         }
         Ok(Spec {
-            shape: *shape,
-            recipe,
-            seed: DEFAULT_SEED,
+            window: Window { first, n_layer },
+            ..self
         })
     }
 
-    /// The canonical name (`llama3-8b:q4_k_m`).
+    /// The canonical name (`llama3-8b:q4_k_m`, `glm53-flash:q2`), without the window.
     pub fn name(&self) -> String {
-        let q = match self.recipe {
-            Recipe::Q4KM => "q4_k_m".to_string(),
-            Recipe::Uniform(t) => t.name().to_ascii_lowercase(),
-        };
-        format!("{}:{q}", self.shape.name)
-    }
-
-    fn ty(&self, role: Role) -> GgmlType {
-        match self.recipe {
-            Recipe::Uniform(t) => t,
-            Recipe::Q4KM => match role {
-                Role::AttnV | Role::FfnDown | Role::Output => GgmlType::Q6_K,
-                // A tied table is the output head too: llama.cpp gives it the output's type.
-                Role::Embedding if self.shape.tied => GgmlType::Q6_K,
-                _ => GgmlType::Q4_K,
-            },
+        match self.family {
+            Family::Dense { shape, recipe } => format!("{}:{}", shape.name, recipe.name()),
+            Family::Glm5Next(shape) => format!("{}:{}", shape.name, glm5_next::QUANT),
         }
     }
 
-    /// Every tensor: name, dims (ggml order, `dims[0]` the row length) and type.
-    pub fn tensors(&self) -> Vec<(String, Vec<u64>, GgmlType)> {
-        let s = &self.shape;
-        let hd = s.n_embd / s.n_head;
-        let (q_dim, kv_dim) = ((s.n_head * hd) as u64, (s.n_head_kv * hd) as u64);
-        let (e, f, v) = (s.n_embd as u64, s.n_ff as u64, s.n_vocab as u64);
-        let mut t = vec![(
-            "token_embd.weight".to_string(),
-            vec![e, v],
-            self.ty(Role::Embedding),
-        )];
-        for i in 0..s.n_layer {
-            let n = |x: &str| format!("blk.{i}.{x}");
-            t.push((n("attn_norm.weight"), vec![e], GgmlType::F32));
-            t.push((n("attn_q.weight"), vec![e, q_dim], self.ty(Role::Other)));
-            t.push((n("attn_k.weight"), vec![e, kv_dim], self.ty(Role::Other)));
-            t.push((n("attn_v.weight"), vec![e, kv_dim], self.ty(Role::AttnV)));
-            if s.qkv_bias {
-                t.push((n("attn_q.bias"), vec![q_dim], GgmlType::F32));
-                t.push((n("attn_k.bias"), vec![kv_dim], GgmlType::F32));
-                t.push((n("attn_v.bias"), vec![kv_dim], GgmlType::F32));
-            }
-            t.push((
-                n("attn_output.weight"),
-                vec![q_dim, e],
-                self.ty(Role::Other),
-            ));
-            t.push((n("ffn_norm.weight"), vec![e], GgmlType::F32));
-            t.push((n("ffn_gate.weight"), vec![e, f], self.ty(Role::Other)));
-            t.push((n("ffn_up.weight"), vec![e, f], self.ty(Role::Other)));
-            t.push((n("ffn_down.weight"), vec![f, e], self.ty(Role::FfnDown)));
+    /// The GGUF architecture name.
+    pub fn arch(&self) -> &'static str {
+        match self.family {
+            Family::Dense { shape, .. } => shape.arch,
+            Family::Glm5Next(_) => glm5_next::ARCH,
         }
-        t.push(("output_norm.weight".to_string(), vec![e], GgmlType::F32));
-        if !s.tied {
-            t.push((
-                "output.weight".to_string(),
-                vec![e, v],
-                self.ty(Role::Output),
-            ));
+    }
+
+    /// Layers of the real model.
+    pub fn n_layer_real(&self) -> usize {
+        match self.family {
+            Family::Dense { shape, .. } => shape.n_layer,
+            Family::Glm5Next(shape) => shape.n_layer,
         }
-        t
+    }
+
+    /// Vocabulary size.
+    pub fn n_vocab(&self) -> usize {
+        match self.family {
+            Family::Dense { shape, .. } => shape.n_vocab,
+            Family::Glm5Next(shape) => shape.n_vocab,
+        }
+    }
+
+    /// The kind of each layer of the file (`KDA, dense FFN`, …).
+    pub fn layer_kinds(&self) -> Vec<&'static str> {
+        let w = self.window;
+        (w.first..w.first + w.n_layer)
+            .map(|real| match self.family {
+                Family::Dense { .. } => "attention, FFN",
+                Family::Glm5Next(shape) => shape.layer_kind(real),
+            })
+            .collect()
+    }
+
+    /// Every tensor, in file order.
+    pub fn tensors(&self) -> Vec<Tensor> {
+        match self.family {
+            Family::Dense { shape, recipe } => dense::tensors(shape, recipe, self.window),
+            Family::Glm5Next(shape) => glm5_next::tensors(shape, self.window),
+        }
+    }
+
+    /// Every metadata key and value, in file order (tokenizer included).
+    pub fn metadata(&self) -> Vec<(String, Value)> {
+        match self.family {
+            Family::Dense { shape, recipe } => dense::metadata(self, shape, recipe),
+            Family::Glm5Next(shape) => glm5_next::metadata(shape, self.window),
+        }
     }
 
     /// Bytes of all tensors (the GGUF data section without padding).
     pub fn weight_bytes(&self) -> u64 {
-        self.tensors()
-            .iter()
-            .map(|(_, d, ty)| {
-                d.iter().product::<u64>() / ty.block_size() as u64 * ty.type_size() as u64
-            })
-            .sum()
+        self.tensors().iter().map(Tensor::n_bytes).sum()
+    }
+
+    /// Weight bytes one decode token reads (one embedding row, `used` of each expert
+    /// bank, everything else whole).
+    pub fn decode_bytes(&self) -> u64 {
+        self.tensors().iter().map(Tensor::decode_bytes).sum()
     }
 }
 
-#[derive(Clone, Copy)]
-enum Role {
-    Embedding,
-    AttnV,
-    FfnDown,
-    Output,
-    Other,
+/// Every valid `SHAPE:QUANT`, for error messages.
+pub fn valid_names() -> String {
+    let dense: Vec<&str> = dense::SHAPES.iter().map(|s| s.name).collect();
+    let quants: Vec<&str> = dense::QUANTS.iter().map(|q| q.0).collect();
+    let glm: Vec<String> = glm5_next::SHAPES
+        .iter()
+        .map(|s| format!("{}:{}", s.name, glm5_next::QUANT))
+        .collect();
+    format!(
+        "a dense shape ({}) with a quant ({}), or {}",
+        dense.join(", "),
+        quants.join(", "),
+        glm.join(", ")
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn llama3_8b_q4_k_m_matches_llama_cpp_file_size() {
-        // The peer file: Llama-3-8B Q4_K_M, 4.82 GiB.
-        let s = Spec::parse("llama3-8b:q4_k_m").unwrap();
-        let gib = s.weight_bytes() as f64 / (1u64 << 30) as f64;
-        assert!((gib - 4.82).abs() < 0.02, "{gib} GiB");
-        assert_eq!(s.tensors().len(), 2 + 9 * 32 + 1);
-    }
 
     #[test]
     fn names_parse_and_round_trip() {
@@ -332,11 +301,64 @@ mod tests {
             "tiny-qwen2:iq2_xxs",
             "qwen2.5-7b:q4_k_m",
             "small-llama:q6_k",
+            "glm53-flash:q2",
+            "tiny-glm5:q2",
         ] {
             assert_eq!(Spec::parse(n).unwrap().name(), n);
         }
-        assert!(Spec::parse("llama3-8b").is_err());
-        assert!(Spec::parse("nope:q4_0").is_err());
-        assert!(Spec::parse("llama3-8b:q3_k").is_err());
+        for bad in [
+            "llama3-8b",
+            "nope:q4_0",
+            "llama3-8b:q3_k",
+            "llama3-8b:q2",
+            "glm53-flash:q4_0",
+        ] {
+            let e = Spec::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("llama3-8b") && e.contains("q4_k_m") && e.contains("glm53-flash"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn windows_stay_inside_the_model() {
+        let s = Spec::parse("glm53-flash:q2").unwrap();
+        assert_eq!(s.window.n_layer, 45);
+        let w = s.window(2, Some(2)).unwrap();
+        assert_eq!(
+            w.window,
+            Window {
+                first: 2,
+                n_layer: 2
+            }
+        );
+        assert_eq!(w.layer_kinds(), ["KDA, dense FFN", "MLA+indexer, MoE"]);
+        assert_eq!(s.window(40, None).unwrap().window.n_layer, 5);
+        assert!(s.window(44, Some(2)).is_err());
+        assert!(s.window(45, None).is_err());
+        assert!(s.window(0, Some(0)).is_err());
+    }
+
+    #[test]
+    fn the_device_generates_only_blocks_and_16_bit_floats() {
+        for name in [
+            "glm53-flash:q2",
+            "tiny-glm5:q2",
+            "llama3-8b:q4_k_m",
+            "qwen2.5-7b:q8_0",
+        ] {
+            for t in Spec::parse(name).unwrap().tensors() {
+                if on_host(t.ty, t.n_elements()) {
+                    continue;
+                }
+                let ok = match t.init {
+                    Init::Blocks => generate::supported(t.ty),
+                    Init::Floats => matches!(t.ty, GgmlType::F16 | GgmlType::BF16),
+                    _ => false,
+                };
+                assert!(ok, "{name}: {} ({}, {:?})", t.name, t.ty, t.init);
+            }
+        }
     }
 }

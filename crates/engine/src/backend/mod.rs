@@ -142,6 +142,9 @@ pub trait Backend: Buffers + Send + Sync + 'static {
 
     /// Short name (`cpu`, `cuda`).
     fn name(&self) -> &'static str;
+    /// Labels the operations that follow (a model part such as `"KDA attention"`), for
+    /// profiles that report time per part. No effect on results.
+    fn region(&self, _name: &'static str) {}
     /// Bytes of memory the backend can still allocate, when it knows (a device's free
     /// memory); `None` when unbounded or unknown (the CPU).
     fn memory_available(&self) -> Option<u64> {

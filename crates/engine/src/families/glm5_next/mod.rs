@@ -544,6 +544,7 @@ impl<B: Backend> Glm5Next<B> {
             cache.fold(pos)?;
         }
         let step = b.step(tokens, pos0)?;
+        b.region("embedding");
         b.embed(&step, &self.tok_embd, hcs.n, p, &mut sc.x)?;
         if let Some(tr) = trace.as_deref_mut() {
             // Stream 0 of each token is its embedding.
@@ -557,6 +558,10 @@ impl<B: Backend> Glm5Next<B> {
         let mut passed = false;
         for (i, layer) in self.layers.iter().enumerate() {
             let _l = tracing::trace_span!("layer", i).entered();
+            b.region(match layer.attn {
+                Attn::Kda(_) => "KDA attention",
+                Attn::Mla(_) => "MLA + DSA attention",
+            });
             b.hc_pre(
                 &sc.x,
                 s,
@@ -629,6 +634,10 @@ impl<B: Backend> Glm5Next<B> {
                 b.read(&sc.y, 0, s * d, &mut v)?;
                 tr.attn_out.push(v);
             }
+            b.region(match layer.ffn {
+                Ffn::Dense(_) => "dense FFN",
+                Ffn::Moe(_) => "MoE FFN",
+            });
             b.hc_pre(
                 &sc.x,
                 s,
@@ -686,6 +695,7 @@ impl<B: Backend> Glm5Next<B> {
             Logits::Last => s - 1,
             Logits::All => 0,
         };
+        b.region("head");
         let mut row = first;
         while row < s {
             let rows = (s - row).min(LOGIT_ROWS);

@@ -21,7 +21,7 @@ use ds4_gguf::{GgufFile, GgufWriter};
 use super::DeepSeek4;
 use crate::backend::cpu::CpuBackend;
 use crate::model::{Logits, Model};
-pub use crate::test_support::*;
+pub use crate::fixtures::*;
 
 pub type Cpu = DeepSeek4<CpuBackend>;
 
