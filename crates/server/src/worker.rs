@@ -217,6 +217,7 @@ impl Worker {
             vocab,
             live: Live {
                 text: PromptCache::new(),
+                prompt_len: 0,
             },
             store,
             shared: shared.clone(),
@@ -431,6 +432,7 @@ impl WorkerState {
             }
         };
         let prompt_tokens = aligned.tokens.len();
+        self.live.prompt_len = prompt_tokens;
         self.metrics
             .record_prefill(prompt_tokens, sync.reused, sync.evaluated, sync.time);
         match (source, sync.reused) {

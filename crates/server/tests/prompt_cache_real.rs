@@ -49,14 +49,14 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
-/// An agent-style system prompt shared by nothing else (about 300 tokens).
+/// An agent-style system prompt shared by nothing else (about 200 tokens).
 fn system(i: usize) -> String {
     let mut s = format!(
         "You are assistant number {i}, a careful coding agent in repository {i}. Read files before \
          editing them, prefer small reviewable changes, explain each change in one sentence, run \
          the tests after every change and report failures verbatim.\n"
     );
-    for r in 0..12 {
+    for r in 0..7 {
         s.push_str(&format!(
             "Rule {r} for agent {i}: keep the formatting and lint rules of module {r}; never \
              invent file contents.\n"
@@ -84,7 +84,7 @@ async fn interleaved_conversations_reuse_their_own_prefixes() {
                     messages.push(json!({"role": "user", "content": format!("Turn {turn}: what next?")}));
                     let (status, _, v) = post(
                         &url,
-                        &json!({"messages": messages, "max_tokens": 12, "temperature": 0}),
+                        &json!({"messages": messages, "max_tokens": 8, "temperature": 0}),
                     )
                     .await;
                     assert_eq!(status, 200, "{v}");

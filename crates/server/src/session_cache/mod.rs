@@ -8,7 +8,10 @@
 //! ([`crate::prompt_cache`]) cut back to a point the state can rewind to without
 //! re-evaluation ([`crate::backend::reach`]; for recurrent families such as GLM-5.3 the
 //! family's checkpoints). When a parked state wins, the live session is parked first
-//! (unless a parked state already covers it) and the winner restored into it.
+//! (unless a parked state already covers it) and the winner restored into it. When the
+//! live session wins but the prompt diverges inside its last prompt (another
+//! conversation, or an edited turn), it is parked before the prefill overwrites it; a
+//! prompt that diverges only in the last answer (the usual next turn) does not park.
 //!
 //! Parked states are evicted least recently used first when the memory budget is
 //! exceeded: written to the cache directory when there is one ([`disk`]), dropped
@@ -118,9 +121,11 @@ impl Source {
     }
 }
 
-/// The live session's text alignment (its tokens are the engine's).
+/// The live session's text alignment (its tokens are the engine's) and the length of
+/// the last prompt brought into it.
 pub struct Live {
     pub text: PromptCache,
+    pub prompt_len: usize,
 }
 
 /// A prompt to bring in: its text, canonical tokens and their byte offsets.
@@ -254,19 +259,27 @@ impl SessionCache {
                 best = Some((u, a, i));
             }
         }
-        match best {
-            Some((u, aligned, i)) if u > live_use => {
-                match self.restore(engine, live, i) {
-                    Ok(source) => return (aligned, source),
-                    Err(e) => tracing::warn!("prompt cache: restoring a parked state failed ({e}); prefilling instead"),
-                }
-                let aligned = live
-                    .text
-                    .align(engine.tokens(), prompt.text, prompt.canonical, prompt.offsets);
-                (aligned, Source::Live)
+        if let Some((u, aligned, i)) = best
+            && u > live_use
+        {
+            match self.restore(engine, live, i) {
+                Ok(source) => return (aligned, source),
+                Err(e) => tracing::warn!(
+                    "prompt cache: restoring a parked state failed ({e}); prefilling instead"
+                ),
             }
-            _ => (live_aligned, Source::Live),
+            let aligned = live
+                .text
+                .align(engine.tokens(), prompt.text, prompt.canonical, prompt.offsets);
+            return (aligned, Source::Live);
         }
+        // The prefill will overwrite part of the last prompt: keep a copy.
+        if live_use + 1 < live.prompt_len
+            && let Err(e) = self.park_live(&*engine, live)
+        {
+            tracing::warn!("prompt cache: parking the live session failed: {e}");
+        }
+        (live_aligned, Source::Live)
     }
 
     /// Parks the live session (unless a parked state covers it) and restores entry `i`.
@@ -312,6 +325,8 @@ impl SessionCache {
         target.used = self.tick;
         if restored.is_ok() {
             live.text = target.text.clone();
+            // Its tokens are in the parked copy: nothing to save before the prefill.
+            live.prompt_len = 0;
         }
         self.entries.push(target);
         if let Err(e) = restored {
