@@ -22,11 +22,11 @@ use ds4_tokenizer::{ChatMessage, RenderOptions, Tokenizer, ToolCall};
 use serde_json::Value;
 
 use crate::args::ServeArgs;
-use crate::session_cache::disk::fnv64;
 use crate::backend::{
     BackendError, Engine, GenOutcome, GenSettings, GenStop, ModelParts, Parked, RenderRequest,
     Sampled, SamplerSettings, SyncOutcome, Vocab, reusable_prefix,
 };
+use crate::session_cache::disk::fnv64;
 
 /// A loaded model's text side.
 pub struct EngineVocab {

@@ -360,8 +360,26 @@ mod tests {
             Some(vec![0, 0, 2])
         );
         assert_eq!(token_offsets(b"abc", &[301], &piece), None);
-        let (bytes, marks) = (b"ab".to_vec(), vec![ORIGIN, Mark { bytes: 2, tokens: 1 }]);
+        let (bytes, marks) = (
+            b"ab".to_vec(),
+            vec![
+                ORIGIN,
+                Mark {
+                    bytes: 2,
+                    tokens: 1,
+                },
+            ],
+        );
         assert!(PromptCache::from_parts(bytes.clone(), marks).is_some());
-        assert!(PromptCache::from_parts(bytes, vec![Mark { bytes: 3, tokens: 1 }]).is_none());
+        assert!(
+            PromptCache::from_parts(
+                bytes,
+                vec![Mark {
+                    bytes: 3,
+                    tokens: 1
+                }]
+            )
+            .is_none()
+        );
     }
 }

@@ -592,7 +592,10 @@ impl TextPipeline {
             return;
         }
         self.tail.push_str(released);
-        self.ended |= self.end_after.iter().any(|e| self.tail.contains(e.as_str()));
+        self.ended |= self
+            .end_after
+            .iter()
+            .any(|e| self.tail.contains(e.as_str()));
         let keep = self.end_after.iter().map(String::len).max().unwrap_or(0);
         if self.tail.len() > keep {
             let mut cut = self.tail.len() - keep;

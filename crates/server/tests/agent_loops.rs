@@ -209,7 +209,8 @@ async fn a_final_assistant_message_is_continued() {
     assert!(!want.is_empty());
     let s = engine_server(served, N_CTX, ServerConfig::default()).await;
     let base = s.base_url();
-    let messages = json!([{"role": "user", "content": user}, {"role": "assistant", "content": prefill}]);
+    let messages =
+        json!([{"role": "user", "content": user}, {"role": "assistant", "content": prefill}]);
     let (status, _, v) = post(
         &format!("{base}/v1/messages"),
         &json!({"max_tokens": 12, "temperature": 0, "messages": messages}),
@@ -234,7 +235,9 @@ async fn a_final_assistant_message_is_continued() {
 /// dropped, never returned as U+FFFD.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_character_cut_by_max_tokens_is_dropped() {
-    let Some(s) = serve(SMOLLM2).await else { return };
+    let Some(s) = serve(SMOLLM2).await else {
+        return;
+    };
     let url = format!("{}/v1/chat/completions", s.base_url());
     // Prompts whose greedy answers hold characters the English-centric vocabulary
     // splits into byte tokens; the first one that does is used.
@@ -341,7 +344,9 @@ async fn a_forced_tool_call_is_reused_on_the_next_turn() {
 /// prompt equals OpenAI chat's for the same messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anthropic_system_messages_are_system_text() {
-    let Some(s) = serve(SMOLLM2).await else { return };
+    let Some(s) = serve(SMOLLM2).await else {
+        return;
+    };
     let base = s.base_url();
     let messages = json!([{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"},
         {"role": "system", "content": "From now on, answer in French."}, {"role": "user", "content": "How are you?"}]);
@@ -359,7 +364,10 @@ async fn anthropic_system_messages_are_system_text() {
     assert_eq!(status, 200, "{o}");
     let anthropic_prompt = a["usage"]["input_tokens"].as_u64().unwrap()
         + a["usage"]["cache_read_input_tokens"].as_u64().unwrap();
-    assert_eq!(anthropic_prompt, o["usage"]["prompt_tokens"].as_u64().unwrap());
+    assert_eq!(
+        anthropic_prompt,
+        o["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
     assert_eq!(
         a["content"][0]["text"], o["choices"][0]["message"]["content"],
         "the same prompt, the same greedy answer"
@@ -371,7 +379,9 @@ async fn anthropic_system_messages_are_system_text() {
 /// their no-op values pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unimplemented_constraints_are_refused_by_name() {
-    let Some(s) = serve(SMOLLM2).await else { return };
+    let Some(s) = serve(SMOLLM2).await else {
+        return;
+    };
     let base = s.base_url();
     let chat = |extra: Value| {
         let mut b = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
@@ -381,13 +391,20 @@ async fn unimplemented_constraints_are_refused_by_name() {
         b
     };
     for (extra, param) in [
-        (json!({"response_format": {"type": "json_object"}}), "response_format"),
-        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}), "response_format"),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}),
+            "response_format",
+        ),
         (json!({"logit_bias": {"42": 5}}), "logit_bias"),
         (json!({"presence_penalty": 0.5}), "presence_penalty"),
         (json!({"frequency_penalty": 1.0}), "frequency_penalty"),
     ] {
-        let (status, _, v) = post(&format!("{base}/v1/chat/completions"), &chat(extra.clone())).await;
+        let (status, _, v) =
+            post(&format!("{base}/v1/chat/completions"), &chat(extra.clone())).await;
         assert_eq!(status, 400, "{extra}: {v}");
         assert_eq!(v["error"]["param"], param, "{v}");
     }
@@ -421,7 +438,9 @@ async fn parallel_tool_calls_false_returns_one_call() {
     assert_eq!(status, 200, "{many}");
     let (status, _, one) = post(&url, &body(false)).await;
     assert_eq!(status, 200, "{one}");
-    let calls = one["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    let calls = one["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .unwrap();
     assert_eq!(calls.len(), 1, "{one}");
     assert_eq!(one["choices"][0]["finish_reason"], "tool_calls");
     // The same first call as without the limit, and no tokens after it.
@@ -478,7 +497,11 @@ async fn an_answer_resent_as_empty_text_keeps_the_canonical_prompt() {
         assert_eq!(status, 200, "{v}");
         let prompt = v["usage"]["input_tokens"].as_u64().unwrap()
             + v["usage"]["cache_read_input_tokens"].as_u64().unwrap();
-        assert_eq!(prompt, count["input_tokens"].as_u64().unwrap(), "{file}: {v}");
+        assert_eq!(
+            prompt,
+            count["input_tokens"].as_u64().unwrap(),
+            "{file}: {v}"
+        );
         assert!(v["usage"]["cache_read_input_tokens"].as_u64().unwrap() > 0);
         let text = v["content"][0]["text"].as_str().unwrap();
         assert!(!text.contains("<|im_end|>"), "{file}: {text:?}");

@@ -40,10 +40,8 @@ async fn serve(file: &str, config: ServerConfig) -> Option<ServerHandle> {
 
 /// A fresh directory under the target's temporary directory.
 fn temp_dir(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "prompt-cache-{name}-{}",
-        std::process::id()
-    ));
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("prompt-cache-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -81,7 +79,9 @@ async fn interleaved_conversations_reuse_their_own_prefixes() {
                 let mut messages = vec![json!({"role": "system", "content": system(c)})];
                 let mut later = (0u64, 0u64);
                 for turn in 0..4 {
-                    messages.push(json!({"role": "user", "content": format!("Turn {turn}: what next?")}));
+                    messages.push(
+                        json!({"role": "user", "content": format!("Turn {turn}: what next?")}),
+                    );
                     let (status, _, v) = post(
                         &url,
                         &json!({"messages": messages, "max_tokens": 8, "temperature": 0}),
@@ -250,7 +250,11 @@ async fn corrupted_and_foreign_checkpoints_fall_back_to_prefill() {
     bytes[40] ^= 0x01;
     std::fs::write(f, bytes).unwrap();
 
-    for (name, d) in [("flipped byte", &flipped), ("truncated", &truncated), ("header byte", &header)] {
+    for (name, d) in [
+        ("flipped byte", &flipped),
+        ("truncated", &truncated),
+        ("header byte", &header),
+    ] {
         let s = serve(SMOLLM2, config(1 << 30, Some(d))).await.unwrap();
         let (tokens, cached) = tokens_of(&s.base_url(), &request()).await;
         assert_eq!(cached, 0, "{name}: nothing may come from a corrupted file");
@@ -266,12 +270,17 @@ async fn corrupted_and_foreign_checkpoints_fall_back_to_prefill() {
         q.shutdown().await.unwrap();
         let qwen_files = checkpoints(&foreign);
         assert_eq!(qwen_files.len(), 1);
-        let s = serve(SMOLLM2, config(1 << 30, Some(&foreign))).await.unwrap();
+        let s = serve(SMOLLM2, config(1 << 30, Some(&foreign)))
+            .await
+            .unwrap();
         let (tokens, cached) = tokens_of(&s.base_url(), &request()).await;
         assert_eq!(cached, 0);
         assert_eq!(tokens, cold, "foreign checkpoint");
         s.shutdown().await.unwrap();
-        assert!(qwen_files.iter().all(|p| p.exists()), "foreign files are kept");
+        assert!(
+            qwen_files.iter().all(|p| p.exists()),
+            "foreign files are kept"
+        );
     }
     for d in [dir, flipped, truncated, header, foreign] {
         let _ = std::fs::remove_dir_all(d);
@@ -310,8 +319,20 @@ async fn restoring_beats_prefilling() {
         timing(&warm),
         timing(&disk)
     );
-    assert!(warm["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() + 1 >= prompt);
-    assert!(disk["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() + 1 >= prompt);
+    assert!(
+        warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            + 1
+            >= prompt
+    );
+    assert!(
+        disk["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            + 1
+            >= prompt
+    );
     assert!(memory_ms < timing(&cold) && disk_ms < timing(&cold));
     s.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);

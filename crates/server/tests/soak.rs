@@ -205,7 +205,10 @@ async fn soak_cache_pressure() {
     let (done, ok) = soak(&s, 64, 700, Duration::from_secs(300)).await;
     let after = rss_kib();
     assert_eq!(done, 700);
-    assert_eq!(ok, 600, "every request but the 100 bad ones answered 200, no 429");
+    assert_eq!(
+        ok, 600,
+        "every request but the 100 bad ones answered 200, no 429"
+    );
     let base = s.base_url();
     let evictions = common::metric(&base, "ds4_cache_evictions_total").await;
     let disk_evictions = common::metric(&base, "ds4_cache_disk_evictions_total").await;
@@ -216,7 +219,10 @@ async fn soak_cache_pressure() {
     assert!(evictions > 100.0 && disk_evictions > 100.0);
     assert!(disk_bytes <= (16 << 10) as f64);
     if let (Some(b), Some(a)) = (before, after) {
-        assert!(a < b + 64 * 1024, "resident memory grew from {b} to {a} KiB");
+        assert!(
+            a < b + 64 * 1024,
+            "resident memory grew from {b} to {a} KiB"
+        );
     }
     s.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);

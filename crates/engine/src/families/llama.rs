@@ -342,9 +342,7 @@ impl<B: Backend> Model for Llama<B> {
         crate::model::check_memory(&*self.backend, self.cache_bytes(n_ctx), n_ctx)?;
         Ok(Box::new(LlamaCache::<B> {
             backend: self.backend.clone(),
-            kv: self
-                .backend
-                .kv(c.n_layer, n_ctx, c.kv_dim())?,
+            kv: self.backend.kv(c.n_layer, n_ctx, c.kv_dim())?,
             len: 0,
             n_ctx,
             layers: c.n_layer,

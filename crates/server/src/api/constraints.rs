@@ -113,7 +113,10 @@ mod tests {
                 json!({"response_format": {"type": "json_schema", "json_schema": {}}}),
                 "response_format",
             ),
-            (json!({"text": {"format": {"type": "json_schema"}}}), "text.format"),
+            (
+                json!({"text": {"format": {"type": "json_schema"}}}),
+                "text.format",
+            ),
             (json!({"logit_bias": {"50256": -100}}), "logit_bias"),
             (json!({"presence_penalty": 0.5}), "presence_penalty"),
             (json!({"frequency_penalty": -1}), "frequency_penalty"),

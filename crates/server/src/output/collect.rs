@@ -91,7 +91,9 @@ mod tests {
     fn text_after_a_call_stays_after_it() {
         let mut p = OutputParser::new(false, Some(ToolFormat::Hermes));
         let mut c = Collected::default();
-        c.extend(p.push("Let me look.<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>"));
+        c.extend(
+            p.push("Let me look.<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>"),
+        );
         c.extend(p.push("Done."));
         c.extend(p.finish());
         assert_eq!(

@@ -83,10 +83,14 @@ impl Cursor<'_> {
         Ok(self.take(1)?[0])
     }
     fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     /// A count of items of `size` bytes that must fit in what is left.
     fn count(&mut self, size: usize) -> Result<usize, String> {
@@ -147,20 +151,24 @@ impl DiskStore {
         let mut f = File::open(path).map_err(|e| e.to_string())?;
         let meta = f.metadata().map_err(|e| e.to_string())?;
         let mut pre = [0u8; PREAMBLE as usize];
-        f.read_exact(&mut pre).map_err(|e| format!("preamble: {e}"))?;
+        f.read_exact(&mut pre)
+            .map_err(|e| format!("preamble: {e}"))?;
         if &pre[..8] != MAGIC {
             return Err("bad magic".into());
         }
         let version = u32::from_le_bytes(pre[8..12].try_into().expect("4 bytes"));
         if version != VERSION {
-            return Err(format!("format version {version}, this build reads {VERSION}"));
+            return Err(format!(
+                "format version {version}, this build reads {VERSION}"
+            ));
         }
         let header_len = u32::from_le_bytes(pre[12..16].try_into().expect("4 bytes")) as u64;
         if PREAMBLE + header_len + 4 > meta.len() {
             return Err("truncated header".into());
         }
         let mut header = vec![0u8; header_len as usize + 4];
-        f.read_exact(&mut header).map_err(|e| format!("header: {e}"))?;
+        f.read_exact(&mut header)
+            .map_err(|e| format!("header: {e}"))?;
         let (header, crc) = header.split_at(header_len as usize);
         if crc32fast::hash(header) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
             return Err("header checksum mismatch".into());
@@ -226,7 +234,8 @@ impl DiskStore {
             f.seek(SeekFrom::Start(d.bytes - d.payload_len))
                 .map_err(|e| e.to_string())?;
             let mut payload = vec![0u8; d.payload_len as usize];
-            f.read_exact(&mut payload).map_err(|e| format!("payload: {e}"))?;
+            f.read_exact(&mut payload)
+                .map_err(|e| format!("payload: {e}"))?;
             if crc32fast::hash(&payload) != d.payload_crc {
                 return Err("payload checksum mismatch".into());
             }

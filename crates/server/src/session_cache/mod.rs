@@ -96,7 +96,8 @@ impl Entry {
     /// Whether this state can serve everything `tokens` (a prefix of its own) can.
     fn covers(&self, tokens: &[u32]) -> bool {
         self.tokens.starts_with(tokens)
-            && (tokens.len() == self.tokens.len() || reach(&self.reachable, tokens.len()) == tokens.len())
+            && (tokens.len() == self.tokens.len()
+                || reach(&self.reachable, tokens.len()) == tokens.len())
     }
 }
 
@@ -209,7 +210,11 @@ impl SessionCache {
                 tracing::info!(
                     "prompt cache: {} disk checkpoints found in {}",
                     cache.entries.len(),
-                    cache.config.dir.as_ref().map_or(String::new(), |d| d.display().to_string())
+                    cache
+                        .config
+                        .dir
+                        .as_ref()
+                        .map_or(String::new(), |d| d.display().to_string())
                 );
             }
         }
@@ -233,9 +238,12 @@ impl SessionCache {
         live: &mut Live,
         prompt: &PromptText<'_>,
     ) -> (AlignedPrompt, Source) {
-        let live_aligned = live
-            .text
-            .align(engine.tokens(), prompt.text, prompt.canonical, prompt.offsets);
+        let live_aligned = live.text.align(
+            engine.tokens(),
+            prompt.text,
+            prompt.canonical,
+            prompt.offsets,
+        );
         let live_use = usable(
             engine.tokens(),
             &engine.reachable(),
@@ -268,9 +276,12 @@ impl SessionCache {
                     "prompt cache: restoring a parked state failed ({e}); prefilling instead"
                 ),
             }
-            let aligned = live
-                .text
-                .align(engine.tokens(), prompt.text, prompt.canonical, prompt.offsets);
+            let aligned = live.text.align(
+                engine.tokens(),
+                prompt.text,
+                prompt.canonical,
+                prompt.offsets,
+            );
             return (aligned, Source::Live);
         }
         // The prefill will overwrite part of the last prompt: keep a copy.
@@ -317,7 +328,9 @@ impl SessionCache {
             (Place::Memory(p), _) => (&**p, Source::Memory),
             (Place::Disk(_), Some(p)) => (&**p, Source::Disk),
             (Place::Disk(_), None) => {
-                return Err(BackendError::Engine("a checkpoint that was not loaded".into()));
+                return Err(BackendError::Engine(
+                    "a checkpoint that was not loaded".into(),
+                ));
             }
         };
         let restored = engine.unpark(state);
@@ -389,7 +402,12 @@ impl SessionCache {
     /// Evicts least recently used parked states past the budgets.
     fn enforce(&mut self, engine: &dyn Engine) {
         loop {
-            let mem: u64 = self.entries.iter().filter(|e| e.in_memory()).map(Entry::bytes).sum();
+            let mem: u64 = self
+                .entries
+                .iter()
+                .filter(|e| e.in_memory())
+                .map(Entry::bytes)
+                .sum();
             if mem <= self.config.mem_budget {
                 break;
             }
@@ -408,7 +426,12 @@ impl SessionCache {
         }
         if let Some(store) = &mut self.disk {
             loop {
-                let on_disk: u64 = self.entries.iter().filter(|e| !e.in_memory()).map(Entry::bytes).sum();
+                let on_disk: u64 = self
+                    .entries
+                    .iter()
+                    .filter(|e| !e.in_memory())
+                    .map(Entry::bytes)
+                    .sum();
                 if on_disk <= self.config.disk_max {
                     break;
                 }
@@ -437,7 +460,14 @@ impl SessionCache {
         let (Some(store), Place::Memory(p)) = (&mut self.disk, &e.place) else {
             return;
         };
-        match store.save(engine, &**p, &e.tokens, &e.text, &e.reachable, e.logits_known) {
+        match store.save(
+            engine,
+            &**p,
+            &e.tokens,
+            &e.text,
+            &e.reachable,
+            e.logits_known,
+        ) {
             Ok(d) => self.entries.push(Entry {
                 place: Place::Disk(d),
                 ..e

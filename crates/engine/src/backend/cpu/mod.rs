@@ -482,7 +482,12 @@ impl Backend for CpuBackend {
                 src.k.len()
             )));
         }
-        for (d, s) in dst.k.iter_mut().zip(&src.k).chain(dst.v.iter_mut().zip(&src.v)) {
+        for (d, s) in dst
+            .k
+            .iter_mut()
+            .zip(&src.k)
+            .chain(dst.v.iter_mut().zip(&src.v))
+        {
             d[..n].copy_from_slice(&s[..n]);
         }
         Ok(())

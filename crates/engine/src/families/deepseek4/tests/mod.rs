@@ -20,8 +20,8 @@ use ds4_gguf::{GgufFile, GgufWriter};
 
 use super::DeepSeek4;
 use crate::backend::cpu::CpuBackend;
-use crate::model::{Logits, Model};
 pub use crate::fixtures::*;
+use crate::model::{Logits, Model};
 
 pub type Cpu = DeepSeek4<CpuBackend>;
 
