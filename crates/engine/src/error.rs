@@ -47,6 +47,10 @@ pub enum EngineError {
     Unsupported { backend: &'static str, what: String },
     #[error("invalid model configuration: {0}")]
     Config(String),
+    /// A saved session state that cannot be read (malformed, truncated, or of another
+    /// model).
+    #[error("session state: {0}")]
+    State(String),
 }
 
 /// `n` bytes for people: `1.5 GiB`, `320 MiB`, `12 KiB`.

@@ -7,6 +7,8 @@
 //! on top by [`crate::Session`].
 
 use std::any::Any;
+use std::io::{Read, Write};
+use std::ops::RangeInclusive;
 
 use crate::backend::Backend;
 use crate::{EngineError, Result};
@@ -64,6 +66,14 @@ pub trait Cache: Send {
     fn rewind_point(&self, n: usize) -> usize {
         n
     }
+    /// The position ranges [`Cache::truncate`] can reach (every `n` in a range), so a
+    /// caller can tell how much of a stored state a new sequence can reuse without
+    /// holding the state: `[0..=len]` for caches that truncate anywhere.
+    fn reachable(&self) -> Vec<RangeInclusive<usize>> {
+        vec![0..=self.len()]
+    }
+    /// Bytes of memory (host or device) the state holds.
+    fn bytes(&self) -> u64;
     /// A deep copy of the state (only the first `len()` positions need be copied).
     fn snapshot(&self) -> Result<Box<dyn Cache>>;
     /// Replaces this state by `from` (a snapshot of a cache of the same model).
@@ -78,6 +88,26 @@ pub trait Model: Send + Sync {
     fn info(&self) -> &ModelInfo;
     /// A new, empty cache holding up to `n_ctx` tokens.
     fn new_cache(&self, n_ctx: usize) -> Result<Box<dyn Cache>>;
+    /// Writes `cache` (a cache or snapshot of this model) in the family's state format:
+    /// everything [`Model::read_cache`] needs to rebuild a cache that continues,
+    /// rewinds and snapshots exactly as this one.
+    ///
+    /// # Errors
+    /// [`EngineError::State`] for I/O errors of `out`, or when the family or backend
+    /// cannot export its state.
+    fn write_cache(&self, cache: &dyn Cache, out: &mut dyn Write) -> Result<()> {
+        let _ = (cache, out);
+        Err(state_unsupported(self.info(), "saving"))
+    }
+    /// Reads a state written by [`Model::write_cache`] of this model.
+    ///
+    /// # Errors
+    /// [`EngineError::State`] for malformed or foreign data, I/O errors, or when
+    /// unsupported.
+    fn read_cache(&self, input: &mut dyn Read) -> Result<Box<dyn Cache>> {
+        let _ = input;
+        Err(state_unsupported(self.info(), "loading"))
+    }
     /// Evaluates `tokens` at positions `cache.len()..cache.len() + tokens.len()`, appends
     /// them to the cache and writes the requested logits into `out` (resized to
     /// `rows × n_vocab`, row-major). `tokens` may be of any length up to the remaining
@@ -99,6 +129,14 @@ pub trait Model: Send + Sync {
     fn prefill_chunk(&self) -> usize {
         crate::session::PREFILL_CHUNK
     }
+}
+
+/// The error of a family or backend that cannot save or load session states.
+fn state_unsupported(info: &ModelInfo, what: &str) -> EngineError {
+    EngineError::State(format!(
+        "{what} session states is not implemented for the {} family on the {} backend",
+        info.architecture, info.backend
+    ))
 }
 
 /// Refuses a sequence state of `needed` bytes (for `n_ctx` tokens) that the backend

@@ -1,8 +1,11 @@
 //! A session: one sequence's tokens (the frontier), its cache and the logits after the
 //! last token. Prefill is chunked; decode appends one token; rewind cuts the frontier
-//! back; snapshots copy the whole state in memory; [`Session::sync`] reuses the longest
+//! back; snapshots copy the whole state in memory and can be written to and read from
+//! a byte stream ([`Session::write_snapshot`]); [`Session::sync`] reuses the longest
 //! common prefix with a new token sequence (what the server and chat do every turn).
 
+use std::io::{Read, Write};
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,7 +38,26 @@ impl Snapshot {
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
+
+    /// Bytes of memory the snapshot holds (its cache, tokens and logits).
+    pub fn bytes(&self) -> u64 {
+        self.cache.bytes() + 4 * (self.tokens.len() + self.logits.len()) as u64
+    }
+
+    /// The frontier lengths a session restored from this snapshot can rewind to
+    /// without re-evaluating ([`Cache::reachable`]).
+    pub fn reachable(&self) -> Vec<RangeInclusive<usize>> {
+        self.cache.reachable()
+    }
+
+    /// Whether the logits after the last token are held.
+    pub fn logits_known(&self) -> bool {
+        !self.logits.is_empty()
+    }
 }
+
+/// The magic of [`Session::write_snapshot`]'s format.
+const SNAPSHOT_MAGIC: &[u8; 8] = b"DS4SESS1";
 
 /// What [`Session::sync`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,6 +229,99 @@ impl Session {
         Ok(())
     }
 
+    /// The frontier lengths reachable by rewinding without re-evaluation
+    /// ([`Cache::reachable`]).
+    pub fn reachable(&self) -> Vec<RangeInclusive<usize>> {
+        self.cache.reachable()
+    }
+
+    /// Writes `snap` (a snapshot of this session's model): `b"DS4SESS1"`, u64 token
+    /// count, the tokens (u32), u64 logit count (0 or `n_vocab`), the logits (f32), then
+    /// the family's cache state ([`Model::write_cache`]), all little-endian.
+    ///
+    /// # Errors
+    /// I/O errors and families that cannot save their state ([`EngineError::State`]).
+    pub fn write_snapshot(&self, snap: &Snapshot, out: &mut dyn Write) -> Result<()> {
+        let mut head = Vec::with_capacity(24 + 4 * (snap.tokens.len() + snap.logits.len()));
+        head.extend_from_slice(SNAPSHOT_MAGIC);
+        head.extend_from_slice(&(snap.tokens.len() as u64).to_le_bytes());
+        for t in &snap.tokens {
+            head.extend_from_slice(&t.to_le_bytes());
+        }
+        head.extend_from_slice(&(snap.logits.len() as u64).to_le_bytes());
+        for x in &snap.logits {
+            head.extend_from_slice(&x.to_le_bytes());
+        }
+        out.write_all(&head)
+            .map_err(|e| EngineError::State(format!("writing a snapshot: {e}")))?;
+        self.model.write_cache(&*snap.cache, out)
+    }
+
+    /// Reads a snapshot written by [`Session::write_snapshot`] for this session's model
+    /// and context size.
+    ///
+    /// # Errors
+    /// [`EngineError::State`] for malformed, truncated or foreign data.
+    pub fn read_snapshot(&self, input: &mut dyn Read) -> Result<Snapshot> {
+        let bad = |what: String| EngineError::State(format!("snapshot: {what}"));
+        let u64_of = |input: &mut dyn Read, what: &str| -> Result<u64> {
+            let mut b = [0u8; 8];
+            input
+                .read_exact(&mut b)
+                .map_err(|e| bad(format!("{what}: {e}")))?;
+            Ok(u64::from_le_bytes(b))
+        };
+        let mut magic = [0u8; 8];
+        input
+            .read_exact(&mut magic)
+            .map_err(|e| bad(format!("magic: {e}")))?;
+        if &magic != SNAPSHOT_MAGIC {
+            return Err(bad("bad magic".into()));
+        }
+        let n = u64_of(input, "token count")? as usize;
+        if n > self.n_ctx() {
+            return Err(bad(format!(
+                "{n} tokens for a {}-token context",
+                self.n_ctx()
+            )));
+        }
+        let mut raw = vec![0u8; 4 * n];
+        input
+            .read_exact(&mut raw)
+            .map_err(|e| bad(format!("tokens: {e}")))?;
+        let tokens: Vec<u32> = raw
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let n_logits = u64_of(input, "logit count")? as usize;
+        let n_vocab = self.model.info().n_vocab;
+        if n_logits != 0 && n_logits != n_vocab {
+            return Err(bad(format!("{n_logits} logits, the model has {n_vocab}")));
+        }
+        let mut raw = vec![0u8; 4 * n_logits];
+        input
+            .read_exact(&mut raw)
+            .map_err(|e| bad(format!("logits: {e}")))?;
+        let logits = raw
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let cache = self.model.read_cache(input)?;
+        if cache.len() != n || cache.capacity() != self.n_ctx() {
+            return Err(bad(format!(
+                "a state of {} of {} positions for {n} tokens of a {}-token context",
+                cache.len(),
+                cache.capacity(),
+                self.n_ctx()
+            )));
+        }
+        Ok(Snapshot {
+            tokens,
+            cache,
+            logits,
+        })
+    }
+
     /// The number of leading tokens `tokens` shares with the frontier.
     pub fn common_prefix(&self, tokens: &[u32]) -> usize {
         self.tokens
@@ -219,7 +334,9 @@ impl Session {
     /// Makes the session hold exactly `tokens` with known logits after the last one:
     /// keeps the longest common prefix, rewinds past it and evaluates the rest. When
     /// the whole request is already held but its logits are not, the last token is
-    /// evaluated again.
+    /// evaluated again. `reused` counts only the tokens not evaluated: a cache that
+    /// rewinds to an earlier point ([`Cache::rewind_point`]) re-evaluates the tokens
+    /// from there.
     pub fn sync(
         &mut self,
         tokens: &[u32],
@@ -238,20 +355,25 @@ impl Session {
         if keep == tokens.len() && (keep < self.tokens.len() || self.logits.is_empty()) {
             keep -= 1;
         }
+        let reused = if keep < self.tokens.len() {
+            self.cache.rewind_point(keep)
+        } else {
+            keep
+        };
+        let t0 = Instant::now();
         self.rewind(keep)?;
         let rest = &tokens[keep..];
         if rest.is_empty() {
             return Ok(SyncStats {
-                reused: keep,
+                reused,
                 evaluated: 0,
                 eval_time: None,
             });
         }
-        let t0 = Instant::now();
         self.prefill(rest, progress)?;
         Ok(SyncStats {
-            reused: keep,
-            evaluated: rest.len(),
+            reused,
+            evaluated: tokens.len() - reused,
             eval_time: Some(t0.elapsed()),
         })
     }

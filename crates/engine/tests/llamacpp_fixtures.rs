@@ -1,11 +1,17 @@
 //! Real models against llama.cpp's recorded outputs (`../shared/fixtures/llamacpp`):
 //! rendered prompts and prompt tokens exactly; greedy continuations token for token up
-//! to the first near-tie (recorded top-1/top-2 gap < 0.05); teacher-forced on
-//! llama.cpp's own tokens, our top-1 equals theirs wherever the recorded gap is ≥ 0.05
-//! and our log-probabilities of their recorded top-10 (first 8 steps) are within
-//! [`logprob_tol`] of theirs — which logits scaled by 1.01 fail, as each case shows.
-//! Models and fixtures are located by `ds4_testkit` (a failure under CI when absent, a
-//! visible skip elsewhere).
+//! to the first near-tie (recorded top-1/top-2 gap < [`NEAR_TIE`]); teacher-forced on
+//! llama.cpp's own tokens, our top-1 equals theirs wherever the recorded gap is at
+//! least [`NEAR_TIE`], and our log-probabilities of their recorded top-10 (first 8
+//! steps) are within the bounds of [`Pinned`] — whose median bound logits scaled by 1.01
+//! fail, as each case shows. Models and fixtures are located by `ds4_testkit` (a failure
+//! under CI when absent, a visible skip elsewhere).
+//!
+//! The bounds are those of our chunk-invariant CPU arithmetic (every row computed as
+//! ggml computes a one-token step), not of llama.cpp's batched prefill, which rounds
+//! differently from its own decode: top-1 changes at recorded gaps up to 0.157
+//! (docs/parity.md, "Chunk invariance"). With llama.cpp's batch-size-dependent kernels
+//! the same checks held at 0.0002 / 0.0007 with a near-tie of 0.05.
 
 use ds4_engine::generate::{GenerateParams, generate};
 use ds4_engine::logprobs::{logprob, top_logprobs};
@@ -14,20 +20,45 @@ use ds4_engine::{LoadedModel, Session};
 use ds4_tokenizer::{ChatMessage, RenderOptions};
 use serde_json::Value;
 
-/// The fixture README's near-tie rule.
-const NEAR_TIE: f64 = 0.05;
-/// Largest allowed difference of a log-probability from llama.cpp's: 3× the worst case
-/// over all cases of the model, measured 2026-12-02 (docs/parity.md, "llama.cpp
-/// fixtures"), so a regression of 10× fails. Another branch (agent-serving) is making
-/// the CPU prefill chunk-invariant, which may move these numbers: re-measure them and
-/// re-pin (the test prints each case's worst).
-fn logprob_tol(key: &str) -> f64 {
-    let measured = match key {
-        "smollm2-135m-instruct-q4_1" => 1.87e-4,
-        "qwen2.5-coder-0.5b-instruct-q4_k_m" => 6.78e-4,
-        _ => panic!("{key}: no log-probability measurement pinned"),
-    };
-    3.0 * measured
+/// Recorded top-1/top-2 gaps below this are near-ties: our chunk-invariant arithmetic
+/// (one-token rounding for prompt rows, where llama.cpp's prefill used its batched
+/// kernels) may choose the other token there (measured up to 0.157).
+const NEAR_TIE: f64 = 0.2;
+
+/// A model's measured log-probability distances from llama.cpp's recorded top-10, over
+/// all its cases (2026-12-02, chunk-invariant CPU arithmetic; docs/parity.md,
+/// "llama.cpp fixtures"). The test prints each case's figures for re-pinning.
+struct Pinned {
+    /// The largest distance of any case.
+    worst: f64,
+    /// The largest per-case median distance.
+    median: f64,
+}
+
+impl Pinned {
+    fn of(key: &str) -> Pinned {
+        match key {
+            "smollm2-135m-instruct-q4_1" => Pinned {
+                worst: 0.535,
+                median: f64::NAN,
+            },
+            "qwen2.5-coder-0.5b-instruct-q4_k_m" => Pinned {
+                worst: 0.302,
+                median: f64::NAN,
+            },
+            _ => panic!("{key}: no log-probability measurement pinned"),
+        }
+    }
+
+    /// Bound on a case's worst distance: the measured worst + 25 %.
+    fn worst_bound(&self) -> f64 {
+        1.25 * self.worst
+    }
+
+    /// Bound on a case's median distance: twice the measured.
+    fn median_bound(&self) -> f64 {
+        2.0 * self.median
+    }
 }
 
 struct Case {
@@ -186,24 +217,29 @@ fn check_greedy(json: &str) {
     }
 }
 
-/// The largest |ours − llama.cpp| log-probability of llama.cpp's recorded top-10 over the
-/// recorded steps, from our logits `rows` (one per step).
-fn worst_logprob(c: &Case, rows: &[Vec<f32>]) -> f64 {
-    let mut worst = 0f64;
-    for (row, reference) in rows.iter().zip(&c.top10) {
-        for &(id, lp) in reference {
-            worst = worst.max((logprob(row, id) - lp).abs());
-        }
-    }
-    worst
+/// The largest and the median |ours − llama.cpp| log-probability of llama.cpp's
+/// recorded top-10 over the recorded steps, from our logits `rows` (one per step).
+fn logprob_distances(c: &Case, rows: &[Vec<f32>]) -> (f64, f64) {
+    let mut d: Vec<f64> = rows
+        .iter()
+        .zip(&c.top10)
+        .flat_map(|(row, reference)| {
+            reference
+                .iter()
+                .map(move |&(id, lp)| (logprob(row, id) - lp).abs())
+        })
+        .collect();
+    d.sort_by(f64::total_cmp);
+    (d[d.len() - 1], d[d.len() / 2])
 }
 
 fn check_teacher_forced(json: &str) {
     let Some((lm, key, cases)) = open(json) else {
         return;
     };
-    let tol = logprob_tol(&key);
-    let mut worst_of_all = 0f64;
+    let pinned = Pinned::of(&key);
+    let (worst_bound, median_bound) = (pinned.worst_bound(), pinned.median_bound());
+    let (mut worst_of_all, mut median_of_all) = (0f64, 0f64);
     for c in &cases {
         let mut session = Session::new(lm.model.clone(), 2048).unwrap();
         let mut rows = vec![session.prefill(&c.prompt, &mut |_, _| {}).unwrap().to_vec()];
@@ -220,30 +256,40 @@ fn check_teacher_forced(json: &str) {
                 );
             }
         }
-        let worst = worst_logprob(c, &rows);
+        let (worst, median) = logprob_distances(c, &rows);
         worst_of_all = worst_of_all.max(worst);
+        median_of_all = median_of_all.max(median);
         let scaled: Vec<Vec<f32>> = rows
             .iter()
             .map(|r| r.iter().map(|v| v * 1.01).collect())
             .collect();
-        let worst_scaled = worst_logprob(c, &scaled);
+        let (_, median_scaled) = logprob_distances(c, &scaled);
         eprintln!(
-            "{}: teacher-forced top-1 equal; worst top-10 logprob difference {worst:.2e} \
-             (bound {tol:.1e}; logits scaled by 1.01: {worst_scaled:.2e})",
+            "{}: teacher-forced top-1 equal; top-10 logprob distance worst {worst:.3e} \
+             (bound {worst_bound:.2e}), median {median:.3e} (bound {median_bound:.2e}; \
+             logits scaled by 1.01: {median_scaled:.2e})",
             c.id
         );
         assert!(
-            worst <= tol,
-            "{}: top-10 logprob difference {worst:.2e} > {tol:.1e}",
+            worst <= worst_bound,
+            "{}: worst top-10 logprob distance {worst:.3e} > {worst_bound:.2e}",
             c.id
         );
         assert!(
-            worst_scaled > tol,
-            "{}: logits scaled by 1.01 pass the logprob bound ({worst_scaled:.2e})",
+            median <= median_bound,
+            "{}: median top-10 logprob distance {median:.3e} > {median_bound:.2e}",
+            c.id
+        );
+        assert!(
+            median_scaled > median_bound,
+            "{}: logits scaled by 1.01 pass the median bound ({median_scaled:.2e})",
             c.id
         );
     }
-    eprintln!("{key}: worst top-10 logprob difference of all cases {worst_of_all:.3e}");
+    eprintln!(
+        "{key}: of all cases, worst top-10 logprob distance {worst_of_all:.3e}, \
+         largest median {median_of_all:.3e}"
+    );
 }
 
 #[test]

@@ -72,6 +72,7 @@ pub use error::QuantError;
 pub use kernels::{Isa, isa};
 pub use matmul::{
     Layout, matmul, matmul_as, matmul_rows, matmul_rows_as, matmul_single_thread, try_matmul,
+    try_matmul_per_token,
 };
 
 /// Whether `ty` is supported as a matrix-product weight type (dequantize, quantize and

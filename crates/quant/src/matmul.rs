@@ -72,6 +72,24 @@ pub fn try_matmul(w: &QMatrix, x: &QuantizedActs, out: &mut [f32]) -> Result<(),
     matmul_rows_as(w, Layout::Auto, x, 0..w.rows, out)
 }
 
+/// As [`try_matmul`], with every token along the kernel path ggml takes for a product
+/// of one token (a decode step): a token's result does not depend on how many tokens
+/// are multiplied with it, at the price of matching ggml's batched products only where
+/// its batched path has the same arithmetic (plain quantized weights).
+///
+/// # Errors
+/// As [`try_matmul`].
+pub fn try_matmul_per_token(
+    w: &QMatrix,
+    x: &QuantizedActs,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let rows = 0..w.rows;
+    check(w, x, &rows, out)?;
+    run_with(w, Layout::Auto, x, rows, out, true, true);
+    Ok(())
+}
+
 /// Rows `rows` of `w` only: `out[t·rows.len() + (r - rows.start)]`. Useful for splitting
 /// a large output (a vocabulary projection) or picking experts' rows. The results are
 /// those of the whole product.
@@ -166,10 +184,14 @@ fn check(
     Ok(())
 }
 
-/// Runs of consecutive tokens that ggml computes along one path.
-fn segments(w: &QMatrix, repacked: bool, n: usize) -> Vec<(Range<usize>, Path)> {
+/// Runs of consecutive tokens that ggml computes along one path (with `per_token`,
+/// every token along the path of a one-token product).
+fn segments(w: &QMatrix, repacked: bool, n: usize, per_token: bool) -> Vec<(Range<usize>, Path)> {
     let tiled = order::tiled_enabled();
     let m = (w.ty, w.rows, w.cols);
+    if per_token {
+        return vec![(0..n, order::path(m, repacked, tiled, 1, 0))];
+    }
     let mut segs = Vec::with_capacity(2);
     let mut t = 0;
     while t < n {
@@ -192,10 +214,22 @@ fn run(
     out: &mut [f32],
     parallel: bool,
 ) {
+    run_with(w, layout, x, rows, out, parallel, false);
+}
+
+fn run_with(
+    w: &QMatrix,
+    layout: Layout,
+    x: &QuantizedActs,
+    rows: Range<usize>,
+    out: &mut [f32],
+    parallel: bool,
+    per_token: bool,
+) {
     let isa = kernels::isa();
     let repacked = layout == Layout::Auto && order::repacks(w.ty, w.rows);
     let o = Out::new(out, rows.len(), rows.start);
-    for (tokens, path) in segments(w, repacked, x.n_tokens()) {
+    for (tokens, path) in segments(w, repacked, x.n_tokens(), per_token) {
         let macs = rows.len() * w.cols * tokens.len();
         let par = parallel && macs >= PARALLEL_MIN_MACS && rayon::current_num_threads() > 1;
         if tokens.len() >= PANEL_MIN_TOKENS && kernels::has_panel(isa, w.ty, path) {

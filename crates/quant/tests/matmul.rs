@@ -5,7 +5,8 @@
 
 use ds4_quant::{
     GgmlType, Layout, QMatrix, QuantError, QuantizedActs, dequantize_row, matmul, matmul_as,
-    matmul_rows, matmul_single_thread, quantize_row, try_matmul, vec_dot, vec_dot_type,
+    matmul_rows, matmul_single_thread, quantize_row, try_matmul, try_matmul_per_token, vec_dot,
+    vec_dot_type,
 };
 use proptest::prelude::*;
 
@@ -180,6 +181,18 @@ proptest! {
                     prop_assert_eq!(plain[t * rows + r].to_bits(), o[r].to_bits(), "{} token {} row {}", ty, t, r);
                     prop_assert_eq!(vec_dot(ty, w.row(r), &one, 0).unwrap().to_bits(), o[r].to_bits());
                 }
+            }
+        }
+        // Per-token paths: whatever the type and layout (repacked, float), a batch gives
+        // each token exactly what that token alone gives.
+        let mut per_token = vec![0f32; rows * n_tokens];
+        try_matmul_per_token(&w, &batch, &mut per_token).unwrap();
+        for t in 0..n_tokens {
+            let one = QuantizedActs::new(vec_dot_type(ty), &x[t * cols..(t + 1) * cols], 1, cols);
+            let mut o = vec![0f32; rows];
+            matmul(&w, &one, &mut o);
+            for r in 0..rows {
+                prop_assert_eq!(per_token[t * rows + r].to_bits(), o[r].to_bits(), "per token: {} token {} row {}", ty, t, r);
             }
         }
         // A row range gives the same values as the full product.

@@ -1,11 +1,13 @@
 //! `ds4-server serve` flags (the model and context flags come from the CLI's
 //! `ModelArgs`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ds4_args::int;
 
 use crate::config::ServerConfig;
+use crate::session_cache::CacheConfig;
 
 /// Environment variable read for the API key when `--api-key` is not given (keeps the
 /// key out of process listings).
@@ -54,6 +56,47 @@ pub struct ServeArgs {
     #[arg(long = "shutdown-timeout", value_name = "SECS", default_value_t = 30,
           allow_negative_numbers = true, value_parser = int::<u64>(0..))]
     pub shutdown_timeout_secs: u64,
+    /// Memory for parked conversation states (bytes; K, M, G suffixes). Default: a
+    /// quarter of the memory available at start.
+    #[arg(long = "cache-mem", value_name = "BYTES", value_parser = parse_bytes)]
+    pub cache_mem: Option<u64>,
+    /// Directory for disk checkpoints of conversation states (evicted ones, and all of
+    /// them at shutdown); off by default.
+    #[arg(long = "cache-dir", value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Disk space for checkpoints in --cache-dir (bytes; K, M, G suffixes).
+    #[arg(long = "cache-disk-max", value_name = "BYTES", value_parser = parse_bytes, default_value = "16G")]
+    pub cache_disk_max: u64,
+}
+
+/// A byte count: digits with an optional K, M, G or T suffix (powers of 1024, an
+/// optional `B` or `iB` after it).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("unknown size suffix in '{s}' (use K, M, G or T)")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a byte count (e.g. 512M, 8G, 1073741824)"))?;
+    n.checked_shl(shift)
+        .filter(|v| v >> shift == n)
+        .ok_or_else(|| format!("'{s}' is too large"))
 }
 
 impl ServeArgs {
@@ -73,6 +116,30 @@ impl ServeArgs {
             aliases: self.aliases.clone(),
             keepalive: Duration::from_secs(self.keepalive_secs.max(1)),
             drain_timeout: Duration::from_secs(self.shutdown_timeout_secs),
+            cache: CacheConfig {
+                mem_budget: self
+                    .cache_mem
+                    .unwrap_or_else(CacheConfig::default_mem_budget),
+                dir: self.cache_dir.clone(),
+                disk_max: self.cache_disk_max,
+            },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_with_suffixes() {
+        assert_eq!(parse_bytes("1024"), Ok(1024));
+        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
+        assert_eq!(parse_bytes("8G"), Ok(8 << 30));
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("3kB"), Ok(3 << 10));
+        assert!(parse_bytes("8X").is_err());
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
     }
 }

@@ -6,7 +6,9 @@
 //! `ds4_engine::Session`; [`crate::fake`] implements them with a byte-level toy model so
 //! the HTTP layer is testable without weights.
 
-use std::ops::ControlFlow;
+use std::any::Any;
+use std::io::{Read, Write};
+use std::ops::{ControlFlow, RangeInclusive};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
@@ -224,6 +226,33 @@ pub fn reusable_prefix(
     Ok(keep)
 }
 
+/// The largest frontier length `<= keep` in one of the `reachable` ranges (0 when none
+/// is): how much of a held state a prompt sharing `keep` tokens with it can reuse
+/// without re-evaluating anything.
+pub fn reach(reachable: &[RangeInclusive<usize>], keep: usize) -> usize {
+    reachable
+        .iter()
+        .filter(|r| *r.start() <= keep)
+        .map(|r| (*r.end()).min(keep))
+        .max()
+        .unwrap_or(0)
+}
+
+/// A copy of a session's state parked by the worker (in memory; written to disk when
+/// evicted), opaque to it.
+pub trait Parked: Send {
+    /// The tokens the state holds.
+    fn tokens(&self) -> &[u32];
+    /// Bytes of memory it holds.
+    fn bytes(&self) -> u64;
+    /// Frontier lengths reachable without re-evaluation (see [`reach`]).
+    fn reachable(&self) -> Vec<RangeInclusive<usize>>;
+    /// Whether the logits after the last token are held.
+    fn logits_known(&self) -> bool;
+    /// For the engine's downcast.
+    fn as_any(&self) -> &dyn Any;
+}
+
 /// The live session, owned by the engine worker thread.
 pub trait Engine: Send + 'static {
     /// Context size in tokens.
@@ -249,6 +278,22 @@ pub trait Engine: Send + 'static {
         settings: &GenSettings,
         on_token: &mut dyn FnMut(Sampled) -> ControlFlow<()>,
     ) -> Result<GenOutcome, BackendError>;
+    /// Whether the logits after the live session's last token are held.
+    fn logits_known(&self) -> bool;
+    /// Frontier lengths of the live session reachable without re-evaluation.
+    fn reachable(&self) -> Vec<RangeInclusive<usize>>;
+    /// A copy of the live session's state.
+    fn park(&self) -> Result<Box<dyn Parked>, BackendError>;
+    /// Makes the live session hold a parked state (of this engine).
+    fn unpark(&mut self, parked: &dyn Parked) -> Result<(), BackendError>;
+    /// Writes a parked state (for disk checkpoints).
+    fn write_parked(&self, parked: &dyn Parked, out: &mut dyn Write) -> Result<(), BackendError>;
+    /// Reads a state written by [`Engine::write_parked`] of an engine of the same
+    /// [`Engine::identity`].
+    fn read_parked(&self, input: &mut dyn Read) -> Result<Box<dyn Parked>, BackendError>;
+    /// The model file's identity and the settings that change the numbers (backend,
+    /// context size, build): states written under another identity are foreign.
+    fn identity(&self) -> String;
 }
 
 /// A model as the server drives it: the shared text side and the session.

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::session_cache::CacheConfig;
+
 /// Everything the server needs to know besides the model.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -26,6 +28,8 @@ pub struct ServerConfig {
     pub keepalive: Duration,
     /// On shutdown, how long the running request may take before it is cancelled.
     pub drain_timeout: Duration,
+    /// The prompt cache's budgets and disk directory.
+    pub cache: CacheConfig,
 }
 
 impl Default for ServerConfig {
@@ -41,6 +45,7 @@ impl Default for ServerConfig {
             aliases: Vec::new(),
             keepalive: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(30),
+            cache: CacheConfig::default(),
         }
     }
 }

@@ -6,24 +6,27 @@
 //! uses, so a fixed seed gives the same text; log-probabilities are read from the
 //! logits row `generate` hands to its per-token callback.
 
+use std::any::Any;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, RangeInclusive};
 use std::sync::Arc;
 use std::time::Instant;
 
 use ds4_engine::generate::{GenerateParams, StopReason, generate};
 use ds4_engine::logprobs::{logprob, top_logprobs};
 use ds4_engine::sampler::SamplerParams;
-use ds4_engine::session::PREFILL_CHUNK;
+use ds4_engine::session::{PREFILL_CHUNK, Snapshot};
 use ds4_engine::{EngineError, LoadedModel, Session};
 use ds4_tokenizer::{ChatMessage, RenderOptions, Tokenizer, ToolCall};
 use serde_json::Value;
 
 use crate::args::ServeArgs;
 use crate::backend::{
-    BackendError, Engine, GenOutcome, GenSettings, GenStop, ModelParts, RenderRequest, Sampled,
-    SamplerSettings, SyncOutcome, Vocab, reusable_prefix,
+    BackendError, Engine, GenOutcome, GenSettings, GenStop, ModelParts, Parked, RenderRequest,
+    Sampled, SamplerSettings, SyncOutcome, Vocab, reusable_prefix,
 };
+use crate::session_cache::disk::fnv64;
 
 /// A loaded model's text side.
 pub struct EngineVocab {
@@ -137,6 +140,50 @@ pub struct EngineSession {
     session: Session,
     tokenizer: Arc<Tokenizer>,
     phase: Option<PhaseHook>,
+    identity: String,
+}
+
+/// A parked session state: an engine snapshot.
+struct ParkedSnapshot(Snapshot);
+
+impl Parked for ParkedSnapshot {
+    fn tokens(&self) -> &[u32] {
+        self.0.tokens()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.0.bytes()
+    }
+
+    fn reachable(&self) -> Vec<RangeInclusive<usize>> {
+        self.0.reachable()
+    }
+
+    fn logits_known(&self) -> bool {
+        self.0.logits_known()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// What a state's numbers depend on besides the tokens: the model file (its size and
+/// header: metadata and tensor directory), the backend, the context size, the build,
+/// and the environment switches that change the arithmetic.
+fn identity(lm: &LoadedModel, n_ctx: usize) -> String {
+    let bytes = lm.gguf.as_bytes();
+    let header = &bytes[..(lm.gguf.data_offset() as usize).min(bytes.len())];
+    let env = |k: &str| std::env::var(k).unwrap_or_default();
+    format!(
+        "ds4-http {}; model {} bytes, header {:016x}; backend {}; n_ctx {n_ctx}; DS4_GGML_TILED={}; DS4_CUDA_FUSE={}",
+        env!("CARGO_PKG_VERSION"),
+        bytes.len(),
+        fnv64(header),
+        lm.model.info().backend,
+        env("DS4_GGML_TILED"),
+        env("DS4_CUDA_FUSE"),
+    )
 }
 
 /// Told the engine's phase (`prefill`, `decode`, `idle`) as it changes, e.g. by a GPU
@@ -209,6 +256,47 @@ impl Engine for EngineSession {
     ) -> Result<GenOutcome, BackendError> {
         self.in_phase("decode", |s| s.generate_inner(prompt, settings, on_token))
     }
+
+    fn logits_known(&self) -> bool {
+        self.session.logits().is_some()
+    }
+
+    fn reachable(&self) -> Vec<RangeInclusive<usize>> {
+        self.session.reachable()
+    }
+
+    fn park(&self) -> Result<Box<dyn Parked>, BackendError> {
+        let snap = self.session.snapshot().map_err(engine_error)?;
+        Ok(Box::new(ParkedSnapshot(snap)))
+    }
+
+    fn unpark(&mut self, parked: &dyn Parked) -> Result<(), BackendError> {
+        let snap = downcast(parked)?;
+        self.session.restore(&snap.0).map_err(engine_error)
+    }
+
+    fn write_parked(&self, parked: &dyn Parked, out: &mut dyn Write) -> Result<(), BackendError> {
+        let snap = downcast(parked)?;
+        self.session
+            .write_snapshot(&snap.0, out)
+            .map_err(engine_error)
+    }
+
+    fn read_parked(&self, input: &mut dyn Read) -> Result<Box<dyn Parked>, BackendError> {
+        let snap = self.session.read_snapshot(input).map_err(engine_error)?;
+        Ok(Box::new(ParkedSnapshot(snap)))
+    }
+
+    fn identity(&self) -> String {
+        self.identity.clone()
+    }
+}
+
+fn downcast(parked: &dyn Parked) -> Result<&ParkedSnapshot, BackendError> {
+    parked
+        .as_any()
+        .downcast_ref::<ParkedSnapshot>()
+        .ok_or_else(|| BackendError::Engine("a parked state of another engine".into()))
 }
 
 impl EngineSession {
@@ -226,6 +314,13 @@ impl EngineSession {
             self.session.logits().is_some(),
         )?;
         let t0 = Instant::now();
+        // A recurrent state rewinds only to its checkpoints: the tokens between the
+        // checkpoint and `keep` are evaluated again, and not counted as reused.
+        let keep = if keep < self.session.tokens().len() {
+            crate::backend::reach(&self.session.reachable(), keep)
+        } else {
+            keep
+        };
         let mut evaluated = 0;
         let mut end = keep;
         while end + PREFILL_CHUNK < prompt.len() {
@@ -294,6 +389,7 @@ pub fn engine_model(
 ) -> Result<ModelParts, BackendError> {
     let session = Session::new(model.model.clone(), n_ctx).map_err(engine_error)?;
     let tokenizer = model.tokenizer.clone();
+    let identity = identity(&model, n_ctx);
     let vocab: Arc<dyn Vocab> = Arc::new(EngineVocab::new(Arc::new(model)));
     Ok((
         vocab,
@@ -301,6 +397,7 @@ pub fn engine_model(
             session,
             tokenizer,
             phase,
+            identity,
         }),
     ))
 }

@@ -2,13 +2,15 @@
 //! merged tokens (so re-tokenized answers differ from generated ids, as with BPE), a
 //! ChatML template, and replies chosen by a function of the prompt text.
 
-use std::ops::ControlFlow;
+use std::any::Any;
+use std::io::{Read, Write};
+use std::ops::{ControlFlow, RangeInclusive};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{
-    BackendError, ChatTurn, Engine, GenOutcome, GenSettings, GenStop, ModelParts, RenderRequest,
-    Sampled, SyncOutcome, Vocab, reusable_prefix,
+    BackendError, ChatTurn, Engine, GenOutcome, GenSettings, GenStop, ModelParts, Parked,
+    RenderRequest, Sampled, SyncOutcome, Vocab, reusable_prefix,
 };
 
 /// `<|im_start|>`.
@@ -233,6 +235,40 @@ pub fn fake_model(config: FakeConfig) -> ModelParts {
     )
 }
 
+/// The toy model's parked state: its tokens.
+struct FakeParked {
+    tokens: Vec<u32>,
+    logits_known: bool,
+}
+
+impl Parked for FakeParked {
+    fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    fn bytes(&self) -> u64 {
+        4 * self.tokens.len() as u64
+    }
+
+    fn reachable(&self) -> Vec<RangeInclusive<usize>> {
+        vec![0..=self.tokens.len()]
+    }
+
+    fn logits_known(&self) -> bool {
+        self.logits_known
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn fake_parked(p: &dyn Parked) -> Result<&FakeParked, BackendError> {
+    p.as_any()
+        .downcast_ref::<FakeParked>()
+        .ok_or_else(|| BackendError::Engine("a parked state of another engine".into()))
+}
+
 impl Engine for FakeEngine {
     fn n_ctx(&self) -> usize {
         self.config.n_ctx
@@ -318,5 +354,60 @@ impl Engine for FakeEngine {
             decode_time,
             stop,
         })
+    }
+
+    fn logits_known(&self) -> bool {
+        self.logits_known
+    }
+
+    fn reachable(&self) -> Vec<RangeInclusive<usize>> {
+        vec![0..=self.tokens.len()]
+    }
+
+    fn park(&self) -> Result<Box<dyn Parked>, BackendError> {
+        Ok(Box::new(FakeParked {
+            tokens: self.tokens.clone(),
+            logits_known: self.logits_known,
+        }))
+    }
+
+    fn unpark(&mut self, parked: &dyn Parked) -> Result<(), BackendError> {
+        let p = fake_parked(parked)?;
+        self.tokens.clone_from(&p.tokens);
+        self.logits_known = p.logits_known;
+        Ok(())
+    }
+
+    /// u8 logits known, then the tokens as u32 LE.
+    fn write_parked(&self, parked: &dyn Parked, out: &mut dyn Write) -> Result<(), BackendError> {
+        let p = fake_parked(parked)?;
+        let mut b = vec![u8::from(p.logits_known)];
+        for t in &p.tokens {
+            b.extend_from_slice(&t.to_le_bytes());
+        }
+        out.write_all(&b)
+            .map_err(|e| BackendError::Engine(e.to_string()))
+    }
+
+    fn read_parked(&self, input: &mut dyn Read) -> Result<Box<dyn Parked>, BackendError> {
+        let mut b = Vec::new();
+        input
+            .read_to_end(&mut b)
+            .map_err(|e| BackendError::Engine(e.to_string()))?;
+        let Some((&known, rest)) = b.split_first().filter(|(_, r)| r.len() % 4 == 0) else {
+            return Err(BackendError::Engine("a malformed toy state".into()));
+        };
+        let tokens = rest
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok(Box::new(FakeParked {
+            tokens,
+            logits_known: known == 1,
+        }))
+    }
+
+    fn identity(&self) -> String {
+        format!("toy model; n_ctx {}", self.config.n_ctx)
     }
 }

@@ -6,9 +6,9 @@
 //!
 //! Shape: HTTP handlers ([`api`], axum on tokio) parse a request into a conversation,
 //! render it with the chat template ([`prompt`]) and queue a [`worker::Job`]. One
-//! engine thread ([`worker`]) owns the live session, runs jobs in FIFO order, reuses
-//! the prompt prefix the session already holds ([`prompt_cache`]) and streams text
-//! back; handlers parse it into reasoning, answer text and tool calls ([`output`]) and
+//! engine thread ([`worker`]) owns the live session and the parked states of other
+//! conversations ([`session_cache`]), runs jobs in FIFO order, reuses the prompt prefix
+//! a held state already holds ([`prompt_cache`]) and streams text back; handlers parse it into reasoning, answer text and tool calls ([`output`]) and
 //! answer in their API's JSON or SSE format.
 //!
 //! The model is reached through two small traits ([`backend::Vocab`],
@@ -29,6 +29,7 @@ pub mod prompt;
 pub mod prompt_cache;
 pub mod pyjson;
 pub mod server;
+pub mod session_cache;
 pub mod state;
 pub mod stop;
 pub mod tools_prompt;

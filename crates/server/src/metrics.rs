@@ -1,11 +1,12 @@
 //! Server metrics in the Prometheus text exposition format (version 0.0.4): request
 //! counts by endpoint and status, prompt / cached / prefilled / generated tokens,
-//! prefill and decode time and speed, queue depth, and time to first token.
+//! prefill and decode time and speed, queue depth, time to first token, and the prompt
+//! cache's hits (live session, memory, disk), evictions and held bytes.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the time-to-first-token histogram buckets.
@@ -35,6 +36,99 @@ pub struct Metrics {
     rejected: AtomicU64,
     cancelled: AtomicU64,
     ttft: Mutex<Histogram>,
+    /// The prompt cache's counters and gauges.
+    pub cache: Arc<CacheStats>,
+}
+
+/// The prompt cache's counters (see `crate::session_cache`).
+#[derive(Default)]
+pub struct CacheStats {
+    hits_live: AtomicU64,
+    hits_memory: AtomicU64,
+    hits_disk: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+    disk_evictions: AtomicU64,
+    bad_files: AtomicU64,
+    entries_memory: AtomicU64,
+    bytes_memory: AtomicU64,
+    entries_disk: AtomicU64,
+    bytes_disk: AtomicU64,
+}
+
+impl CacheStats {
+    /// A request reused tokens of the live session.
+    pub fn record_hit_live(&self) {
+        self.hits_live.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A request was served from a state parked in memory.
+    pub fn record_hit_memory(&self) {
+        self.hits_memory.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A request was served from a disk checkpoint.
+    pub fn record_hit_disk(&self) {
+        self.hits_disk.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A request reused nothing.
+    pub fn record_miss(&self) {
+        self.misses.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A parked state left memory (to disk, or dropped).
+    pub fn record_eviction(&self) {
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A disk checkpoint was deleted to stay within the disk budget.
+    pub fn record_disk_eviction(&self) {
+        self.disk_evictions.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A disk checkpoint was found corrupted and ignored.
+    pub fn record_bad_file(&self) {
+        self.bad_files.fetch_add(1, Ordering::Relaxed);
+    }
+    /// What is held now: parked states in memory and on disk, and their bytes.
+    pub fn set_held(&self, mem_entries: u64, mem_bytes: u64, disk_entries: u64, disk_bytes: u64) {
+        self.entries_memory.store(mem_entries, Ordering::Relaxed);
+        self.bytes_memory.store(mem_bytes, Ordering::Relaxed);
+        self.entries_disk.store(disk_entries, Ordering::Relaxed);
+        self.bytes_disk.store(disk_bytes, Ordering::Relaxed);
+    }
+
+    /// `(hits_memory, hits_disk, evictions, parked in memory, MiB in memory, on disk)`
+    /// for log lines.
+    pub fn summary(&self) -> String {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "cache hits live {} memory {} disk {}, misses {}, evictions {}, parked {} ({:.1} MiB) + {} on disk ({:.1} MiB)",
+            l(&self.hits_live),
+            l(&self.hits_memory),
+            l(&self.hits_disk),
+            l(&self.misses),
+            l(&self.evictions),
+            l(&self.entries_memory),
+            l(&self.bytes_memory) as f64 / (1 << 20) as f64,
+            l(&self.entries_disk),
+            l(&self.bytes_disk) as f64 / (1 << 20) as f64,
+        )
+    }
+
+    fn series(&self) -> [(&'static str, &'static str, &'static str, f64); 11] {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        #[rustfmt::skip]
+        let s = [
+            ("ds4_cache_hits_live_total", "counter", "Requests that reused tokens of the live session.", l(&self.hits_live)),
+            ("ds4_cache_hits_memory_total", "counter", "Requests served from a session state parked in memory.", l(&self.hits_memory)),
+            ("ds4_cache_hits_disk_total", "counter", "Requests served from a disk checkpoint.", l(&self.hits_disk)),
+            ("ds4_cache_misses_total", "counter", "Requests that reused no prompt token.", l(&self.misses)),
+            ("ds4_cache_evictions_total", "counter", "Parked states moved out of memory (to disk, or dropped).", l(&self.evictions)),
+            ("ds4_cache_disk_evictions_total", "counter", "Disk checkpoints deleted to stay within --cache-disk-max.", l(&self.disk_evictions)),
+            ("ds4_cache_bad_files_total", "counter", "Disk checkpoints found corrupted and ignored.", l(&self.bad_files)),
+            ("ds4_cache_memory_entries", "gauge", "Session states parked in memory.", l(&self.entries_memory)),
+            ("ds4_cache_memory_bytes", "gauge", "Bytes of session states parked in memory.", l(&self.bytes_memory)),
+            ("ds4_cache_disk_entries", "gauge", "Disk checkpoints of this model.", l(&self.entries_disk)),
+            ("ds4_cache_disk_bytes", "gauge", "Bytes of disk checkpoints of this model.", l(&self.bytes_disk)),
+        ];
+        s
+    }
 }
 
 /// Point-in-time values the metrics page reads from elsewhere.
@@ -153,7 +247,7 @@ impl Metrics {
             ("ds4_rejected_requests_total", "counter", "Requests refused because the queue was full.", load(&self.rejected)),
             ("ds4_cancelled_generations_total", "counter", "Generations cancelled by a disconnect or shutdown.", load(&self.cancelled)),
             ("ds4_prompt_tokens_total", "counter", "Prompt tokens of all requests.", load(&self.prompt_tokens)),
-            ("ds4_cached_prompt_tokens_total", "counter", "Prompt tokens reused from the live session (not evaluated).", load(&self.cached_tokens)),
+            ("ds4_cached_prompt_tokens_total", "counter", "Prompt tokens reused from a held session state (not evaluated).", load(&self.cached_tokens)),
             ("ds4_prefill_tokens_total", "counter", "Prompt tokens evaluated.", load(&self.prefill_tokens)),
             ("ds4_generated_tokens_total", "counter", "Tokens generated.", load(&self.generated_tokens)),
             ("ds4_prefill_seconds_total", "counter", "Time spent evaluating prompt tokens.", load(&self.prefill_us) / 1e6),
@@ -165,7 +259,7 @@ impl Metrics {
             ("ds4_session_tokens", "gauge", "Tokens held by the live session.", g.session_tokens as f64),
             ("ds4_context_size", "gauge", "Context size in tokens.", g.n_ctx as f64),
         ];
-        for (name, kind, help, v) in series {
+        for (name, kind, help, v) in series.into_iter().chain(self.cache.series()) {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         }
         let h = lock(&self.ttft);

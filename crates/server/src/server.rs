@@ -139,6 +139,7 @@ pub async fn start(
         engine,
         vocab.clone(),
         config.queue,
+        config.cache.clone(),
         metrics.clone(),
     ));
     let id = vocab.model_id();

@@ -3,10 +3,12 @@
 //! a job whose receiver is gone (the client disconnected) is cancelled between
 //! prefill chunks or within one decode step.
 //!
-//! Per job: align the prompt with the session (text-keyed reuse, see
-//! [`crate::prompt_cache`]), sync (prefill only the new suffix), generate, and turn
-//! tokens into text safely: incomplete UTF-8 is held back and stop sequences never
-//! leak (see [`crate::utf8`], [`crate::stop`]).
+//! Per job: pick the held session state that serves the prompt best (the live session
+//! or a parked one, see [`crate::session_cache`]) and align the prompt with it
+//! (text-keyed reuse, see [`crate::prompt_cache`]), sync (prefill only the new
+//! suffix), generate, and turn tokens into text safely: incomplete UTF-8 is held back
+//! and stop sequences never leak (see [`crate::utf8`], [`crate::stop`]). When the
+//! queue closes, the held states are written to the cache directory.
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,7 +21,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::backend::{BackendError, Engine, GenSettings, GenStop, Sampled, Vocab};
 use crate::metrics::Metrics;
-use crate::prompt_cache::{AlignedPrompt, PromptCache};
+use crate::prompt_cache::{AlignedPrompt, PromptCache, token_offsets};
+use crate::session_cache::{CacheConfig, Live, PromptText, SessionCache, Source};
 use crate::stop::StopMatcher;
 use crate::utf8::Utf8Assembler;
 
@@ -51,7 +54,10 @@ pub struct Job {
     pub id: String,
     pub prompt: PromptInput,
     pub settings: GenSettings,
+    /// Stop sequences (not part of the answer).
     pub stop: Vec<String>,
+    /// Text after which generation ends, kept in the answer.
+    pub end_after: Vec<String>,
     pub events: UnboundedSender<WorkerEvent>,
     pub enqueued: Instant,
 }
@@ -79,6 +85,14 @@ pub enum FinishReason {
     StopSequence(String),
     /// The client went away or the server is shutting down.
     Cancelled,
+}
+
+impl FinishReason {
+    /// Whether the answer was cut short (token limit or full context), possibly in
+    /// the middle of a tool call.
+    pub fn is_cut(&self) -> bool {
+        matches!(self, FinishReason::Length | FinishReason::ContextFull)
+    }
 }
 
 /// Token counts and timings of one request.
@@ -184,6 +198,7 @@ impl Worker {
         engine: Box<dyn Engine>,
         vocab: Arc<dyn Vocab>,
         queue: usize,
+        cache: CacheConfig,
         metrics: Arc<Metrics>,
     ) -> Self {
         let (tx, rx) = sync_channel(queue);
@@ -196,10 +211,15 @@ impl Worker {
             mean_job_ms: AtomicUsize::new(1000),
         });
         let n_ctx = engine.n_ctx();
+        let store = SessionCache::new(cache, engine.identity(), metrics.cache.clone());
         let state = WorkerState {
             engine,
             vocab,
-            cache: PromptCache::new(),
+            live: Live {
+                text: PromptCache::new(),
+                prompt_len: 0,
+            },
+            store,
             shared: shared.clone(),
             metrics,
         };
@@ -299,7 +319,10 @@ impl Drop for Worker {
 struct WorkerState {
     engine: Box<dyn Engine>,
     vocab: Arc<dyn Vocab>,
-    cache: PromptCache,
+    /// The live session's text alignment.
+    live: Live,
+    /// Parked session states.
+    store: SessionCache,
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
 }
@@ -330,24 +353,33 @@ impl WorkerState {
                 .store(self.engine.tokens().len(), Ordering::SeqCst);
             self.shared.busy.store(false, Ordering::SeqCst);
         }
+        self.store.persist(&*self.engine, &self.live);
     }
 
-    fn align(&self, prompt: PromptInput) -> AlignedPrompt {
+    /// The prompt as token ids for the session state that serves it best (restored
+    /// into the engine when it is a parked one).
+    fn align(&mut self, prompt: PromptInput) -> (AlignedPrompt, Source) {
         match prompt {
-            PromptInput::Tokens(t) => AlignedPrompt::from_tokens(t),
+            PromptInput::Tokens(t) => (AlignedPrompt::from_tokens(t), Source::Live),
             PromptInput::Text { text, tokens } => {
                 let vocab = &self.vocab;
-                self.cache
-                    .align(self.engine.tokens(), &text, tokens, &|rest| {
-                        vocab.tokenize(rest, false)
-                    })
+                let offsets = token_offsets(text.as_bytes(), &tokens, &|id| vocab.piece(id, true));
+                self.store.choose(
+                    &mut *self.engine,
+                    &mut self.live,
+                    &PromptText {
+                        text: &text,
+                        canonical: &tokens,
+                        offsets: offsets.as_deref(),
+                    },
+                )
             }
         }
     }
 
     fn commit(&mut self, prompt: &AlignedPrompt, generated: &[u32]) {
         let vocab = &self.vocab;
-        self.cache.commit(
+        self.live.text.commit(
             prompt,
             generated,
             &|id| vocab.piece(id, true),
@@ -361,12 +393,13 @@ impl WorkerState {
             prompt,
             settings,
             stop,
+            end_after,
             events,
             enqueued,
         } = job;
         let shared = self.shared.clone();
         let cancel = || events.is_closed() || shared.cancel_all.load(Ordering::SeqCst);
-        let aligned = self.align(prompt);
+        let (aligned, source) = self.align(prompt);
         let n_ctx = self.engine.n_ctx();
         if aligned.tokens.len() >= n_ctx {
             let _ = events.send(WorkerEvent::Failed(JobError::ContextFull {
@@ -399,27 +432,36 @@ impl WorkerState {
             }
         };
         let prompt_tokens = aligned.tokens.len();
+        self.live.prompt_len = prompt_tokens;
         self.metrics
             .record_prefill(prompt_tokens, sync.reused, sync.evaluated, sync.time);
+        match (source, sync.reused) {
+            (_, 0) => self.metrics.cache.record_miss(),
+            (Source::Live, _) => self.metrics.cache.record_hit_live(),
+            _ => {}
+        }
         let prefill_ms = sync.time.map_or(0.0, |t| t.as_secs_f64() * 1e3);
         tracing::info!(
             %id,
             prompt_tokens,
             cached = sync.reused,
+            from = source.as_str(),
             spliced = aligned.spliced,
             prefilled = sync.evaluated,
             prefill_ms = format!("{prefill_ms:.1}"),
-            "prompt in session: {} of {} tokens reused, prefilled the {}-token suffix",
+            "prompt in session: {} of {} tokens reused ({}), prefilled the {}-token suffix; {}",
             sync.reused,
             prompt_tokens,
-            sync.evaluated
+            source.as_str(),
+            sync.evaluated,
+            self.metrics.cache.summary()
         );
         let _ = events.send(WorkerEvent::Started {
             prompt_tokens,
             cached_tokens: sync.reused,
         });
 
-        let mut text = TextPipeline::new(&stop);
+        let mut text = TextPipeline::new(&stop, end_after);
         let mut generated = Vec::new();
         let mut completion = 0;
         let mut cancelled = false;
@@ -455,6 +497,9 @@ impl WorkerState {
                 }
                 if let Some(hit) = hit {
                     stopped_by = Some(hit);
+                    return ControlFlow::Break(());
+                }
+                if text.ended() {
                     return ControlFlow::Break(());
                 }
                 ControlFlow::Continue(())
@@ -512,17 +557,25 @@ impl WorkerState {
     }
 }
 
-/// Token bytes → safe text: UTF-8 assembly, then stop sequences.
+/// Token bytes → safe text: UTF-8 assembly, then stop sequences; and whether text
+/// after which generation ends (`end_after`) was released.
 struct TextPipeline {
     utf8: Utf8Assembler,
     stop: StopMatcher,
+    end_after: Vec<String>,
+    /// The end of the released text, long enough to hold any `end_after` sequence.
+    tail: String,
+    ended: bool,
 }
 
 impl TextPipeline {
-    fn new(stops: &[String]) -> Self {
+    fn new(stops: &[String], end_after: Vec<String>) -> Self {
         TextPipeline {
             utf8: Utf8Assembler::new(),
             stop: StopMatcher::new(stops),
+            end_after: end_after.into_iter().filter(|s| !s.is_empty()).collect(),
+            tail: String::new(),
+            ended: false,
         }
     }
 
@@ -530,15 +583,39 @@ impl TextPipeline {
     fn push(&mut self, bytes: &[u8]) -> (String, Option<String>) {
         let text = self.utf8.push(bytes);
         let r = self.stop.push(&text);
+        self.watch(&r.text);
         (r.text, r.stopped)
     }
 
-    /// Held text at the end of generation (no stop sequence matched).
+    fn watch(&mut self, released: &str) {
+        if self.end_after.is_empty() || released.is_empty() {
+            return;
+        }
+        self.tail.push_str(released);
+        self.ended |= self
+            .end_after
+            .iter()
+            .any(|e| self.tail.contains(e.as_str()));
+        let keep = self.end_after.iter().map(String::len).max().unwrap_or(0);
+        if self.tail.len() > keep {
+            let mut cut = self.tail.len() - keep;
+            while !self.tail.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            self.tail.drain(..cut);
+        }
+    }
+
+    /// Whether an `end_after` sequence has been released.
+    fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Held text at the end of generation (no stop sequence matched); an incomplete
+    /// character is dropped.
     fn finish(&mut self) -> String {
-        let tail = self.utf8.finish();
-        let mut out = self.stop.push(&tail).text;
-        out.push_str(&self.stop.finish());
-        out
+        self.utf8.finish();
+        self.stop.finish()
     }
 }
 

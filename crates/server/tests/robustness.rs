@@ -136,7 +136,7 @@ async fn malformed_and_mistyped_requests() {
     let anthropic_cases = [
         json!({"max_tokens": 5, "messages": []}),
         json!({"max_tokens": "5", "messages": [{"role": "user", "content": "x"}]}),
-        json!({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}),
+        json!({"max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]}),
         json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"text": "no type"}]}]}),
         json!({"max_tokens": 5, "messages": [{"role": "user"}]}),
     ];

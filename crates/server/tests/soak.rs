@@ -3,8 +3,11 @@
 //! that disconnect mid-stream — bounded in request count. Every answer has the
 //! expected status and shape, and the server is healthy at the end.
 //!
-//! The normal suite runs a short soak against the toy model; `soak_long` (ignored)
-//! runs for a few minutes: `cargo test -p ds4-http --release --test soak -- --ignored`.
+//! The normal suite runs a short soak against the toy model, and one with 64 clients
+//! whose prompt cache is under memory and disk pressure (every parked state evicted to
+//! disk, files evicted past a small disk budget): no failure, resident memory bounded,
+//! no 429 while the queue holds every client. `soak_long` (ignored) runs for a few
+//! minutes: `cargo test -p ds4-http --release --test soak -- --ignored`.
 
 mod common;
 
@@ -163,6 +166,67 @@ async fn soak_short() {
     assert_eq!(done, 350);
     assert_eq!(ok, 300, "every request but the 50 bad ones answered 200");
     s.shutdown().await.unwrap();
+}
+
+/// Resident memory of this process in KiB (Linux), if known.
+fn rss_kib() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn soak_cache_pressure() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("soak-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let s = fake_server(
+        toy(),
+        ServerConfig {
+            queue: 64,
+            cache: ds4_http::session_cache::CacheConfig {
+                mem_budget: 1024,
+                dir: Some(dir.clone()),
+                disk_max: 16 << 10,
+            },
+            ..Default::default()
+        },
+    )
+    .await;
+    // A first round to reach a steady state, then the measured one.
+    let (done, ok) = soak(&s, 64, 140, Duration::from_secs(120)).await;
+    assert_eq!((done, ok), (140, 120));
+    let before = rss_kib();
+    let (done, ok) = soak(&s, 64, 700, Duration::from_secs(300)).await;
+    let after = rss_kib();
+    assert_eq!(done, 700);
+    assert_eq!(
+        ok, 600,
+        "every request but the 100 bad ones answered 200, no 429"
+    );
+    let base = s.base_url();
+    let evictions = common::metric(&base, "ds4_cache_evictions_total").await;
+    let disk_evictions = common::metric(&base, "ds4_cache_disk_evictions_total").await;
+    let disk_bytes = common::metric(&base, "ds4_cache_disk_bytes").await;
+    eprintln!(
+        "cache pressure: {evictions} evictions to disk, {disk_evictions} files deleted, {disk_bytes} bytes on disk; RSS {before:?} -> {after:?} KiB"
+    );
+    assert!(evictions > 100.0 && disk_evictions > 100.0);
+    assert!(disk_bytes <= (16 << 10) as f64);
+    if let (Some(b), Some(a)) = (before, after) {
+        assert!(
+            a < b + 64 * 1024,
+            "resident memory grew from {b} to {a} KiB"
+        );
+    }
+    s.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The long soak's server: SmolLM2 when it is available (and the `engine` feature is

@@ -218,9 +218,11 @@ impl ChatTemplate {
 
     /// Renders `messages` into a prompt.
     ///
-    /// Errors: [`TokenizerError::BadMessage`] for tool-call arguments that are not JSON when
-    /// the template needs objects; [`TokenizerError::TemplateRender`] for failures inside
-    /// the template (including its `raise_exception(..)` calls), with the line.
+    /// Tool-call arguments that are not JSON reach a template that wants objects as the
+    /// raw string.
+    ///
+    /// Errors: [`TokenizerError::TemplateRender`] for failures inside the template
+    /// (including its `raise_exception(..)` calls), with the line.
     pub fn render(
         &self,
         messages: &[ChatMessage],
@@ -228,9 +230,8 @@ impl ChatTemplate {
     ) -> Result<String, TokenizerError> {
         let messages = messages
             .iter()
-            .enumerate()
-            .map(|(i, m)| message_json(m, self.object_arguments, i))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|m| message_json(m, self.object_arguments))
+            .collect();
         let tools = opts.tools.as_ref().map(|t| normalize_tools(t));
         let mut out = self.render_json(Json::Array(messages), tools, opts)?;
         if opts.strip_bos && !self.bos.is_empty() && out.starts_with(&self.bos) {
@@ -377,11 +378,7 @@ fn render_error(e: minijinja::Error) -> TokenizerError {
 }
 
 /// One message as llama.cpp's `to_json_oaicompat` writes it.
-fn message_json(
-    m: &ChatMessage,
-    object_arguments: bool,
-    index: usize,
-) -> Result<Json, TokenizerError> {
+fn message_json(m: &ChatMessage, object_arguments: bool) -> Json {
     let mut msg = Map::new();
     msg.insert("role".into(), Json::String(m.role.clone()));
     msg.insert(
@@ -403,16 +400,13 @@ fn message_json(
             .tool_calls
             .iter()
             .map(|call| {
+                // Templates that want objects get the parsed arguments; arguments that
+                // are not JSON (a model's malformed call kept in the history) pass as
+                // the raw string, as llama.cpp's template polyfill does, so the
+                // conversation goes on.
                 let arguments = if object_arguments {
-                    serde_json::from_str(&call.arguments).map_err(|e| {
-                        TokenizerError::BadMessage {
-                            index,
-                            message: format!(
-                                "tool call '{}': arguments are not JSON: {e}",
-                                call.name
-                            ),
-                        }
-                    })?
+                    serde_json::from_str(&call.arguments)
+                        .unwrap_or_else(|_| Json::String(call.arguments.clone()))
                 } else {
                     Json::String(call.arguments.clone())
                 };
@@ -425,12 +419,12 @@ fn message_json(
                 if let Some(id) = non_empty(&call.id) {
                     tc.insert("id".into(), Json::String(id));
                 }
-                Ok(Json::Object(tc))
+                Json::Object(tc)
             })
-            .collect::<Result<Vec<_>, TokenizerError>>()?;
+            .collect();
         msg.insert("tool_calls".into(), Json::Array(calls));
     }
-    Ok(Json::Object(msg))
+    Json::Object(msg)
 }
 
 /// Tools as llama.cpp passes them: `{type: "function", function: {name, description,

@@ -49,7 +49,4 @@ pub enum TokenizerError {
     /// A chat template failed while rendering (including `raise_exception` calls).
     #[error("chat template failed to render: {message}")]
     TemplateRender { message: String },
-    /// A chat message could not be turned into template input.
-    #[error("chat message {index}: {message}")]
-    BadMessage { index: usize, message: String },
 }

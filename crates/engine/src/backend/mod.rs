@@ -326,8 +326,39 @@ pub trait Backend: Buffers + Send + Sync + 'static {
     /// A KV cache of `n_layer` layers × `n_ctx` positions × `kv_dim` values for K and V
     /// (f16, ggml's default cache).
     fn kv(&self, n_layer: usize, n_ctx: usize, kv_dim: usize) -> Result<Self::Kv>;
-    /// A copy of the first `len` positions of `kv`.
+    /// A copy of the first `len` positions of `kv` (a backend may keep only those).
     fn kv_snapshot(&self, kv: &Self::Kv, len: usize) -> Result<Self::Kv>;
+    /// Copies the first `len` positions of `src` (a cache or a [`Backend::kv_snapshot`])
+    /// into `dst`, a cache of the same shape with room for them. By default `dst`
+    /// becomes a snapshot of `src` (for backends whose snapshots keep every position).
+    fn kv_restore(&self, dst: &mut Self::Kv, src: &Self::Kv, len: usize) -> Result<()> {
+        *dst = self.kv_snapshot(src, len)?;
+        Ok(())
+    }
+    /// Positions `kv` has room for, when the backend tells (a snapshot may hold fewer
+    /// than its cache).
+    fn kv_capacity(&self, kv: &Self::Kv) -> Option<usize> {
+        let _ = kv;
+        None
+    }
+    /// The f16 bits of positions `0..len` of `kv`, appended to `out` layer by layer, the
+    /// layer's K rows then its V rows (`len × kv_dim` values each).
+    fn kv_read(&self, kv: &Self::Kv, len: usize, out: &mut Vec<u16>) -> Result<()> {
+        let _ = (kv, len, out);
+        Err(crate::EngineError::Unsupported {
+            backend: self.name(),
+            what: "reading a KV cache back (saving session states)".into(),
+        })
+    }
+    /// Writes positions `0..len` of `kv` from `data` laid out as [`Backend::kv_read`]
+    /// gives it.
+    fn kv_write(&self, kv: &mut Self::Kv, len: usize, data: &[u16]) -> Result<()> {
+        let _ = (kv, len, data);
+        Err(crate::EngineError::Unsupported {
+            backend: self.name(),
+            what: "writing a KV cache (loading session states)".into(),
+        })
+    }
     /// Stores the step's `k`, `v` rows in layer `layer` of `kv` at the step's positions,
     /// then computes causal grouped-query attention of `q` over positions `0..=pos`
     /// (softmax scaled by `1/sqrt(head_dim)`), writing `n_head × head_dim` per row, in

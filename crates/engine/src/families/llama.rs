@@ -20,6 +20,7 @@
 //! `tokens × n_head_kv·head_dim`.
 
 use std::any::Any;
+use std::io::{Read, Write};
 use std::sync::Arc;
 
 use ds4_gguf::GgufFile;
@@ -72,6 +73,13 @@ struct Config {
     n_vocab: usize,
 }
 
+impl Config {
+    /// K (or V) values per position of a layer.
+    fn kv_dim(&self) -> usize {
+        self.attn.n_head_kv * self.attn.head_dim
+    }
+}
+
 /// A loaded dense model on backend `B`.
 pub struct Llama<B: Backend> {
     backend: Arc<B>,
@@ -106,6 +114,9 @@ pub struct LlamaCache<B: Backend> {
     kv: B::Kv,
     len: usize,
     n_ctx: usize,
+    /// The KV cache's shape: layers and values per position.
+    layers: usize,
+    kv_dim: usize,
     scratch: Option<Scratch<B>>,
 }
 
@@ -343,11 +354,11 @@ impl<B: Backend> Model for Llama<B> {
         crate::model::check_memory(&*self.backend, self.cache_bytes(n_ctx), n_ctx)?;
         Ok(Box::new(LlamaCache::<B> {
             backend: self.backend.clone(),
-            kv: self
-                .backend
-                .kv(c.n_layer, n_ctx, c.attn.n_head_kv * c.attn.head_dim)?,
+            kv: self.backend.kv(c.n_layer, n_ctx, c.kv_dim())?,
             len: 0,
             n_ctx,
+            layers: c.n_layer,
+            kv_dim: c.kv_dim(),
             scratch: None,
         }))
     }
@@ -387,7 +398,80 @@ impl<B: Backend> Model for Llama<B> {
         }
         Ok(())
     }
+
+    /// The state format: `b"DS4LLMKV"`, u32 version 1, u64 `n_layer`, `kv_dim`, `n_ctx`,
+    /// `len`, then the f16 bits of the cache's first `len` positions as
+    /// [`Backend::kv_read`] lays them out (little-endian).
+    fn write_cache(&self, cache: &dyn Cache, out: &mut dyn Write) -> Result<()> {
+        let cache = cache
+            .as_any()
+            .downcast_ref::<LlamaCache<B>>()
+            .ok_or_else(|| EngineError::State("the cache belongs to another model".into()))?;
+        let c = &self.cfg;
+        let mut bits = Vec::new();
+        self.backend.kv_read(&cache.kv, cache.len, &mut bits)?;
+        let mut buf = Vec::with_capacity(48 + 2 * bits.len());
+        buf.extend_from_slice(STATE_MAGIC);
+        buf.extend_from_slice(&STATE_VERSION.to_le_bytes());
+        for v in [c.n_layer, c.kv_dim(), cache.n_ctx, cache.len] {
+            buf.extend_from_slice(&(v as u64).to_le_bytes());
+        }
+        for b in bits {
+            buf.extend_from_slice(&b.to_le_bytes());
+        }
+        out.write_all(&buf)
+            .map_err(|e| EngineError::State(format!("writing the KV cache: {e}")))
+    }
+
+    fn read_cache(&self, input: &mut dyn Read) -> Result<Box<dyn Cache>> {
+        let bad = |what: String| EngineError::State(format!("llama KV state: {what}"));
+        let mut head = [0u8; 44];
+        input
+            .read_exact(&mut head)
+            .map_err(|e| bad(format!("header: {e}")))?;
+        if &head[..8] != STATE_MAGIC {
+            return Err(bad("bad magic".into()));
+        }
+        let version = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
+        if version != STATE_VERSION {
+            return Err(bad(format!("version {version}, expected {STATE_VERSION}")));
+        }
+        let field = |i: usize| {
+            u64::from_le_bytes(head[12 + 8 * i..20 + 8 * i].try_into().expect("8 bytes")) as usize
+        };
+        let (n_layer, kv_dim, n_ctx, len) = (field(0), field(1), field(2), field(3));
+        let c = &self.cfg;
+        if n_layer != c.n_layer || kv_dim != c.kv_dim() {
+            return Err(bad(format!(
+                "{n_layer} layers × {kv_dim} KV values, the model has {} × {}",
+                c.n_layer,
+                c.kv_dim()
+            )));
+        }
+        if len > n_ctx || n_ctx > self.info.n_ctx_train.max(1) {
+            return Err(bad(format!("{len} positions of a {n_ctx}-token context")));
+        }
+        let mut cache = self.new_cache(n_ctx)?;
+        let llama = cache
+            .as_any_mut()
+            .downcast_mut::<LlamaCache<B>>()
+            .expect("this model's cache");
+        let mut raw = vec![0u8; 2 * 2 * n_layer * len * kv_dim];
+        input
+            .read_exact(&mut raw)
+            .map_err(|e| bad(format!("{len} positions: {e}")))?;
+        let bits: Vec<u16> = raw
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        self.backend.kv_write(&mut llama.kv, len, &bits)?;
+        llama.len = len;
+        Ok(cache)
+    }
 }
+
+const STATE_MAGIC: &[u8; 8] = b"DS4LLMKV";
+const STATE_VERSION: u32 = 1;
 
 impl<B: Backend> Cache for LlamaCache<B> {
     fn len(&self) -> usize {
@@ -410,12 +494,21 @@ impl<B: Backend> Cache for LlamaCache<B> {
         Ok(())
     }
 
+    fn bytes(&self) -> u64 {
+        let rows = self.backend.kv_capacity(&self.kv).unwrap_or(self.n_ctx);
+        // K and V, f16, per layer (the layer count is in the cache's shape).
+        let kv = self.layers * rows * self.kv_dim * 2 * 2;
+        kv as u64
+    }
+
     fn snapshot(&self) -> Result<Box<dyn Cache>> {
         Ok(Box::new(LlamaCache::<B> {
             backend: self.backend.clone(),
             kv: self.backend.kv_snapshot(&self.kv, self.len)?,
             len: self.len,
             n_ctx: self.n_ctx,
+            layers: self.layers,
+            kv_dim: self.kv_dim,
             scratch: None,
         }))
     }
@@ -430,7 +523,7 @@ impl<B: Backend> Cache for LlamaCache<B> {
                 "snapshot has another context size".into(),
             ));
         }
-        self.kv = self.backend.kv_snapshot(&from.kv, from.len)?;
+        self.backend.kv_restore(&mut self.kv, &from.kv, from.len)?;
         self.len = from.len;
         Ok(())
     }

@@ -7,7 +7,8 @@
 //! row's partial sum per i32 lane, with no horizontal reduction, and each weight vector
 //! is reused for all tokens of the tile. Recipes:
 //! - sub-block kernels: the tiled kernels (one float step per block) and the repacked
-//!   GEMM (one float step per `GROUP` sub-blocks), from exact sub-block sums;
+//!   GEMM and GEMV arithmetic (one float step per `GROUP` sub-blocks), from exact
+//!   sub-block sums;
 //! - ggml's `vec_dot` of 32-blocks: eight f32 accumulators per (row, token), one per
 //!   group of 4 values, added in `hsum_float_8`'s order at the end.
 //!
@@ -281,8 +282,10 @@ pub(crate) fn panel_offset(avx512: bool, ty: GgmlType, l: &Layout, path: Path) -
 pub(crate) fn supports(path: Path, l: &Layout) -> bool {
     match path {
         Path::VecDot | Path::Tiled => true,
-        Path::RepackGemm => matches!((l.block, l.sub), (32, 32) | (256, 32) | (256, 16)),
-        Path::RepackGemv | Path::TinyBlas => false,
+        Path::RepackGemm | Path::RepackGemv => {
+            matches!((l.block, l.sub), (32, 32) | (256, 32) | (256, 16))
+        }
+        Path::TinyBlas => false,
     }
 }
 
@@ -350,6 +353,17 @@ pub(crate) unsafe fn gemm<L: Lanes>(
             (Path::RepackGemm, 256, 16, true, false, false) => {
                 k.subs::<L, S, 16, 16, true, true, false, 8>()
             }
+            // Repacked GEMV arithmetic on many tokens (`order::repack_group`): Q4_0 per
+            // block as the GEMM, Q4_K and Q2_K per 256 values.
+            (Path::RepackGemv, 32, 32, false, false, true) => {
+                k.subs::<L, Y, 32, 1, false, false, true, 1>()
+            }
+            (Path::RepackGemv, 256, 32, true, false, false) => {
+                k.subs::<L, S, 32, 8, true, true, false, 8>()
+            }
+            (Path::RepackGemv, 256, 16, true, false, false) => {
+                k.subs::<L, S, 16, 16, true, true, false, 16>()
+            }
             _ => unreachable!("no panel kernel for {path:?} and layout {l:?}"),
         }
     }
@@ -386,7 +400,8 @@ impl Kernel<'_> {
         }
     }
 
-    /// Sub-block kernels (tiled, or repacked GEMM with `GROUP` sub-blocks per float step).
+    /// Sub-block kernels (tiled, or the repacked GEMM or GEMV arithmetic with `GROUP`
+    /// sub-blocks per float step).
     ///
     /// # Safety
     /// As [`gemm`].

@@ -18,9 +18,10 @@ use serde_json::{Map, Value, json};
 use super::body::{GenRequest, read_request};
 use super::common::{Conversation, ToolChoice, joined_text, max_tokens_field, new_id, str_field};
 use super::error::{AnthropicError, ApiError};
-use super::stream::{StreamFormat, collect, named_event, render, sse, submit};
+use super::stream::{Stops, StreamFormat, collect, named_event, render, sse, submit};
 use crate::backend::{ChatTurn, TurnToolCall};
 use crate::output::OutputEvent;
+use crate::output::collect::Part;
 use crate::state::AppState;
 use crate::worker::{FinishReason, Finished, Usage};
 
@@ -107,6 +108,18 @@ fn conversation_messages(
         let at = format!("messages[{i}]");
         let role = match m.role.as_str() {
             r @ ("user" | "assistant") => r,
+            // Not in Anthropic's API, but some clients send it: system text at its
+            // position.
+            "system" => {
+                let text = match m.content {
+                    ContentIn::Text(t) => t,
+                    ContentIn::Blocks(b) => {
+                        blocks_text(Some(&Value::Array(b)), &format!("{at}.content"))?
+                    }
+                };
+                out.push(ChatTurn::text("system", &text));
+                continue;
+            }
             other => {
                 return Err(ApiError::invalid_field(
                     &format!("{at}.role"),
@@ -209,7 +222,10 @@ fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
     }
 }
 
-fn conversation(req: &mut MessagesRequest) -> Result<Conversation, ApiError> {
+fn conversation(
+    req: &mut MessagesRequest,
+    single_tool_call: bool,
+) -> Result<Conversation, ApiError> {
     let mut vars = req.chat_template_kwargs.take().unwrap_or_default();
     if let Some(t) = &req.thinking {
         match t.get("type").and_then(Value::as_str) {
@@ -222,8 +238,12 @@ fn conversation(req: &mut MessagesRequest) -> Result<Conversation, ApiError> {
             _ => {}
         }
     }
+    // A final assistant message is a prefill the answer continues (Anthropic's API).
+    let continue_final = req.messages.last().is_some_and(|m| m.role == "assistant");
     Ok(Conversation {
         messages: conversation_messages(req.system.take(), std::mem::take(&mut req.messages))?,
+        continue_final,
+        single_tool_call,
         tools: chat_tools(req.tools.take())?,
         tool_choice: tool_choice(req.tool_choice.as_ref())?,
         vars,
@@ -240,14 +260,18 @@ pub async fn messages(
         api: mut req,
         common,
         model,
+        single_tool_call,
     } = read_request::<MessagesRequest>(&state, &headers, body).await?;
     let Some(max_tokens) = max_tokens_field("max_tokens", req.max_tokens)? else {
         return Err(ApiError::invalid_field("max_tokens", "`max_tokens` is required").into());
     };
-    let plan = render(&state, conversation(&mut req)?).await?;
+    let plan = render(&state, conversation(&mut req, single_tool_call)?).await?;
     let id = new_id("msg_");
     let parser = plan.parser();
-    let stop = req.stop_sequences.take().unwrap_or_default();
+    let stops = Stops {
+        stop: req.stop_sequences.take().unwrap_or_default(),
+        end_after: plan.end_after(),
+    };
     let rx = submit(
         &state,
         &id,
@@ -255,7 +279,7 @@ pub async fn messages(
         Some(max_tokens),
         &common,
         None,
-        stop,
+        stops,
     )?;
     if common.streams() {
         let fmt = MessageStream {
@@ -272,11 +296,18 @@ pub async fn messages(
     if !done.out.reasoning.is_empty() {
         content.push(json!({"type": "thinking", "thinking": done.out.reasoning, "signature": ""}));
     }
-    if !done.out.text.is_empty() || done.out.tool_calls.is_empty() {
-        content.push(json!({"type": "text", "text": done.out.text}));
+    // Text and tool_use blocks in the order they were generated.
+    for part in &done.out.parts {
+        match part {
+            Part::Text(t) => content.push(json!({"type": "text", "text": t})),
+            Part::Call(i) => {
+                let c = &done.out.tool_calls[*i];
+                content.push(json!({"type": "tool_use", "id": new_id("toolu_"), "name": c.name, "input": input_object(&c.arguments)}));
+            }
+        }
     }
-    for c in &done.out.tool_calls {
-        content.push(json!({"type": "tool_use", "id": new_id("toolu_"), "name": c.name, "input": input_object(&c.arguments)}));
+    if done.out.parts.is_empty() {
+        content.push(json!({"type": "text", "text": ""}));
     }
     let (reason, seq) = stop_reason(&done.finish, !done.out.tool_calls.is_empty());
     Ok(axum::Json(json!({
@@ -302,7 +333,7 @@ pub async fn count_tokens(
     let mut req = read_request::<MessagesRequest>(&state, &headers, body)
         .await?
         .api;
-    let plan = render(&state, conversation(&mut req)?).await?;
+    let plan = render(&state, conversation(&mut req, false)?).await?;
     Ok(axum::Json(json!({"input_tokens": plan.tokens.len()})).into_response())
 }
 
@@ -319,8 +350,8 @@ fn input_object(arguments: &str) -> Value {
 fn stop_reason(r: &FinishReason, tool_use: bool) -> (&'static str, Value) {
     match r {
         FinishReason::StopSequence(s) => ("stop_sequence", json!(s)),
-        _ if tool_use => ("tool_use", Value::Null),
         FinishReason::Length | FinishReason::ContextFull => ("max_tokens", Value::Null),
+        _ if tool_use => ("tool_use", Value::Null),
         FinishReason::Eog | FinishReason::Cancelled => ("end_turn", Value::Null),
     }
 }

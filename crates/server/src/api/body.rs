@@ -9,6 +9,7 @@ use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
 use super::common::{GenFields, resolve_model};
+use super::constraints::Constraints;
 use super::error::{ApiError, Flavor};
 use crate::state::AppState;
 
@@ -81,10 +82,13 @@ pub struct GenRequest<T> {
     pub api: T,
     pub common: GenFields,
     pub model: String,
+    /// `parallel_tool_calls: false`: at most one tool call.
+    pub single_tool_call: bool,
 }
 
 /// Reads a generation request's body (the shared fields first, checked against the
-/// ranges of `T`'s API, then those of `T`) and resolves its model name.
+/// ranges of `T`'s API, then those of `T`), refuses constraint fields the server does
+/// not implement (see [`super::constraints`]) and resolves its model name.
 pub async fn read_request<T: ApiRequest>(
     state: &AppState,
     headers: &HeaderMap,
@@ -94,9 +98,16 @@ pub async fn read_request<T: ApiRequest>(
     let value = json_object(&bytes)?;
     let common: GenFields = from_value(&value)?;
     common.check_api_ranges(T::FLAVOR)?;
+    let constraints: Constraints = from_value(&value)?;
+    constraints.check()?;
     let api = from_value(&value)?;
     let model = resolve_model(state, common.model.as_deref())?;
-    Ok(GenRequest { api, common, model })
+    Ok(GenRequest {
+        api,
+        common,
+        model,
+        single_tool_call: constraints.single_tool_call(),
+    })
 }
 
 /// Parses a JSON object body into `T`.

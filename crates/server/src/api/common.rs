@@ -34,6 +34,11 @@ pub struct Conversation {
     pub tool_choice: ToolChoice,
     /// Extra chat-template variables.
     pub vars: Map<String, Value>,
+    /// The last message is an assistant message to continue (a prefill): the answer
+    /// goes on from its text instead of opening a new turn.
+    pub continue_final: bool,
+    /// At most one tool call (`parallel_tool_calls: false`).
+    pub single_tool_call: bool,
 }
 
 /// An integer seed: any JSON integer (negative ones wrap).

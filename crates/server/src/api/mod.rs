@@ -4,6 +4,7 @@
 pub mod anthropic;
 pub mod body;
 pub mod common;
+pub mod constraints;
 pub mod error;
 pub mod models;
 pub mod openai_chat;

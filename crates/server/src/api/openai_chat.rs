@@ -18,7 +18,7 @@ use super::common::{
 };
 use super::error::{ApiError, OpenAiError};
 use super::openai_common::{Envelope, StreamOptions, stream_failed};
-use super::stream::{Completion, StreamFormat, collect, render, sse, submit};
+use super::stream::{Completion, Stops, StreamFormat, collect, render, sse, submit};
 use crate::backend::{ChatTurn, TurnToolCall};
 use crate::output::OutputEvent;
 use crate::state::AppState;
@@ -40,6 +40,10 @@ pub struct ChatRequest {
     pub n: Option<u32>,
     pub reasoning_effort: Option<String>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// vLLM's `continue_final_message`: continue the final assistant message. When
+    /// absent, a final assistant message with text and no tool calls is continued, as
+    /// llama.cpp's server does; `false` opens a new turn after it.
+    pub continue_final_message: Option<bool>,
 }
 
 /// One message.
@@ -185,7 +189,7 @@ pub fn reasoning_vars(effort: Option<&str>, mut vars: Map<String, Value>) -> Map
     vars
 }
 
-fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
+fn conversation(req: &mut ChatRequest, single_tool_call: bool) -> Result<Conversation, ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::invalid_field(
             "messages",
@@ -219,7 +223,19 @@ fn conversation(req: &mut ChatRequest) -> Result<Conversation, ApiError> {
             name: m.name,
         });
     }
+    let prefill_shaped = messages.last().is_some_and(|m| {
+        m.role == "assistant"
+            && m.tool_calls.is_empty()
+            && m.content.as_deref().is_some_and(|c| !c.is_empty())
+    });
+    let continue_final = match req.continue_final_message {
+        Some(true) => true,
+        Some(false) => false,
+        None => prefill_shaped,
+    };
     Ok(Conversation {
+        continue_final,
+        single_tool_call,
         messages,
         tools: check_tools(req.tools.take())?,
         tool_choice: tool_choice(req.tool_choice.take())?,
@@ -240,11 +256,12 @@ pub async fn handler(
         api: mut req,
         common,
         model,
+        single_tool_call,
     } = read_request::<ChatRequest>(&state, &headers, body).await?;
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid_field("n", "only n = 1 is supported").into());
     }
-    let conv = conversation(&mut req)?;
+    let conv = conversation(&mut req, single_tool_call)?;
     let max_tokens = max_tokens_field("max_completion_tokens", req.max_completion_tokens)?
         .or(max_tokens_field("max_tokens", req.max_tokens)?);
     let top = logprobs_field("top_logprobs", req.top_logprobs)?;
@@ -257,7 +274,10 @@ pub async fn handler(
     };
     let env = Envelope::new("chatcmpl-", object, model, top_logprobs.is_some());
     let parser = plan.parser();
-    let stop = req.stop.take().map(StopIn::into_vec).unwrap_or_default();
+    let stops = Stops {
+        stop: req.stop.take().map(StopIn::into_vec).unwrap_or_default(),
+        end_after: plan.end_after(),
+    };
     let rx = submit(
         &state,
         &env.id,
@@ -265,7 +285,7 @@ pub async fn handler(
         max_tokens,
         &common,
         top_logprobs,
-        stop,
+        stops,
     )?;
     if common.streams() {
         let fmt = ChatStream {
@@ -282,8 +302,8 @@ pub async fn handler(
 
 fn finish_reason(reason: &FinishReason, tool_calls: bool) -> &'static str {
     match reason {
-        _ if tool_calls => "tool_calls",
         FinishReason::Length | FinishReason::ContextFull => "length",
+        _ if tool_calls => "tool_calls",
         FinishReason::Eog | FinishReason::StopSequence(_) | FinishReason::Cancelled => "stop",
     }
 }

@@ -16,7 +16,7 @@ use super::body::{GenRequest, read_request};
 use super::common::{StopIn, logprobs_field, max_tokens_field};
 use super::error::{ApiError, OpenAiError};
 use super::openai_common::{Envelope, StreamOptions, stream_failed};
-use super::stream::{StreamFormat, blocking, collect, sse, submit};
+use super::stream::{Stops, StreamFormat, blocking, collect, sse, submit};
 use crate::output::{OutputEvent, OutputParser};
 use crate::state::AppState;
 use crate::worker::{FinishReason, Finished, PromptInput, TokenLogprob};
@@ -99,6 +99,7 @@ pub async fn handler(
         api: req,
         common,
         model,
+        ..
     } = read_request::<CompletionRequest>(&state, &headers, body).await?;
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid_field("n", "only n = 1 is supported").into());
@@ -111,7 +112,10 @@ pub async fn handler(
     let st = state.clone();
     let prompt = blocking(move || prompt_input(&st, req.prompt)).await?;
     let env = Envelope::new("cmpl-", "text_completion", model, top.is_some());
-    let stop = req.stop.map(StopIn::into_vec).unwrap_or_default();
+    let stops = Stops {
+        stop: req.stop.map(StopIn::into_vec).unwrap_or_default(),
+        end_after: Vec::new(),
+    };
     let rx = submit(
         &state,
         &env.id,
@@ -119,7 +123,7 @@ pub async fn handler(
         Some(max_tokens),
         &common,
         top,
-        stop,
+        stops,
     )?;
     if common.streams() {
         let fmt = CompletionStream {

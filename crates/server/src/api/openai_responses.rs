@@ -21,9 +21,10 @@ use super::common::{
 };
 use super::error::{ApiError, OpenAiError};
 use super::openai_chat::{chat_role, reasoning_vars, tool_choice};
-use super::stream::{StreamFormat, collect, named_event, render, sse, submit};
+use super::stream::{Stops, StreamFormat, collect, named_event, render, sse, submit};
 use crate::backend::{ChatTurn, TurnToolCall};
 use crate::output::OutputEvent;
+use crate::output::collect::Part;
 use crate::state::AppState;
 use crate::worker::{FinishReason, Finished, Usage};
 
@@ -205,6 +206,7 @@ pub async fn handler(
         api: req,
         common,
         model,
+        single_tool_call,
     } = read_request::<ResponsesRequest>(&state, &headers, body).await?;
     if req.previous_response_id.is_some() {
         return Err(ApiError::invalid_field(
@@ -231,6 +233,8 @@ pub async fn handler(
             effort.as_deref(),
             req.chat_template_kwargs.unwrap_or_default(),
         ),
+        continue_final: false,
+        single_tool_call,
     };
     if conv.messages.is_empty() {
         return Err(ApiError::invalid_field("input", "`input` must hold at least one item").into());
@@ -239,7 +243,10 @@ pub async fn handler(
     let plan = render(&state, conv).await?;
     let id = new_id("resp_");
     let parser = plan.parser();
-    let stop = req.stop.map(StopIn::into_vec).unwrap_or_default();
+    let stops = Stops {
+        stop: req.stop.map(StopIn::into_vec).unwrap_or_default(),
+        end_after: plan.end_after(),
+    };
     let rx = submit(
         &state,
         &id,
@@ -247,7 +254,7 @@ pub async fn handler(
         max_tokens,
         &common,
         None,
-        stop,
+        stops,
     )?;
     let meta = Meta {
         id,
@@ -269,17 +276,24 @@ pub async fn handler(
     if !done.out.reasoning.is_empty() {
         items.push(reasoning_item(&new_id("rs_"), &done.out.reasoning));
     }
-    if !done.out.text.is_empty() || done.out.tool_calls.is_empty() {
-        items.push(message_item(&new_id("msg_"), &done.out.text, "completed"));
+    // Messages and calls in the order they were generated.
+    for part in &done.out.parts {
+        match part {
+            Part::Text(t) => items.push(message_item(&new_id("msg_"), t, "completed")),
+            Part::Call(i) => {
+                let c = &done.out.tool_calls[*i];
+                items.push(call_item(
+                    &new_id("fc_"),
+                    &new_id("call_"),
+                    &c.name,
+                    &c.arguments,
+                    "completed",
+                ));
+            }
+        }
     }
-    for c in &done.out.tool_calls {
-        items.push(call_item(
-            &new_id("fc_"),
-            &new_id("call_"),
-            &c.name,
-            &c.arguments,
-            "completed",
-        ));
+    if done.out.parts.is_empty() {
+        items.push(message_item(&new_id("msg_"), "", "completed"));
     }
     let status = status_of(&done.finish);
     if status == "incomplete" {

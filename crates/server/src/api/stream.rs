@@ -40,6 +40,16 @@ pub async fn render(state: &AppState, conv: Conversation) -> Result<PromptPlan, 
     blocking(move || chat_prompt(&*vocab, &conv, tool_format)).await
 }
 
+/// Where generation ends besides the model and the token limit.
+#[derive(Debug, Clone, Default)]
+pub struct Stops {
+    /// The client's stop sequences (not part of the answer).
+    pub stop: Vec<String>,
+    /// Text after which generation ends, kept in the answer
+    /// ([`PromptPlan::end_after`]).
+    pub end_after: Vec<String>,
+}
+
 /// Checks the prompt against the context and queues the job: at most `max_tokens`
 /// (default: what the context leaves), sampled as `fields` say, with `top_logprobs`
 /// alternatives per token when asked for.
@@ -50,7 +60,7 @@ pub fn submit(
     max_tokens: Option<usize>,
     fields: &GenFields,
     top_logprobs: Option<usize>,
-    stop: Vec<String>,
+    stops: Stops,
 ) -> Result<UnboundedReceiver<WorkerEvent>, ApiError> {
     let n_ctx = state.worker.n_ctx();
     if prompt.is_empty() {
@@ -68,7 +78,8 @@ pub fn submit(
         id: id.to_string(),
         prompt,
         settings,
-        stop,
+        stop: stops.stop,
+        end_after: stops.end_after,
         events: tx,
         enqueued: Instant::now(),
     };
@@ -113,7 +124,15 @@ pub async fn collect(
                 out.extend(events);
             }
             WorkerEvent::Done(Finished { reason, usage }) => {
-                out.extend(parser.finish());
+                if reason.is_cut() {
+                    let (events, open) = parser.finish_cut();
+                    out.extend(events);
+                    if let Some(raw) = open {
+                        out.cut_call(&raw);
+                    }
+                } else {
+                    out.extend(parser.finish());
+                }
                 return Ok(Completion {
                     out,
                     logprobs,

@@ -47,6 +47,8 @@ pub struct GlmParser {
     /// The whitespace dropped before the current call (restored if it is released as
     /// text).
     ws_before_call: String,
+    /// The current call's text consumed so far, its opening included.
+    call_raw: String,
 }
 
 impl Default for GlmParser {
@@ -58,6 +60,7 @@ impl Default for GlmParser {
             args: 0,
             pending_ws: String::new(),
             ws_before_call: String::new(),
+            call_raw: String::new(),
         }
     }
 }
@@ -112,6 +115,7 @@ impl GlmParser {
             index: self.index(),
         });
         self.mode = Mode::Text;
+        self.call_raw.clear();
     }
 
     /// Consumes as much of `buf` as the current mode can decide.
@@ -123,6 +127,7 @@ impl GlmParser {
                     self.emit_text(&before, out);
                     self.ws_before_call = std::mem::take(&mut self.pending_ws);
                     self.buf.drain(..p + OPEN.len());
+                    self.call_raw = OPEN.to_string();
                     self.mode = Mode::Name;
                     true
                 }
@@ -139,7 +144,7 @@ impl GlmParser {
                     .min();
                 let Some(end) = end else { return false };
                 let name = self.buf[..end].trim().to_string();
-                self.buf.drain(..end);
+                self.call_raw.extend(self.buf.drain(..end));
                 self.calls += 1;
                 self.args = 0;
                 out.push(OutputEvent::ToolCallBegin {
@@ -178,7 +183,7 @@ impl GlmParser {
                         ("\"\"".to_string(), self.buf.len() - rest.len())
                     };
                     self.push_arg(&key, &value, out);
-                    self.buf.drain(..consumed);
+                    self.call_raw.extend(self.buf.drain(..consumed));
                     return true;
                 }
                 if t.is_empty() || could_be(t, CLOSE) || could_be(t, KEY_OPEN) {
@@ -209,6 +214,16 @@ impl ToolCallParser for GlmParser {
     fn push(&mut self, text: &str, out: &mut Vec<OutputEvent>) {
         self.buf.push_str(text);
         while self.step(out) {}
+    }
+
+    fn take_open_call(&mut self) -> Option<String> {
+        if self.mode == Mode::Text {
+            return None;
+        }
+        self.mode = Mode::Text;
+        let mut raw = std::mem::take(&mut self.call_raw);
+        raw.push_str(&std::mem::take(&mut self.buf));
+        Some(raw)
     }
 
     fn finish(&mut self, out: &mut Vec<OutputEvent>) {

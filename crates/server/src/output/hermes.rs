@@ -332,6 +332,23 @@ impl ToolCallParser for HermesParser {
         }
     }
 
+    fn take_open_call(&mut self) -> Option<String> {
+        let close = self.call.take()?;
+        let raw = match close {
+            Close::Tag => format!("{OPEN}{}", self.buf),
+            Close::Bare => self.buf.clone(),
+            Close::Fenced => format!("```json\n{}", self.buf),
+        };
+        if self.begun {
+            self.calls += 1;
+        }
+        self.buf.clear();
+        self.begun = false;
+        self.sent = 0;
+        self.scan = TopLevelScan::new();
+        Some(raw)
+    }
+
     fn finish(&mut self, out: &mut Vec<OutputEvent>) {
         match self.call.take() {
             Some(close) => {

@@ -42,6 +42,10 @@ pub trait ToolCallParser: Send {
     /// Ends the stream: held text is released, an unterminated call is closed (or,
     /// when it never became a call, released as text).
     fn finish(&mut self, out: &mut Vec<OutputEvent>);
+    /// When the text ends inside a call (the stream was cut, e.g. by `max_tokens`): the
+    /// call's raw text, its opening included, which the parser then forgets, so that
+    /// [`ToolCallParser::finish`] neither closes it nor releases it again.
+    fn take_open_call(&mut self) -> Option<String>;
 }
 
 /// The tool-call formats the server knows.
@@ -74,14 +78,21 @@ impl ToolFormat {
         use crate::api::common::ToolChoice::{Function, Required};
         match (self, choice) {
             (ToolFormat::Hermes, Required) => Some("<tool_call>\n{\"name\": \"".into()),
+            // No space after the colon: the model writes it with the value (` {`), as
+            // the template renders the call back.
             (ToolFormat::Hermes, Function(name)) => Some(format!(
-                "<tool_call>\n{{\"name\": {}, \"arguments\": ",
+                "<tool_call>\n{{\"name\": {}, \"arguments\":",
                 serde_json::Value::from(name.as_str())
             )),
             (ToolFormat::Glm, Required) => Some("<tool_call>".into()),
             (ToolFormat::Glm, Function(name)) => Some(format!("<tool_call>{name}")),
             _ => None,
         }
+    }
+
+    /// The text that closes a call.
+    pub fn call_close(self) -> &'static str {
+        "</tool_call>"
     }
 
     /// A fresh parser for this format.
@@ -105,6 +116,8 @@ pub struct OutputParser {
     /// Text the prompt put at the start of the answer (a forced tool call's opening),
     /// parsed before the first generated piece.
     lead: Option<String>,
+    /// Tool calls past this many are dropped (`parallel_tool_calls: false`).
+    max_calls: Option<usize>,
 }
 
 impl OutputParser {
@@ -120,6 +133,7 @@ impl OutputParser {
             )),
             tools: tools.map(ToolFormat::parser),
             lead: None,
+            max_calls: None,
         }
     }
 
@@ -130,12 +144,19 @@ impl OutputParser {
         self
     }
 
+    /// The same, keeping at most `max` tool calls (`None`: all).
+    pub fn with_max_calls(mut self, max: Option<usize>) -> Self {
+        self.max_calls = max;
+        self
+    }
+
     /// A pass-through parser: all output is answer text (raw completions).
     pub fn plain() -> Self {
         OutputParser {
             reasoning: None,
             tools: None,
             lead: None,
+            max_calls: None,
         }
     }
 
@@ -155,11 +176,24 @@ impl OutputParser {
             None => vec![reasoning::Piece::Answer(text.to_string())],
         };
         self.route(pieces, &mut out);
+        self.limit(&mut out);
         out
     }
 
     /// Ends the stream.
     pub fn finish(&mut self) -> Vec<OutputEvent> {
+        self.finish_inner(false).0
+    }
+
+    /// Ends a stream that was cut (by `max_tokens` or the context): as
+    /// [`OutputParser::finish`], except that a tool call left open is not closed: its
+    /// raw text comes back as the second value (the caller turns it into text, so no
+    /// generated text is lost and no incomplete call is reported as a call).
+    pub fn finish_cut(&mut self) -> (Vec<OutputEvent>, Option<String>) {
+        self.finish_inner(true)
+    }
+
+    fn finish_inner(&mut self, cut: bool) -> (Vec<OutputEvent>, Option<String>) {
         let mut out = if self.lead.is_some() {
             self.push("")
         } else {
@@ -171,10 +205,27 @@ impl OutputParser {
             .map(ReasoningSplitter::finish)
             .unwrap_or_default();
         self.route(pieces, &mut out);
+        let mut open = None;
         if let Some(t) = &mut self.tools {
+            if cut {
+                open = t.take_open_call();
+            }
             t.finish(&mut out);
         }
-        out
+        self.limit(&mut out);
+        (out, open)
+    }
+
+    /// Drops the events of calls past `max_calls`.
+    fn limit(&self, out: &mut Vec<OutputEvent>) {
+        if let Some(max) = self.max_calls {
+            out.retain(|e| match e {
+                OutputEvent::ToolCallBegin { index, .. }
+                | OutputEvent::ToolCallArgs { index, .. }
+                | OutputEvent::ToolCallEnd { index } => *index < max,
+                OutputEvent::Text(_) | OutputEvent::Reasoning(_) => true,
+            });
+        }
     }
 
     fn route(&mut self, pieces: Vec<reasoning::Piece>, out: &mut Vec<OutputEvent>) {
@@ -264,10 +315,10 @@ mod tests {
         let lead = ToolFormat::Hermes.forced_lead(&named);
         assert_eq!(
             lead.as_deref(),
-            Some("<tool_call>\n{\"name\": \"say \\\"hi\\\"\", \"arguments\": ")
+            Some("<tool_call>\n{\"name\": \"say \\\"hi\\\"\", \"arguments\":")
         );
         let p = OutputParser::new(false, Some(ToolFormat::Hermes)).with_lead(lead);
-        let c = collect_all(p, &["{}}\n</tool_call>"]);
+        let c = collect_all(p, &[" {}}\n</tool_call>"]);
         assert_eq!(c.tool_calls.len(), 1);
         assert_eq!(c.tool_calls[0].name, "say \"hi\"");
         assert_eq!(c.tool_calls[0].arguments, "{}");

@@ -201,6 +201,47 @@ def tool_checks(url):
     uses = [b for b in final.content if b.type == "tool_use"]
     check("anthropic streamed tool_use", len(uses) == 1 and "paris" in json.dumps(uses[0].input).lower(), final)
 
+    agent_loop_checks(oa, an, model, tool)
+
+
+def agent_loop_checks(oa, an, model, tool):
+    """What coding agents send: malformed calls in the history, one call at a time,
+    constraints the server does not implement, an assistant prefill."""
+    broken = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{not json"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "error: the arguments are not JSON"},
+    ]
+    r = oa.chat.completions.create(model=model, messages=broken, tools=[WEATHER], temperature=0, max_tokens=8)
+    check("openai history with malformed call arguments", r.choices[0].finish_reason is not None, r)
+    m = an.messages.create(model=model, max_tokens=8, extra_body=GREEDY, tools=[tool], messages=[
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "error", "is_error": True}]},
+    ])
+    check("anthropic history with an errored call", m.stop_reason is not None, m)
+
+    two = [{"role": "user", "content": "Get the weather in Paris and in London."}]
+    r = oa.chat.completions.create(model=model, messages=two, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=120)
+    calls = r.choices[0].message.tool_calls or []
+    check("openai parallel_tool_calls=False gives one call", len(calls) == 1 and r.choices[0].finish_reason == "tool_calls", r)
+
+    r = oa.chat.completions.create(model=model, messages=[{"role": "user", "content": QUESTION}], tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=5)
+    check("openai cut tool call -> length", r.choices[0].finish_reason == "length" and not r.choices[0].message.tool_calls and (r.choices[0].message.content or "").startswith("<tool_call>"), r)
+
+    try:
+        oa.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], response_format={"type": "json_object"}, max_tokens=4)
+        check("openai response_format json_object -> 400", False, "no error")
+    except openai.BadRequestError as e:
+        check("openai response_format json_object -> 400", e.body.get("param") == "response_format", e.body)
+
+    m = an.messages.create(model=model, max_tokens=12, extra_body=GREEDY, messages=[
+        {"role": "user", "content": "Count from 1 to 10, separated by commas."},
+        {"role": "assistant", "content": "1, 2, 3,"},
+    ])
+    text = m.content[0].text if m.content else ""
+    check("anthropic assistant prefill is continued", not text.lstrip().startswith("1,") and len(text) > 0, m)
+
 
 def main():
     p = argparse.ArgumentParser()

@@ -3,8 +3,10 @@
 //! query rounded to f16, `softmax(kq · scale + mask)`, the weights rounded to f16,
 //! `out = V·p`. ggml computes both products with `tinyBLAS` when the step has at least
 //! two tokens and with `ggml_vec_dot_f16` for a single token; the two accumulate in
-//! different orders ([`ggml_math::dot_f16_tiny`], [`ggml_math::dot_f16_vec`]) and we
-//! follow whichever ggml would use, so prefill and decode both match it.
+//! different orders (one 16-lane accumulator; [`ggml_math::dot_f16_vec`]). We use
+//! the single-token order for every row, so a position's result does not depend on how
+//! the prompt was split into steps (decode matches ggml; a prefill differs from ggml's
+//! in the last bits, see docs/parity.md).
 //!
 //! Shapes: `q` is `n_tok × n_head·head_dim`; the cache holds `n_ctx × n_head_kv·head_dim`
 //! f16 values per layer for K and for V; `out` is `n_tok × n_head·head_dim`.
@@ -13,7 +15,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::ggml_math::{LANES, dot_f16_tiny, dot_f16_vec, reduce_add_16, softmax};
+use super::ggml_math::{LANES, dot_f16_vec, reduce_add_16, softmax};
 use crate::backend::AttnShape;
 
 /// ggml pads the KV length of the attention products; padding with zero weights does
@@ -37,7 +39,6 @@ pub fn attention(
     let q_dim = shape.n_head * hd;
     let group = shape.n_head / shape.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
-    let tiny = n_tok >= 2;
     let len_max = (p0 + n_tok).next_multiple_of(KV_PAD);
     out[..n_tok * q_dim]
         .par_chunks_mut(hd)
@@ -56,16 +57,12 @@ pub fn attention(
                 let scores = &mut s.scores[..len];
                 for (j, sc) in scores[..n].iter_mut().enumerate() {
                     kc[j * kv_dim + g * hd..][..hd].convert_to_f32_slice(&mut s.row);
-                    let kq = if tiny {
-                        dot_f16_tiny(&s.row, &s.q)
-                    } else {
-                        dot_f16_vec(&s.row, &s.q)
-                    };
+                    let kq = dot_f16_vec(&s.row, &s.q);
                     *sc = kq * scale;
                 }
                 scores[n..].fill(f32::NEG_INFINITY);
                 softmax(scores);
-                weighted_sum(s, vc, kv_dim, g * hd, n, tiny, o);
+                weighted_sum(s, vc, kv_dim, g * hd, n, o);
             },
         );
 }
@@ -91,20 +88,11 @@ impl Scratch {
 }
 
 /// `o[d] = Σ_j f16(p_j) · V[j][off + d]` for `j < n`, accumulated per output element in
-/// the order of the dot ggml uses (`tinyBLAS`: one 16-lane accumulator; vec_dot: four
-/// of them over 64-element steps). Vectorised across `d`.
-fn weighted_sum(
-    s: &mut Scratch,
-    vc: &[f16],
-    kv_dim: usize,
-    off: usize,
-    n: usize,
-    tiny: bool,
-    o: &mut [f32],
-) {
+/// the order of ggml's `vec_dot` (four 16-lane accumulators over 64-element steps).
+/// Vectorised across `d`.
+fn weighted_sum(s: &mut Scratch, vc: &[f16], kv_dim: usize, off: usize, n: usize, o: &mut [f32]) {
     let hd = o.len();
-    let groups = if tiny { 1 } else { 4 };
-    let acc = &mut s.acc[..groups * LANES * hd];
+    let acc = &mut s.acc[..4 * LANES * hd];
     acc.fill(0.0);
     for j in 0..n {
         let p = f16::from_f32(s.scores[j]).to_f32();
@@ -113,7 +101,7 @@ fn weighted_sum(
             continue;
         }
         vc[j * kv_dim + off..][..hd].convert_to_f32_slice(&mut s.row);
-        let g = if tiny { 0 } else { (j / LANES) % 4 };
+        let g = (j / LANES) % 4;
         let a = &mut acc[(g * LANES + j % LANES) * hd..][..hd];
         for (x, &v) in a.iter_mut().zip(&s.row) {
             *x = v.mul_add(p, *x);
@@ -122,12 +110,8 @@ fn weighted_sum(
     let mut lanes = [0f32; LANES];
     for (d, od) in o.iter_mut().enumerate() {
         for (l, lane) in lanes.iter_mut().enumerate() {
-            *lane = if tiny {
-                acc[l * hd + d]
-            } else {
-                let at = |g: usize| acc[(g * LANES + l) * hd + d];
-                (at(0) + at(2)) + (at(1) + at(3))
-            };
+            let at = |g: usize| acc[(g * LANES + l) * hd + d];
+            *lane = (at(0) + at(2)) + (at(1) + at(3));
         }
         *od = reduce_add_16(&lanes);
     }

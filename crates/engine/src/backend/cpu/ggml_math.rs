@@ -54,19 +54,6 @@ pub fn dot_f16_vec(x: &[f32], y: &[f32]) -> f32 {
     sum as f32
 }
 
-/// The f16 dot of llamafile's `tinyBLAS<16, __m512, …>` (used by ggml for matrix
-/// products with at least two columns): one 16-lane accumulator over steps of 16
-/// elements, then [`reduce_add_16`]. `x.len()` must be a multiple of 16.
-pub fn dot_f16_tiny(x: &[f32], y: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    for (xs, ys) in x.chunks_exact(LANES).zip(y.chunks_exact(LANES)) {
-        for l in 0..LANES {
-            acc[l] = xs[l].mul_add(ys[l], acc[l]);
-        }
-    }
-    reduce_add_16(&acc)
-}
-
 /// `ggml_v_expf` (AVX-512): ggml's vectorised `expf`, adapted from Arm's optimized
 /// routines (max error 1.45 ulp + 0.5). Values below about -104 give 0, above 88.4 give
 /// infinity.
@@ -190,7 +177,6 @@ mod tests {
             .map(|(a, b)| (*a as f64) * (*b as f64))
             .sum();
         assert_eq!(dot_f16_vec(&x, &y) as f64, exact);
-        assert_eq!(dot_f16_tiny(&x, &y) as f64, exact);
     }
 
     #[test]

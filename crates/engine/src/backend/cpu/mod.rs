@@ -448,23 +448,90 @@ impl Backend for CpuBackend {
         })
     }
 
+    /// Keeps only the first `len` positions (a snapshot's memory follows its length).
     fn kv_snapshot(&self, kv: &CpuKv, len: usize) -> Result<CpuKv> {
         let n = len * kv.kv_dim;
-        let copy = |layers: &Vec<Vec<f16>>| {
+        let copy = |layers: &Vec<Vec<f16>>| -> Result<Vec<Vec<f16>>> {
             layers
                 .iter()
                 .map(|l| {
-                    let mut c = vec![f16::ZERO; l.len()];
-                    c[..n].copy_from_slice(&l[..n]);
-                    c
+                    l.get(..n).map(<[f16]>::to_vec).ok_or_else(|| {
+                        EngineError::Backend(format!(
+                            "kv_snapshot: {len} positions of a cache of {}",
+                            l.len() / kv.kv_dim.max(1)
+                        ))
+                    })
                 })
                 .collect()
         };
         Ok(CpuKv {
-            k: copy(&kv.k),
-            v: copy(&kv.v),
+            k: copy(&kv.k)?,
+            v: copy(&kv.v)?,
             kv_dim: kv.kv_dim,
         })
+    }
+
+    fn kv_restore(&self, dst: &mut CpuKv, src: &CpuKv, len: usize) -> Result<()> {
+        let n = len * src.kv_dim;
+        let fits = dst.kv_dim == src.kv_dim
+            && dst.k.len() == src.k.len()
+            && dst.k.iter().chain(&src.k).all(|l| l.len() >= n);
+        if !fits {
+            return Err(EngineError::Backend(format!(
+                "kv_restore: {len} positions of a {}-layer cache into another shape",
+                src.k.len()
+            )));
+        }
+        for (d, s) in dst
+            .k
+            .iter_mut()
+            .zip(&src.k)
+            .chain(dst.v.iter_mut().zip(&src.v))
+        {
+            d[..n].copy_from_slice(&s[..n]);
+        }
+        Ok(())
+    }
+
+    fn kv_capacity(&self, kv: &CpuKv) -> Option<usize> {
+        Some(kv.k.first().map_or(0, |l| l.len() / kv.kv_dim.max(1)))
+    }
+
+    fn kv_read(&self, kv: &CpuKv, len: usize, out: &mut Vec<u16>) -> Result<()> {
+        let n = len * kv.kv_dim;
+        for (k, v) in kv.k.iter().zip(&kv.v) {
+            for l in [k, v] {
+                let rows = l.get(..n).ok_or_else(|| {
+                    EngineError::Backend(format!("kv_read: {len} positions past the cache"))
+                })?;
+                out.extend(rows.iter().map(|x| x.to_bits()));
+            }
+        }
+        Ok(())
+    }
+
+    fn kv_write(&self, kv: &mut CpuKv, len: usize, data: &[u16]) -> Result<()> {
+        let n = len * kv.kv_dim;
+        if data.len() != 2 * kv.k.len() * n || kv.k.iter().any(|l| l.len() < n) {
+            return Err(EngineError::Backend(format!(
+                "kv_write: {} values for {len} positions of a {}-layer cache",
+                data.len(),
+                kv.k.len()
+            )));
+        }
+        let mut chunks = data.chunks_exact(n.max(1));
+        for (k, v) in kv.k.iter_mut().zip(kv.v.iter_mut()) {
+            for l in [k, v] {
+                if n == 0 {
+                    continue;
+                }
+                let src = chunks.next().unwrap_or_default();
+                for (d, &b) in l[..n].iter_mut().zip(src) {
+                    *d = f16::from_bits(b);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn attention(

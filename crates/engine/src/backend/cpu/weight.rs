@@ -8,7 +8,10 @@
 //!
 //! - ggml's (`Prec::Ggml`, and every other quantized weight): `ds4_quant` quantizes the
 //!   activations to the weight type's `vec_dot_type` per block and runs ggml's kernels
-//!   (for float weights too).
+//!   (for float weights too), every token along the kernel ggml uses for a one-token
+//!   product ([`ds4_quant::try_matmul_per_token`]): a token's result does not depend on
+//!   how the prompt was split into steps (ggml's batched kernels round differently for
+//!   repacked and float weights).
 //! - the PyTorch reference's (`Prec::F32`/`Bf16`, float weights and MXFP4, whose
 //!   values are the checkpoint's FP4 values exactly): each weight row
 //!   decoded to f32 and dotted with the activations as given, accumulated in f32 by
@@ -249,7 +252,7 @@ impl Mat<'_> {
         } else {
             let acts = QuantizedActs::try_new(ds4_quant::vec_dot_type(self.w.ty), x, n, cols)
                 .map_err(|e| EngineError::Backend(format!("'{}': {e}", self.w.name)))?;
-            ds4_quant::try_matmul(&self.qmatrix()?, &acts, out)
+            ds4_quant::try_matmul_per_token(&self.qmatrix()?, &acts, out)
                 .map_err(|e| EngineError::Backend(format!("'{}': {e}", self.w.name)))?;
         }
         p.round_all(out);
@@ -264,7 +267,7 @@ impl Mat<'_> {
         }
         let q = acts.quantized(ds4_quant::vec_dot_type(self.w.ty))?;
         let out = &mut out[..acts.n * self.rows];
-        ds4_quant::try_matmul(&self.qmatrix()?, &q, out)
+        ds4_quant::try_matmul_per_token(&self.qmatrix()?, &q, out)
             .map_err(|e| EngineError::Backend(format!("'{}': {e}", self.w.name)))?;
         p.round_all(out);
         Ok(())

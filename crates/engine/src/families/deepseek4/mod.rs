@@ -825,6 +825,21 @@ impl<B: Backend> Model for DeepSeek4<B> {
         Ok(Box::new(self.new_ds4_cache(n_ctx)?))
     }
 
+    fn write_cache(&self, cache: &dyn Cache, out: &mut dyn std::io::Write) -> Result<()> {
+        let cache = cache
+            .as_any()
+            .downcast_ref::<DeepSeek4Cache<B>>()
+            .ok_or_else(|| EngineError::State("the cache belongs to another model".into()))?;
+        state_file::write_state(cache, &mut &mut *out)
+            .map_err(|e| EngineError::State(format!("writing the state: {e}")))
+    }
+
+    fn read_cache(&self, input: &mut dyn std::io::Read) -> Result<Box<dyn Cache>> {
+        let cache = state_file::read_state(self, &mut &mut *input, "session state")
+            .map_err(|e| EngineError::State(e.to_string()))?;
+        Ok(Box::new(cache))
+    }
+
     fn forward(
         &self,
         cache: &mut dyn Cache,

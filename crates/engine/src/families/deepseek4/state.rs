@@ -463,6 +463,16 @@ impl<B: Backend> Cache for DeepSeek4Cache<B> {
         Ok(())
     }
 
+    fn reachable(&self) -> Vec<std::ops::RangeInclusive<usize>> {
+        let mut r = vec![0..=0, self.earliest_rewind()..=self.len];
+        r.extend(self.anchors());
+        r
+    }
+
+    fn bytes(&self) -> u64 {
+        Self::bytes(&self.shape, self.n_ctx, self.window)
+    }
+
     fn snapshot(&self) -> Result<Box<dyn Cache>> {
         Ok(Box::new(self.deep_copy()?))
     }

@@ -582,6 +582,16 @@ impl<B: Backend> Cache for Glm5NextCache<B> {
         Ok(())
     }
 
+    fn reachable(&self) -> Vec<std::ops::RangeInclusive<usize>> {
+        let mut r = vec![0..=0, self.earliest_rewind()..=self.len];
+        r.extend(self.anchors());
+        r
+    }
+
+    fn bytes(&self) -> u64 {
+        Self::bytes(&self.shape, self.n_ctx)
+    }
+
     fn snapshot(&self) -> Result<Box<dyn Cache>> {
         Ok(Box::new(self.deep_copy()?))
     }
