@@ -6,6 +6,8 @@
 #include "common.cuh"
 
 #define HC_MAX_N 8
+// Columns per thread whose loads are issued together (collapse, partial sums).
+#define HC_UNROLL 8
 
 // m[t, i] = Σ_c fn[i, c] · (x[t, c] · r_t) with r_t = 1/sqrt(mean(x_t²) + eps), by one
 // block.
@@ -44,6 +46,32 @@ __device__ void softmax_row(float* v, int n) {
     for (int i = 0; i < n; ++i) v[i] = __fmul_rn(v[i], inv);
 }
 
+// out[k] = round(Σₙ preₙ·x[n, k]) over the first n ≤ N streams, HC_UNROLL columns per
+// thread at a time with all their loads issued before the sums (the loop would otherwise
+// wait one memory latency per column). N known at compile time keeps the loads in
+// registers.
+template <int N>
+__device__ __forceinline__ void collapse(const float* pre, const float* xt, float* out, int n, int d, int rb) {
+    for (int k0 = threadIdx.x; k0 < d; k0 += HC_UNROLL * blockDim.x) {
+        float v[HC_UNROLL][N];
+#pragma unroll
+        for (int u = 0; u < HC_UNROLL; ++u) {
+            const int k = k0 + u * blockDim.x;
+#pragma unroll
+            for (int i = 0; i < N; ++i) v[u][i] = k < d && i < n ? __ldcg(xt + (i64)i * d + k) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < HC_UNROLL; ++u) {
+            const int k = k0 + u * blockDim.x;
+            float acc = 0.f;
+#pragma unroll
+            for (int i = 0; i < N; ++i)
+                if (i < n) acc = __fadd_rn(acc, __fmul_rn(pre[i], v[u][i]));
+            if (k < d) out[k] = rnd(acc, rb);
+        }
+    }
+}
+
 // Token t by one block: pre, post and comb from the mixes, Sinkhorn, then
 // out[t] = round(Σₙ preₙ·x[t, n]) and mix[t] = round(post), round(comb). Thread i < n
 // owns pre/post i and comb row i's softmax; in the Sinkhorn iterations thread e < n²
@@ -69,6 +97,14 @@ __device__ __forceinline__ void pre_finish(const float* m, const float* x, const
     __syncthreads();
     const int ei = tid / n, ej = tid % n;
     const bool own = tid < n * n;
+    // Up to 32 comb elements live in warp 0, which then synchronises alone.
+    const bool one_warp = n * n <= 32;
+    auto sync = [one_warp] {
+        if (one_warp)
+            __syncwarp();
+        else
+            __syncthreads();
+    };
     for (int it = 0; it < iters; ++it) {
         if (it > 0) {
             float s = 0.f;
@@ -76,27 +112,26 @@ __device__ __forceinline__ void pre_finish(const float* m, const float* x, const
                 for (int j = 0; j < n; ++j) s = __fadd_rn(s, c[ei * n + j]);
                 s = __fadd_rn(s, eps);
             }
-            __syncthreads();
+            sync();
             if (own) c[tid] = __fdiv_rn(c[tid], s);
-            __syncthreads();
+            sync();
         }
         float s = 0.f;
         if (own) {
             for (int i = 0; i < n; ++i) s = __fadd_rn(s, c[i * n + ej]);
             s = __fadd_rn(s, eps);
         }
-        __syncthreads();
+        sync();
         if (own) c[tid] = __fdiv_rn(c[tid], s);
-        __syncthreads();
+        sync();
     }
     if (own) mx[n + tid] = rnd(c[tid], rb);
     __syncthreads();
     const float* xt = x + (i64)t * n * d;
-    for (int k = threadIdx.x; k < d; k += blockDim.x) {
-        float acc = 0.f;
-        for (int i = 0; i < n; ++i) acc = __fadd_rn(acc, __fmul_rn(pre[i], __ldcg(xt + (i64)i * d + k)));
-        out[(i64)t * d + k] = rnd(acc, rb);
-    }
+    if (n == 4)
+        collapse<4>(pre, xt, out + (i64)t * d, n, d, rb);
+    else
+        collapse<HC_MAX_N>(pre, xt, out + (i64)t * d, n, d, rb);
 }
 
 // One block per token.
@@ -256,8 +291,18 @@ extern "C" __global__ void __launch_bounds__(HC_COLS) hc_post_pre(const HcPostAr
     if (!last) return;
     __threadfence();
     if (threadIdx.x <= n_mix) {
+        // In block order, HC_UNROLL blocks' partials loaded at a time.
+        const int nb = (int)gridDim.x;
         double v = 0.0;
-        for (int b = 0; b < (int)gridDim.x; ++b) v += __ldcg(B.partials + (i64)b * (n_mix + 1) + threadIdx.x);
+        for (int b0 = 0; b0 < nb; b0 += HC_UNROLL) {
+            double q[HC_UNROLL];
+#pragma unroll
+            for (int u = 0; u < HC_UNROLL; ++u)
+                q[u] = b0 + u < nb ? __ldcg(B.partials + (i64)(b0 + u) * (n_mix + 1) + threadIdx.x) : 0.0;
+#pragma unroll
+            for (int u = 0; u < HC_UNROLL; ++u)
+                if (b0 + u < nb) v += q[u];
+        }
         wred[0][threadIdx.x] = v;
     }
     __syncthreads();
