@@ -728,7 +728,15 @@ struct ExpertGemv {
 // expert's gate and up for token t and writes round(round(silu(min(g, lim)))·clamp(u)).
 // Down mode (`w2` unused): the activation is row t·k + j of `x` and the output its
 // product with the expert's down matrix.
-template <bool PAIR>
+// Row dots of an expert launch: of type TY, or (TY < 0) of a type known at run time.
+template <int TY, int M>
+__device__ __forceinline__ void expert_dot(int ty, const Planes& w0, const Planes& w1, i64 row, int n_in,
+                                           const Act& a, int lane, float* out) {
+    if constexpr (TY >= 0) row_dot_t<TY, M>(w0, w1, row, n_in, a, lane, out);
+    else row_dot<M>(ty, w0, w1, row, n_in, a, lane, out);
+}
+
+template <int TY, bool PAIR>
 __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double red[GEMV_WARPS];
@@ -753,8 +761,8 @@ __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
     if (!PAIR) plane_row_bytes(E.type, E.n_in, rb_);
     for (int r = blockIdx.x * wpb + warp; r < E.rows; r += PAIR ? stride : 2 * stride) {
         float v[2] = {0.f, 0.f};
-        if (PAIR && E.type == E.type2) {
-            row_dot<2>(E.type, w0, w1, r, E.n_in, a, lane, v);
+        if (PAIR && (TY >= 0 || E.type == E.type2)) {
+            expert_dot<TY, 2>(E.type, w0, w1, r, E.n_in, a, lane, v);
         } else if (PAIR) {
             row_dot<1>(E.type, w0, w0, r, E.n_in, a, lane, v);
             row_dot<1>(E.type2, w1, w1, r, E.n_in, a, lane, v + 1);
@@ -765,10 +773,10 @@ __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
 #pragma unroll
             for (int i = 0; i < MAX_PLANES; ++i)
                 w2.p[i] = w0.p[i] ? w0.p[i] + (i64)stride * rb_[i] : nullptr;
-            row_dot<2>(E.type, w0, w2, r, E.n_in, a, lane, v);
+            expert_dot<TY, 2>(E.type, w0, w2, r, E.n_in, a, lane, v);
             if (lane == 0) E.out[(i64)pair * E.rows + r + stride] = rnd(v[1], E.rb);
         } else {
-            row_dot<1>(E.type, w0, w0, r, E.n_in, a, lane, v);
+            expert_dot<TY, 1>(E.type, w0, w0, r, E.n_in, a, lane, v);
         }
         if (lane == 0) {
             float o;
@@ -784,13 +792,6 @@ __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv_experts_gate_up(const ExpertGemv E) {
-    expert_body<true>(E);
-}
-
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv_experts_down(const ExpertGemv E) {
-    expert_body<false>(E);
-}
 
 // The down products of one token's experts and, in the last of the k blocks of each row
 // block to finish, the weighted sum over the experts (moe_reduce's arithmetic) plus an
@@ -804,10 +805,10 @@ struct ReduceTail {
     i32 rb;
 };
 
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
-    gemv_experts_down_sum(const ExpertGemv E, const ReduceTail R) {
+template <int TY>
+__device__ __forceinline__ void experts_down_sum(const ExpertGemv& E, const ReduceTail& R) {
     __shared__ bool last;
-    expert_body<false>(E);
+    expert_body<TY, false>(E);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(R.counters + blockIdx.x, 1u) == gridDim.y - 1;
@@ -823,3 +824,30 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
         R.out[r] = o;
     }
 }
+
+// The expert kernels: any type (TY < 0, two blocks per SM), or typed gemv_experts_*_<type>
+// holding one type's registers (three blocks per SM; src/kernels.rs names them).
+#define EXPERT_KERNELS(SUF, TY, MINB)                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)                               \
+        gemv_experts_gate_up##SUF(const ExpertGemv E) {                                                \
+        expert_body<TY, true>(E);                                                                      \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)                               \
+        gemv_experts_down##SUF(const ExpertGemv E) {                                                   \
+        expert_body<TY, false>(E);                                                                     \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)                               \
+        gemv_experts_down_sum##SUF(const ExpertGemv E, const ReduceTail R) {                           \
+        experts_down_sum<TY>(E, R);                                                                    \
+    }
+
+EXPERT_KERNELS(, -1, 2)
+EXPERT_KERNELS(_q4_0, T_Q4_0, 3)
+EXPERT_KERNELS(_q4_1, T_Q4_1, 3)
+EXPERT_KERNELS(_q5_0, T_Q5_0, 3)
+EXPERT_KERNELS(_q8_0, T_Q8_0, 3)
+EXPERT_KERNELS(_q4_k, T_Q4_K, 3)
+EXPERT_KERNELS(_q5_k, T_Q5_K, 3)
+EXPERT_KERNELS(_q6_k, T_Q6_K, 3)
+EXPERT_KERNELS(_iq2_xxs, T_IQ2_XXS, 3)
+EXPERT_KERNELS(_q2_k, T_Q2_K, 3)

@@ -19,6 +19,10 @@ pub struct Kernels {
     /// and more blocks per SM: `gemv_typed[GEMV_TYPES index][pair]`
     /// (`gemv_<type>[_pair]` in kernels/gemv.cu).
     pub gemv_typed: [[Func; 2]; 9],
+    /// Expert kernels holding one weight type's registers: `experts_typed[GEMV_TYPES
+    /// index]` = `[gate_up, down, down_sum]` (`gemv_experts_*_<type>`); see
+    /// [`Kernels::experts_for`].
+    pub experts_typed: [[Func; 3]; 9],
     pub rms_norm_rows: Func,
     pub add_inplace: Func,
     pub swiglu: Func,
@@ -112,6 +116,20 @@ pub const GEMV_TYPES: [(GgmlType, &str); 9] = [
 pub const GEMV_MAX_SMEM: u32 = 200 * 1024;
 
 impl Kernels {
+    /// The expert kernels `[gate_up, down, down_sum]` for weights of ggml type `ty`: the
+    /// typed ones when `typed` and the type has them, else those for any type.
+    pub fn experts_for(&self, ty: u32, typed: bool) -> [Func; 3] {
+        let t = GEMV_TYPES.iter().position(|&(g, _)| g as u32 == ty);
+        match t {
+            Some(t) if typed => self.experts_typed[t],
+            _ => [
+                self.gemv_experts_gate_up,
+                self.gemv_experts_down,
+                self.gemv_experts_down_sum,
+            ],
+        }
+    }
+
     /// Compiles (or loads from the cache) and loads every module for `gpu`.
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
         gpu.bind()?;
@@ -144,9 +162,18 @@ impl Kernels {
                 get(&format!("gemv_{stem}_pair"))?,
             ];
         }
+        let mut experts_typed = [[Func(std::ptr::null_mut()); 3]; 9];
+        for (t, (_, stem)) in GEMV_TYPES.iter().enumerate() {
+            experts_typed[t] = [
+                get(&format!("gemv_experts_gate_up_{stem}"))?,
+                get(&format!("gemv_experts_down_{stem}"))?,
+                get(&format!("gemv_experts_down_sum_{stem}"))?,
+            ];
+        }
         let k = Kernels {
             gemv: get("gemv")?,
             gemv_typed,
+            experts_typed,
             rms_norm_rows: get("rms_norm_rows")?,
             add_inplace: get("add_inplace")?,
             swiglu: get("swiglu")?,
@@ -217,8 +244,17 @@ impl Kernels {
         };
         let smem = GEMV_MAX_SMEM.min(gpu.max_smem_optin);
         let typed = k.gemv_typed.iter().flatten();
-        let experts = [&k.gemv_experts_gate_up, &k.gemv_experts_down];
-        for f in std::iter::once(&k.gemv).chain(typed).chain(experts) {
+        let experts = [
+            &k.gemv_experts_gate_up,
+            &k.gemv_experts_down,
+            &k.gemv_experts_down_sum,
+        ];
+        let experts_typed = k.experts_typed.iter().flatten();
+        for f in std::iter::once(&k.gemv)
+            .chain(typed)
+            .chain(experts)
+            .chain(experts_typed)
+        {
             // SAFETY: a valid function handle; the value is within the device's limit.
             unsafe {
                 result::function::set_function_attribute(
@@ -245,6 +281,7 @@ impl Kernels {
         Kernels {
             gemv: f(),
             gemv_typed: std::array::from_fn(|_| [f(), f()]),
+            experts_typed: std::array::from_fn(|_| [f(), f(), f()]),
             rms_norm_rows: f(),
             add_inplace: f(),
             swiglu: f(),

@@ -349,7 +349,7 @@ fn experts_down(e: ExpertGemv, tail: ReduceTail, grid_x: u32, smem: u32, cx: &Ct
     let mut a = Args::new();
     a.push(e).push(tail);
     Cmd::Launch(Launch {
-        f: cx.k.gemv_experts_down_sum,
+        f: cx.k.experts_for(e.ty as u32, cx.gemv_typed)[2],
         grid: (grid_x, e.k as u32, 1),
         block: GEMV_THREADS,
         smem,

@@ -12,6 +12,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use ds4_engine::backend::{
     CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaShape, DeltaState, DeltaWeights, Experts,
@@ -703,6 +704,15 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Blocks along the rows of an expert launch `f` over `pairs` (token, expert) pairs:
+    /// the block slots the device holds resident shared among the pairs (a block
+    /// quantizes its input once, so more rows per block is less repeated work), at least
+    /// one and at most one per 8 rows.
+    fn expert_grid_x(&self, f: Func, smem: u32, rows: usize, pairs: usize) -> u32 {
+        let slots = self.gpu.n_sm * self.gpu.occupancy(f, 256, smem).max(1);
+        (slots / pairs.max(1) as u32).clamp(1, blocks(rows as u64, 8))
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe_experts_op(
         &self,
@@ -838,10 +848,17 @@ impl CudaBackend {
                     lim,
                     out: h.ptr(),
                 };
+                let typed = self.gemv_typed.load(Ordering::Relaxed);
+                let [f_gate_up, ..] = self.k.experts_for(g.ty as u32, typed && g.ty == u.ty);
+                let [_, f_down, f_down_sum] = self.k.experts_for(dmat.ty as u32, typed);
                 let smem = crate::layout::gemv_smem_bytes(d) as u32;
                 self.launch_op(Launch {
-                    f: self.k.gemv_experts_gate_up,
-                    grid: (blocks(ff as u64, 64), pairs as u32, 1),
+                    f: f_gate_up,
+                    grid: (
+                        self.expert_grid_x(f_gate_up, smem, ff, pairs),
+                        pairs as u32,
+                        1,
+                    ),
                     block: 256,
                     smem,
                     args: Self::args(gu),
@@ -869,7 +886,7 @@ impl CudaBackend {
                 let smem = crate::layout::gemv_smem_bytes(ff) as u32;
                 if rows == 1 {
                     // Down products, weighted sum (and the add after it) in one launch.
-                    let grid_x = blocks(d as u64, 64);
+                    let grid_x = self.expert_grid_x(f_down_sum, smem, d, pairs);
                     let counters = self.scratch_mem("experts_counters", grid_x as usize * 4)?;
                     let tail = ReduceTail {
                         w: self.buf_of(weights, pairs, "moe_experts weights")?,
@@ -890,8 +907,8 @@ impl CudaBackend {
                     return Ok(());
                 }
                 self.launch_op(Launch {
-                    f: self.k.gemv_experts_down,
-                    grid: (blocks(d as u64, 64), pairs as u32, 1),
+                    f: f_down,
+                    grid: (self.expert_grid_x(f_down, smem, d, pairs), pairs as u32, 1),
                     block: 256,
                     smem,
                     args: Self::args(dn),
