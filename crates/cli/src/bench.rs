@@ -13,7 +13,9 @@
 //! read plus written), the weight bytes one decode token reads
 //! (`ModelInfo::decode_weight_bytes`), the achieved bandwidth (those bytes × tokens/s)
 //! and its fraction of the copy bandwidth, kernel launches per decode token and how
-//! many decode steps were CUDA-graph replays. `--synthetic NAME` benchmarks a model of
+//! many decode steps were CUDA-graph replays, and the device time per model part (the
+//! family's regions: KDA attention, MLA + DSA, MoE, …) of a few eagerly run decode steps
+//! with an event around each kernel. `--synthetic NAME` benchmarks a model of
 //! a real shape with random weights built in GPU memory (`ds4-server synth` writes the
 //! same weights as a file).
 
@@ -25,7 +27,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ds4_args::int;
-use ds4_cuda::CudaBackend;
+use ds4_cuda::{CudaBackend, PartTime, by_part};
 use ds4_engine::sampler::{Rng, SamplerParams, sample};
 use ds4_engine::{LoadedModel, Session};
 use ds4_measure::args::ReceiptArgs;
@@ -153,6 +155,13 @@ fn decode_run(
     set_phase(probe, "prefill");
     s.prefill(prompt, &mut |_, _| {})?;
     set_phase(probe, "decode");
+    let t0 = Instant::now();
+    greedy_steps(&mut s, n)?;
+    Ok(Timed::of(n, t0))
+}
+
+/// `n` greedy decode steps after what `s` holds.
+fn greedy_steps(s: &mut Session, n: usize) -> Result<()> {
     let greedy = SamplerParams {
         temperature: 0.0,
         top_k: 0,
@@ -165,12 +174,37 @@ fn decode_run(
         &greedy,
         &mut rng,
     );
-    let t0 = Instant::now();
     for _ in 0..n {
         let logits = s.decode(token)?;
         token = sample(logits, &greedy, &mut rng);
     }
-    Ok(Timed::of(n, t0))
+    Ok(())
+}
+
+/// Decode steps timed kernel by kernel for the time per model part (CUDA only).
+const PROFILED_STEPS: usize = 4;
+
+/// The device time per model part (the family's regions: KDA attention, MLA + DSA,
+/// MoE, dense FFN, …) of [`PROFILED_STEPS`] decode steps after `prompt`, run eagerly
+/// with an event around every kernel.
+fn profile_parts(
+    lm: &LoadedModel,
+    n_ctx: usize,
+    prompt: &[u32],
+    backend: &CudaBackend,
+) -> Result<Vec<PartTime>> {
+    let mut s = Session::new(lm.model.clone(), n_ctx)?;
+    s.prefill(prompt, &mut |_, _| {})?;
+    let graphs = backend.graphs();
+    backend.set_graphs(false);
+    backend.set_profile(true);
+    backend.take_profile();
+    let run = greedy_steps(&mut s, PROFILED_STEPS);
+    backend.set_profile(false);
+    backend.set_graphs(graphs);
+    let rows = backend.take_profile();
+    run?;
+    Ok(by_part(&rows))
 }
 
 /// Loads the model of `args`: a file on the chosen backend, or a synthetic one on GPU 0.
@@ -251,6 +285,8 @@ struct Measured {
     decode_prompt_tokens: usize,
     /// Kernel launches per decode token (CUDA only).
     kernels_per_token: Option<usize>,
+    /// Device time per model part of [`PROFILED_STEPS`] eager decode steps (CUDA only).
+    parts: Vec<PartTime>,
 }
 
 impl Measured {
@@ -434,12 +470,24 @@ fn measure(
     }
     progress.end();
     set_phase(probe, "idle");
+    let kernels_per_token = cuda.map(|c| c.backend.stats().decode_kernels);
+    let parts = match cuda {
+        None => Vec::new(),
+        Some(c) => match profile_parts(lm, n_ctx, &chat, &c.backend) {
+            Ok(parts) => parts,
+            Err(e) => {
+                fail(&mut progress, "profiled decode step", None, e);
+                Vec::new()
+            }
+        },
+    };
     Ok(Measured {
         prefill,
         decode,
         replays,
         decode_prompt_tokens: chat.len(),
-        kernels_per_token: cuda.map(|c| c.backend.stats().decode_kernels),
+        kernels_per_token,
+        parts,
     })
 }
 
@@ -605,6 +653,11 @@ fn print(
                 "kernels_per_token": m.kernels_per_token,
                 "graph_replays": m.graph_replays(),
                 "decode_steps": decode_steps(args),
+                "decode_parts": m.parts.iter().map(|p| json!({
+                    "part": p.region,
+                    "us_per_token": 1e3 * p.ms / PROFILED_STEPS as f64,
+                    "launches_per_token": p.launches as f64 / PROFILED_STEPS as f64,
+                })).collect::<Vec<_>>(),
             })
         });
         let doc = json!({
@@ -661,6 +714,22 @@ fn print(
                 "decode steps replayed from a CUDA graph: {r} of {}",
                 decode_steps(args)
             );
+        }
+        if !m.parts.is_empty() {
+            let total: f64 = m.parts.iter().map(|p| p.ms).sum();
+            println!(
+                "time per model part, {PROFILED_STEPS} eager decode steps with an event around each kernel ({:.0} us/token in kernels):",
+                1e3 * total / PROFILED_STEPS as f64
+            );
+            for p in &m.parts {
+                println!(
+                    "  {:<24} {:>9.1} us/token {:>5.1} % {:>7.1} launches/token",
+                    p.region,
+                    1e3 * p.ms / PROFILED_STEPS as f64,
+                    100.0 * p.ms / total,
+                    p.launches as f64 / PROFILED_STEPS as f64
+                );
+            }
         }
     }
     Ok(())

@@ -103,6 +103,41 @@ pub struct ProfileRow {
     pub bytes: u64,
 }
 
+/// A profile's time in one model part.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartTime {
+    /// The part ([`ProfileRow::region`]; `"(unlabelled)"` for operations outside any).
+    pub region: &'static str,
+    /// Device time in ms and kernel launches, summed over the part's rows.
+    pub ms: f64,
+    pub launches: u64,
+}
+
+/// `rows` summed per model part, the most expensive part first.
+pub fn by_part(rows: &[ProfileRow]) -> Vec<PartTime> {
+    let mut parts: Vec<PartTime> = Vec::new();
+    for r in rows {
+        let region = if r.region.is_empty() {
+            "(unlabelled)"
+        } else {
+            r.region
+        };
+        match parts.iter_mut().find(|p| p.region == region) {
+            Some(p) => {
+                p.ms += r.ms;
+                p.launches += r.launches;
+            }
+            None => parts.push(PartTime {
+                region,
+                ms: r.ms,
+                launches: r.launches,
+            }),
+        }
+    }
+    parts.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+    parts
+}
+
 pub(crate) struct State {
     recs: HashMap<ThreadId, Recording>,
     step_bufs: HashMap<ThreadId, DevMem>,
@@ -154,7 +189,7 @@ pub struct CudaBackend {
     fuse_decode: AtomicBool,
     profile: AtomicBool,
     prefetch: AtomicU32,
-    gemv_typed: AtomicBool,
+    pub(crate) gemv_typed: AtomicBool,
 }
 
 fn engine_err(e: CudaError) -> EngineError {
@@ -272,6 +307,11 @@ impl CudaBackend {
     pub fn set_graphs(&self, on: bool) {
         self.graphs.store(on, Ordering::Relaxed);
         self.lock().graphs.clear();
+    }
+
+    /// Whether decode steps are captured and replayed as graphs.
+    pub fn graphs(&self) -> bool {
+        self.graphs.load(Ordering::Relaxed)
     }
 
     /// Sets how many rows ahead each GEMV warp prefetches into L2 (0: only its first).

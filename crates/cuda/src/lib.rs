@@ -40,7 +40,7 @@ pub mod weights;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use backend::{CudaBackend, ProfileRow, Stats};
+pub use backend::{CudaBackend, PartTime, ProfileRow, Stats, by_part};
 pub use error::{CudaError, Result};
 
 use ds4_engine::Model;

@@ -124,6 +124,11 @@ pub trait Model: Send + Sync {
     fn state_parts(&self, _n_ctx: usize) -> Vec<(&'static str, u64)> {
         Vec::new()
     }
+    /// Bytes its backend can still allocate ([`crate::backend::Backend::memory_available`]):
+    /// a device's free memory, `None` on the CPU.
+    fn memory_available(&self) -> Option<u64> {
+        None
+    }
     /// Tokens per forward call a long prompt is best split into (`Session::prefill`):
     /// its backend's preference.
     fn prefill_chunk(&self) -> usize {

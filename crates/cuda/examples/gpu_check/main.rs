@@ -392,32 +392,15 @@ fn bench(args: &[String]) -> Res<()> {
             );
         }
         // Per model part (the family's regions).
-        let mut parts: Vec<(&str, f64, u64)> = Vec::new();
-        for r in &rows {
-            match parts.iter_mut().find(|p| p.0 == r.region) {
-                Some(p) => {
-                    p.1 += r.ms;
-                    p.2 += r.launches;
-                }
-                None => parts.push((r.region, r.ms, r.launches)),
-            }
-        }
-        parts.sort_by(|a, b| b.1.total_cmp(&a.1));
-        for (region, ms, launches) in parts {
-            println!(
-                "  part {:<22} {:>9.1} us/token {:>6.1} launches/token",
-                if region.is_empty() {
-                    "(unlabelled)"
-                } else {
-                    region
-                },
-                1e3 * ms / n as f64,
-                launches as f64 / n as f64
+        for p in ds4_cuda::by_part(&rows) {
+            let (region, us, launches) = (
+                p.region,
+                1e3 * p.ms / n as f64,
+                p.launches as f64 / n as f64,
             );
+            println!("  part {region:<22} {us:>9.1} us/token {launches:>6.1} launches/token");
             println!(
-                "RESULT {{\"kind\":\"part\",\"model\":\"{name}\",\"part\":{region:?},\"us_per_token\":{:.2},\"launches\":{:.1}}}",
-                1e3 * ms / n as f64,
-                launches as f64 / n as f64
+                "RESULT {{\"kind\":\"part\",\"model\":\"{name}\",\"part\":{region:?},\"us_per_token\":{us:.2},\"launches\":{launches:.1}}}"
             );
         }
     }

@@ -345,6 +345,10 @@ impl<B: Backend> Model for Llama<B> {
         &self.info
     }
 
+    fn memory_available(&self) -> Option<u64> {
+        self.backend.memory_available()
+    }
+
     fn state_parts(&self, n_ctx: usize) -> Vec<(&'static str, u64)> {
         self.cache_parts(n_ctx).to_vec()
     }

@@ -810,6 +810,10 @@ impl<B: Backend> Model for DeepSeek4<B> {
         &self.info
     }
 
+    fn memory_available(&self) -> Option<u64> {
+        self.backend.memory_available()
+    }
+
     fn state_parts(&self, n_ctx: usize) -> Vec<(&'static str, u64)> {
         let r = DEFAULT_REWIND_WINDOW;
         vec![

@@ -824,6 +824,10 @@ impl<B: Backend> Model for Glm5Next<B> {
         piece(&*self.backend)
     }
 
+    fn memory_available(&self) -> Option<u64> {
+        self.backend.memory_available()
+    }
+
     fn state_parts(&self, n_ctx: usize) -> Vec<(&'static str, u64)> {
         let mut v = Glm5NextCache::<B>::parts(&self.cache_shape(), n_ctx).to_vec();
         v.push((
