@@ -37,7 +37,8 @@ use ds4_tokenizer::{ChatMessage, RenderOptions};
 use serde_json::{Map, Value, json};
 
 use crate::common::{
-    BackendKind, Loaded, ModelArgs, error_text, init_threads, load_on, model_path,
+    BackendKind, Loaded, ModelArgs, check_device, error_text, gpu_ordinal, init_threads, load_on,
+    model_path,
 };
 use crate::gpu_probe::{self, GpuProbeArgs, ProbeHandle, set_phase};
 
@@ -207,7 +208,8 @@ fn profile_parts(
     Ok(by_part(&rows))
 }
 
-/// Loads the model of `args`: a file on the chosen backend, or a synthetic one on GPU 0.
+/// Loads the model of `args`: a file on the chosen backend, or a synthetic one on the
+/// chosen GPU.
 fn load_model(args: &BenchArgs) -> Result<Loaded> {
     let Some(name) = &args.synthetic else {
         return load_on(&args.model);
@@ -219,11 +221,11 @@ fn load_model(args: &BenchArgs) -> Result<Loaded> {
         );
     }
     init_threads(args.model.threads)?;
-    if let Err(why) = ds4_cuda::gpu_available() {
-        bail!("--synthetic: no usable GPU ({why})");
-    }
-    let s = ds4_cuda::load_synthetic(name, 0).with_context(|| format!("synthetic {name}"))?;
-    let spec_name = ds4_cuda::synth::Spec::parse(name)?.name();
+    let spec = ds4_cuda::synth::Spec::parse(name)?;
+    let ordinal = gpu_ordinal(&args.model, || Ok(spec.layout()?))?;
+    check_device(ordinal)?;
+    let s = ds4_cuda::load_synthetic(name, ordinal).with_context(|| format!("synthetic {name}"))?;
+    let spec_name = spec.name();
     let lm = LoadedModel::from_parts(Path::new(&spec_name), s.file, s.model)?;
     Ok(Loaded {
         lm,
@@ -353,7 +355,7 @@ fn failure_summary(failures: &[Failure]) -> String {
 }
 
 fn run(args: &BenchArgs, receipt: &mut Receipt) -> Result<()> {
-    let probe = args.probe.start()?;
+    let probe = args.probe.start(args.model.ordinal())?;
     gpu_probe::set_phase(&probe, "load");
     let loaded = load_model(args);
     gpu_probe::set_phase(&probe, "idle");

@@ -11,8 +11,10 @@ use clap::Args;
 use ds4_args::{int, real};
 use ds4_cuda::CudaBackend;
 use ds4_engine::generate::GenerateStats;
+use ds4_engine::partition::{self, Attention, Budget, Layout, Plan};
 use ds4_engine::sampler::SamplerParams;
 use ds4_engine::{LoadedModel, human_bytes};
+use ds4_gguf::GgufFile;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// The model to load and how to run it.
@@ -31,6 +33,15 @@ pub struct ModelArgs {
     /// Where the model runs.
     #[arg(long = "backend", value_enum, default_value_t = BackendKind::Cpu)]
     pub backend: BackendKind,
+    /// The GPU to run on with --backend cuda (default 0), numbered after
+    /// CUDA_VISIBLE_DEVICES.
+    #[arg(long = "device", value_name = "N", allow_negative_numbers = true, value_parser = int::<usize>(0..))]
+    pub device: Option<usize>,
+    /// GPUs to spread the model over with --backend cuda (default 1): devices 0 to N-1
+    /// after CUDA_VISIBLE_DEVICES. More than 1 is not implemented yet (issue 16): it
+    /// checks the model's multi-GPU plan, the GPUs and NCCL, and stops with what it found.
+    #[arg(long = "gpus", value_name = "N", allow_negative_numbers = true, value_parser = int::<usize>(1..))]
+    pub gpus: Option<usize>,
 }
 
 /// The default context size (clamped to the model's trained context).
@@ -39,6 +50,11 @@ pub const DEFAULT_CTX: usize = 4096;
 impl ModelArgs {
     /// The context size for `lm`: `--ctx`, else [`DEFAULT_CTX`] or the model's trained
     /// context if smaller.
+    /// The CUDA device a one-GPU run uses (`--device`, else 0).
+    pub fn ordinal(&self) -> usize {
+        self.device.unwrap_or(0)
+    }
+
     pub fn n_ctx(&self, lm: &LoadedModel) -> usize {
         let train = lm.model.info().n_ctx_train;
         self.ctx.unwrap_or(if train > 0 {
@@ -53,7 +69,7 @@ impl ModelArgs {
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
     Cpu,
-    /// NVIDIA GPU 0 (kernels compiled at run time with NVRTC).
+    /// An NVIDIA GPU (--device N, default 0; kernels compiled at run time with NVRTC).
     Cuda,
 }
 
@@ -162,11 +178,20 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
 
 /// Loads the model named by `args` on the chosen backend.
 pub fn load_on(args: &ModelArgs) -> Result<Loaded> {
+    check_backend_flags(args)?;
     init_threads(args.threads)?;
     let path = model_path(args)?;
     let cuda = match args.backend {
         BackendKind::Cpu => None,
-        BackendKind::Cuda => Some(cuda_backend()?),
+        BackendKind::Cuda => {
+            let ordinal = gpu_ordinal(args, || {
+                Ok(Layout::from_gguf(
+                    &GgufFile::open(&path)
+                        .with_context(|| format!("reading {}", path.display()))?,
+                )?)
+            })?;
+            Some(cuda_backend(ordinal)?)
+        }
     };
     let bar = spinner(&format!("loading {}", path.display()));
     let lm = match &cuda {
@@ -213,14 +238,117 @@ pub fn memory_report(lm: &LoadedModel, n_ctx: usize) -> String {
     line
 }
 
-/// Opens CUDA device 0, with a clear message when there is none.
-pub fn cuda_backend() -> Result<Arc<CudaBackend>> {
+/// `--device` and `--gpus` choose GPUs: an error without `--backend cuda`.
+pub fn check_backend_flags(args: &ModelArgs) -> Result<()> {
+    if args.backend == BackendKind::Cuda {
+        return Ok(());
+    }
+    for (flag, given) in [
+        ("--device", args.device.map(|d| d.to_string())),
+        ("--gpus", args.gpus.map(|n| n.to_string())),
+    ] {
+        if let Some(v) = given {
+            bail!("{flag} {v} chooses GPUs: it needs --backend cuda");
+        }
+    }
+    Ok(())
+}
+
+/// The device of a one-GPU run, after checking `--device` and `--gpus` (with
+/// `--backend cuda`). `--gpus N` with N > 1 always ends in an error: one naming what does
+/// not fit (the model's family has no multi-GPU plan, too few GPUs, too little memory,
+/// no NCCL), else the "not yet" error naming what was checked ([`multi_gpu_not_yet`]).
+/// `layout` reads the model's partition layout (only for N > 1).
+pub fn gpu_ordinal(args: &ModelArgs, layout: impl FnOnce() -> Result<Layout>) -> Result<usize> {
+    let n = args.gpus.unwrap_or(1);
+    if n == 1 {
+        return Ok(args.ordinal());
+    }
+    if let Some(d) = args.device {
+        bail!(
+            "--device {d} picks one GPU and --gpus {n} uses devices 0 to {}: choose which GPUs with CUDA_VISIBLE_DEVICES instead",
+            n - 1
+        );
+    }
+    let flag = format!("--gpus {n}");
+    let layout = layout().context(flag.clone())?;
+    let visible = ds4_cuda::driver::visible_devices().context(flag.clone())?;
+    check_gpu_count(n, visible)?;
+    let mem = (0..n)
+        .map(ds4_cuda::driver::device_memory)
+        .try_fold(u64::MAX, |m, b| b.map(|b| m.min(b)))
+        .context(flag.clone())?;
+    let budget = Budget {
+        mem_per_gpu: mem,
+        reserve: mem / 10,
+    };
+    let plan = partition::plan(&layout, n, budget, Attention::Replicated).context(flag.clone())?;
+    let nccl = ds4_cuda::nccl::version().context(flag)?;
+    Err(multi_gpu_not_yet(&layout, &plan, nccl))
+}
+
+/// `--gpus N` against the `visible` GPUs.
+fn check_gpu_count(n: usize, visible: usize) -> Result<()> {
+    if n <= visible {
+        return Ok(());
+    }
+    let mask = std::env::var("CUDA_VISIBLE_DEVICES")
+        .map(|m| format!(" (CUDA_VISIBLE_DEVICES={m})"))
+        .unwrap_or_default();
+    bail!("--gpus {n}: {} visible{mask}", partition::gpus(visible))
+}
+
+/// The error of a `--gpus N` run whose checks all passed: multi-GPU decode does not
+/// exist yet, and this is what was found.
+fn multi_gpu_not_yet(layout: &Layout, plan: &Plan, nccl: (u32, u32, u32)) -> anyhow::Error {
+    let n = plan.n_gpus;
+    let experts = plan
+        .experts
+        .iter()
+        .find(|r| r.iter().any(|r| !r.is_empty()))
+        .map(|r| r[0].len())
+        .unwrap_or(0);
+    let attention = match plan.attention {
+        Attention::Replicated => "attention on every GPU",
+        Attention::Heads => "attention split by heads",
+    };
+    anyhow::anyhow!(
+        "--gpus {n}: running on several GPUs is not implemented yet (issue 16); nothing was run. \
+         Checked: {} visible, a {} plan (about {experts} of {} routed experts per layer on each GPU, {attention}, {} of weights on the fullest of {} GPUs), NCCL {}.{}.{} loads. \
+         Leave out --gpus to run on one GPU",
+        partition::gpus(n),
+        layout.arch,
+        layout.n_expert,
+        human_bytes(plan.max_weights()),
+        human_bytes(plan.budget.mem_per_gpu),
+        nccl.0,
+        nccl.1,
+        nccl.2
+    )
+}
+
+/// Checks that CUDA device `ordinal` can be used, with a clear message when there is
+/// no GPU or it is not one of the visible ones.
+pub fn check_device(ordinal: usize) -> Result<()> {
     if let Err(why) = ds4_cuda::gpu_available() {
         bail!("--backend cuda: no usable GPU ({why})");
     }
-    Ok(Arc::new(
-        CudaBackend::new(0).context("opening CUDA device 0")?,
-    ))
+    let visible = ds4_cuda::driver::visible_devices()?;
+    if ordinal >= visible {
+        bail!(
+            "--device {ordinal}: {}",
+            ds4_cuda::driver::out_of_range(ordinal, visible)
+        );
+    }
+    Ok(())
+}
+
+/// Opens CUDA device `ordinal` ([`check_device`] first).
+pub fn cuda_backend(ordinal: usize) -> Result<Arc<CudaBackend>> {
+    check_device(ordinal)?;
+    Ok(Arc::new(CudaBackend::new(ordinal).with_context(|| {
+        format!("opening CUDA device {ordinal}")
+    })?))
 }
 
 fn spinner(msg: &str) -> ProgressBar {
@@ -317,6 +445,71 @@ mod tests {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&self.source)
         }
+    }
+
+    fn args(backend: BackendKind, device: Option<usize>, gpus: Option<usize>) -> ModelArgs {
+        ModelArgs {
+            model: None,
+            ctx: None,
+            threads: None,
+            backend,
+            device,
+            gpus,
+        }
+    }
+
+    #[test]
+    fn device_and_gpus_need_the_cuda_backend() {
+        let e = |a: &ModelArgs| check_backend_flags(a).unwrap_err().to_string();
+        assert_eq!(
+            e(&args(BackendKind::Cpu, Some(1), None)),
+            "--device 1 chooses GPUs: it needs --backend cuda"
+        );
+        assert_eq!(
+            e(&args(BackendKind::Cpu, None, Some(2))),
+            "--gpus 2 chooses GPUs: it needs --backend cuda"
+        );
+        check_backend_flags(&args(BackendKind::Cpu, None, None)).unwrap();
+        check_backend_flags(&args(BackendKind::Cuda, Some(1), Some(2))).unwrap();
+    }
+
+    #[test]
+    fn one_gpu_runs_on_the_chosen_device_and_several_check_the_model_first() {
+        let never = || -> Result<Layout> { panic!("the layout is only read for --gpus > 1") };
+        assert_eq!(
+            gpu_ordinal(&args(BackendKind::Cuda, None, None), never).unwrap(),
+            0
+        );
+        assert_eq!(
+            gpu_ordinal(&args(BackendKind::Cuda, Some(3), Some(1)), never).unwrap(),
+            3
+        );
+        let e = gpu_ordinal(&args(BackendKind::Cuda, Some(1), Some(2)), never).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--device 1 picks one GPU and --gpus 2 uses devices 0 to 1: choose which GPUs with CUDA_VISIBLE_DEVICES instead"
+        );
+        // A family without a plan is refused before any GPU is looked at.
+        let dense = || -> Result<Layout> {
+            Err(partition::PlanError::NoPlan {
+                arch: "llama".into(),
+            }
+            .into())
+        };
+        let e = gpu_ordinal(&args(BackendKind::Cuda, None, Some(4)), dense).unwrap_err();
+        assert_eq!(
+            error_text(&e),
+            "--gpus 4: the llama family has no multi-GPU plan (plans exist for glm5-next, glm5next, deepseek4)"
+        );
+    }
+
+    #[test]
+    fn too_many_gpus_names_how_many_are_visible() {
+        check_gpu_count(2, 2).unwrap();
+        let e = check_gpu_count(2, 1).unwrap_err().to_string();
+        assert!(e.starts_with("--gpus 2: 1 GPU visible"), "{e}");
+        let e = check_gpu_count(8, 0).unwrap_err().to_string();
+        assert!(e.starts_with("--gpus 8: 0 GPUs visible"), "{e}");
     }
 
     #[test]

@@ -64,11 +64,11 @@ pub struct GpuProbeArgs {
 }
 
 impl GpuProbeArgs {
-    /// Starts the probe on GPU 0 when `--gpu-probe` was given and waits until it is
-    /// ready. Without a GPU prints a notice on stderr and returns `None`.
+    /// Starts the probe on device `ordinal` when `--gpu-probe` was given and waits until
+    /// it is ready. Without a GPU prints a notice on stderr and returns `None`.
     ///
     /// Errors: the file cannot be created, a zero interval.
-    pub fn start(&self) -> Result<Option<ProbeHandle>> {
+    pub fn start(&self, ordinal: usize) -> Result<Option<ProbeHandle>> {
         let Some(path) = &self.gpu_probe else {
             return Ok(None);
         };
@@ -77,7 +77,7 @@ impl GpuProbeArgs {
                 .with_context(|| format!("creating --gpu-probe file {}", path.display()))
         };
         let sink: Box<dyn Write + Send> = Box::new(std::io::BufWriter::new(create()?));
-        match ProbeHandle::start(0, self.interval(), sink) {
+        match ProbeHandle::start(ordinal, self.interval(), sink) {
             Ok(h) => Ok(Some(h)),
             Err(StartError::NoGpu(why)) => {
                 eprintln!("gpu-probe: no GPU present ({why}); running without the probe");

@@ -55,7 +55,7 @@ fn prompt_text(args: &RunArgs) -> Result<String> {
 
 pub fn main(args: RunArgs) -> Result<()> {
     let text = prompt_text(&args)?;
-    let probe = args.probe.start()?;
+    let probe = args.probe.start(args.model.ordinal())?;
     set_phase(&probe, "load");
     let lm = load(&args.model)?;
     let prompt = if args.no_template {

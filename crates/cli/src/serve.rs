@@ -17,7 +17,7 @@ pub struct ServeCmd {
 }
 
 pub fn main(a: ServeCmd) -> Result<()> {
-    let probe = a.probe.start()?;
+    let probe = a.probe.start(a.model.ordinal())?;
     set_phase(&probe, "load");
     let lm = load(&a.model)?;
     let n_ctx = a.model.n_ctx(&lm);

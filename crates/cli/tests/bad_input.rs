@@ -1,6 +1,6 @@
 //! Bad input gives one clear `error:` line and a non-zero exit, never a panic: a missing
 //! file, a truncated or corrupted GGUF, an unknown architecture, an unsupported tensor
-//! type, a missing tensor, a prompt longer than `--ctx`.
+//! type, a missing tensor, a prompt longer than `--ctx`, GPU flags that cannot apply.
 
 mod support;
 
@@ -209,4 +209,30 @@ fn error_lines_do_not_repeat_themselves() {
         receipt,
     ]);
     fails_once_with(&out, &["writing the receipt", "r.json", &enoent]);
+}
+
+#[test]
+fn gpu_flags_that_cannot_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    fails_with(
+        &run_model(&model, &["--device", "1"]),
+        "--device 1 chooses GPUs: it needs --backend cuda",
+    );
+    fails_with(
+        &run_model(&model, &["--gpus", "2"]),
+        "--gpus 2 chooses GPUs: it needs --backend cuda",
+    );
+    // Refused from the model alone, before any GPU is looked at.
+    fails_with(
+        &run_model(&model, &["--backend", "cuda", "--gpus", "2"]),
+        "--gpus 2: the llama family has no multi-GPU plan (plans exist for glm5-next, glm5next, deepseek4)",
+    );
+    fails_with(
+        &run_model(
+            &model,
+            &["--backend", "cuda", "--gpus", "2", "--device", "1"],
+        ),
+        "--device 1 picks one GPU and --gpus 2 uses devices 0 to 1",
+    );
 }

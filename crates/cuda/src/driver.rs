@@ -21,6 +21,8 @@ pub type DPtr = u64;
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: sys::CUstream,
+    /// The device ordinal, counted after `CUDA_VISIBLE_DEVICES`.
+    pub ordinal: usize,
     /// Streaming multiprocessors.
     pub n_sm: u32,
     /// Compute capability (major, minor).
@@ -42,20 +44,64 @@ pub fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// The number of GPUs this process sees: the driver numbers them `0..n` after applying
+/// `CUDA_VISIBLE_DEVICES`.
+///
+/// Errors: [`CudaError::NoDevice`] without a driver or when `cuInit` fails.
+pub fn visible_devices() -> Result<usize> {
+    if !driver_present() {
+        return Err(CudaError::NoDevice(
+            "the CUDA driver library (libcuda.so) is not installed".into(),
+        ));
+    }
+    result::init().map_err(|e| CudaError::NoDevice(format!("cuInit failed: {e:?}")))?;
+    let n = result::device::get_count().map_err(|e| CudaError::NoDevice(format!("{e:?}")))?;
+    Ok(n.max(0) as usize)
+}
+
+/// Total memory of device `ordinal` in bytes, without creating a context.
+pub fn device_memory(ordinal: usize) -> Result<u64> {
+    visible_devices()?;
+    let dev =
+        result::device::get(ordinal as i32).map_err(|e| CudaError::driver("cuDeviceGet", e))?;
+    // SAFETY: a device handle just obtained.
+    let bytes = unsafe { result::device::total_mem(dev) }
+        .map_err(|e| CudaError::driver("cuDeviceTotalMem", e))?;
+    Ok(bytes as u64)
+}
+
+/// The message for device `ordinal` when only `visible` GPUs are visible.
+pub fn out_of_range(ordinal: usize, visible: usize) -> String {
+    out_of_range_under(
+        ordinal,
+        visible,
+        std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+    )
+}
+
+fn out_of_range_under(ordinal: usize, visible: usize, mask: Option<&str>) -> String {
+    let mask = match mask {
+        Some(m) => format!(" (CUDA_VISIBLE_DEVICES={m}; devices are numbered after the mask)"),
+        None => String::new(),
+    };
+    let range = match visible {
+        0 => "none".to_string(),
+        1 => "only device 0".to_string(),
+        n => format!("devices 0 to {}", n - 1),
+    };
+    format!(
+        "device {ordinal} requested, {visible} GPU{} visible{mask}: {range}",
+        if visible == 1 { "" } else { "s" }
+    )
+}
+
 impl Gpu {
-    /// Opens device `ordinal` with a new non-blocking stream.
+    /// Opens device `ordinal` (counted after `CUDA_VISIBLE_DEVICES`) with a new
+    /// non-blocking stream.
     pub fn new(ordinal: usize) -> Result<Arc<Gpu>> {
-        if !driver_present() {
-            return Err(CudaError::NoDevice(
-                "the CUDA driver library (libcuda.so) is not installed".into(),
-            ));
-        }
-        result::init().map_err(|e| CudaError::NoDevice(format!("cuInit failed: {e:?}")))?;
-        let n = result::device::get_count().map_err(|e| CudaError::NoDevice(format!("{e:?}")))?;
-        if ordinal as i32 >= n {
-            return Err(CudaError::NoDevice(format!(
-                "device {ordinal} requested, {n} present"
-            )));
+        let n = visible_devices()?;
+        if ordinal >= n {
+            return Err(CudaError::NoDevice(out_of_range(ordinal, n)));
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::driver("cuCtxCreate", e))?;
         let attr = |a| {
@@ -83,6 +129,7 @@ impl Gpu {
         Ok(Arc::new(Gpu {
             ctx,
             stream,
+            ordinal,
             n_sm,
             cc,
             name,
@@ -366,5 +413,26 @@ impl Args {
             .iter()
             .map(|&o| self.words[o..].as_ptr() as *mut c_void)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_range_names_the_visible_gpus_and_the_mask() {
+        assert_eq!(
+            out_of_range_under(2, 2, None),
+            "device 2 requested, 2 GPUs visible: devices 0 to 1"
+        );
+        assert_eq!(
+            out_of_range_under(1, 1, Some("3")),
+            "device 1 requested, 1 GPU visible (CUDA_VISIBLE_DEVICES=3; devices are numbered after the mask): only device 0"
+        );
+        assert_eq!(
+            out_of_range_under(0, 0, Some("")),
+            "device 0 requested, 0 GPUs visible (CUDA_VISIBLE_DEVICES=; devices are numbered after the mask): none"
+        );
     }
 }

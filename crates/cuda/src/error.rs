@@ -13,6 +13,13 @@ pub enum CudaError {
         "the CUDA library {lib} could not be loaded (set LD_LIBRARY_PATH to the CUDA lib64 folder)"
     )]
     MissingLibrary { lib: &'static str },
+    /// NCCL could not be loaded (multi-GPU runs need it): what was tried and how to
+    /// install it.
+    #[error("NCCL could not be loaded: {0}")]
+    NcclMissing(String),
+    /// An NCCL call failed.
+    #[error("NCCL call {call} failed: {detail}")]
+    Nccl { call: &'static str, detail: String },
     /// A driver call failed.
     #[error("CUDA driver call {call} failed: {detail}")]
     Driver { call: &'static str, detail: String },

@@ -10,20 +10,59 @@ use crate::driver::{DPtr, Gpu};
 use crate::error::{CudaError, Result};
 use crate::ops::Op;
 
-/// An instantiated graph and the op list it was captured from.
-pub struct Captured {
-    key: Vec<Op>,
-    step: DPtr,
+/// An instantiated graph of what was enqueued on a device's stream during a capture.
+pub struct Graph {
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
-    /// Kernel launches in the graph.
-    pub kernels: usize,
 }
 
-// SAFETY: graph handles are only used under the backend's state lock.
-unsafe impl Send for Captured {}
+// SAFETY: graph handles are usable from any thread of the context; callers serialise
+// launches (the backend under its state lock).
+unsafe impl Send for Graph {}
 
-impl Drop for Captured {
+impl Graph {
+    /// Captures what `enqueue` puts on `gpu`'s stream (kernels, copies, NCCL
+    /// collectives) and instantiates it; nothing runs until [`Graph::launch`].
+    pub fn capture(gpu: &Gpu, enqueue: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        gpu.bind()?;
+        let s = gpu.stream();
+        // SAFETY: our stream; thread-local mode so other threads' unrelated CUDA calls
+        // are not affected.
+        unsafe {
+            result::stream::begin_capture(
+                s,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(|e| CudaError::driver("cuStreamBeginCapture", e))?;
+        let enq = enqueue();
+        // SAFETY: ends the capture begun above, whatever `enqueue` did.
+        let graph = unsafe { result::stream::end_capture(s) };
+        enq?;
+        let graph = graph.map_err(|e| CudaError::driver("cuStreamEndCapture", e))?;
+        // SAFETY: a graph just captured.
+        match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
+            Ok(exec) => Ok(Graph { graph, exec }),
+            Err(e) => {
+                // SAFETY: destroys the graph captured above.
+                unsafe {
+                    let _ = result::graph::destroy(graph);
+                }
+                Err(CudaError::driver("cuGraphInstantiate", e))
+            }
+        }
+    }
+
+    /// Launches the graph on `gpu`'s stream.
+    pub fn launch(&self, gpu: &Gpu) -> Result<()> {
+        gpu.bind()?;
+        // SAFETY: a live executable graph and our stream.
+        unsafe { result::graph::launch(self.exec, gpu.stream()) }
+            .map_err(|e| CudaError::driver("cuGraphLaunch", e))
+    }
+}
+
+impl Drop for Graph {
     fn drop(&mut self) {
         // SAFETY: created by `capture`; no launch of them is in flight after a sync,
         // and destroying an exec with pending launches is allowed by CUDA.
@@ -32,6 +71,15 @@ impl Drop for Captured {
             let _ = result::graph::destroy(self.graph);
         }
     }
+}
+
+/// A captured graph and the op list it was captured from.
+pub struct Captured {
+    key: Vec<Op>,
+    step: DPtr,
+    graph: Graph,
+    /// Kernel launches in the graph.
+    pub kernels: usize,
 }
 
 /// A few captured graphs (one per live decode configuration: session, context size).
@@ -69,34 +117,7 @@ impl GraphCache {
         kernels: usize,
         enqueue: impl FnOnce() -> Result<()>,
     ) -> Result<usize> {
-        gpu.bind()?;
-        let s = gpu.stream();
-        // SAFETY: our stream; thread-local mode so other threads' unrelated CUDA calls
-        // are not affected.
-        unsafe {
-            result::stream::begin_capture(
-                s,
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
-        }
-        .map_err(|e| CudaError::driver("cuStreamBeginCapture", e))?;
-        let enq = enqueue();
-        // SAFETY: ends the capture begun above, whatever `enqueue` did.
-        let graph = unsafe { result::stream::end_capture(s) };
-        enq?;
-        let graph = graph.map_err(|e| CudaError::driver("cuStreamEndCapture", e))?;
-        // SAFETY: a graph just captured.
-        let exec =
-            match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
-                Ok(x) => x,
-                Err(e) => {
-                    // SAFETY: destroys the graph captured above.
-                    unsafe {
-                        let _ = result::graph::destroy(graph);
-                    }
-                    return Err(CudaError::driver("cuGraphInstantiate", e));
-                }
-            };
+        let graph = Graph::capture(gpu, enqueue)?;
         if self.entries.len() >= MAX_GRAPHS {
             self.entries.remove(0);
         }
@@ -104,7 +125,6 @@ impl GraphCache {
             key: ops.to_vec(),
             step,
             graph,
-            exec,
             kernels,
         });
         Ok(self.entries.len() - 1)
@@ -112,9 +132,6 @@ impl GraphCache {
 
     /// Launches graph `i` on the stream.
     pub fn launch(&self, gpu: &Gpu, i: usize) -> Result<()> {
-        gpu.bind()?;
-        // SAFETY: a live executable graph and our stream.
-        unsafe { result::graph::launch(self.entries[i].exec, gpu.stream()) }
-            .map_err(|e| CudaError::driver("cuGraphLaunch", e))
+        self.entries[i].graph.launch(gpu)
     }
 }

@@ -16,8 +16,10 @@
 //! - [`parity`] and [`reference`]: CUDA-versus-CPU comparison against an f64 reference
 //!   forward pass (docs/parity.md).
 //!
-//! CUDA libraries are loaded dynamically: the crate builds and its CPU-side tests run
-//! on machines without CUDA. [`gpu_available`] tells whether a device can be opened.
+//! - [`nccl`]: NCCL communicators for several GPUs of one host (`docs/multi_gpu.md`).
+//!
+//! CUDA libraries (NCCL included) are loaded dynamically: the crate builds and its
+//! CPU-side tests run on machines without CUDA. [`gpu_available`] tells whether a device can be opened.
 
 pub mod backend;
 pub mod bench;
@@ -30,6 +32,7 @@ pub mod kernels;
 pub mod layout;
 pub mod lower;
 mod moe_ops;
+pub mod nccl;
 pub mod ops;
 pub mod parity;
 pub mod probe;
@@ -42,6 +45,7 @@ use std::sync::Arc;
 
 pub use backend::{CudaBackend, PartTime, ProfileRow, Stats, by_part};
 pub use error::{CudaError, Result};
+pub use graph::Graph;
 
 use ds4_engine::Model;
 use ds4_gguf::GgufFile;

@@ -31,6 +31,7 @@ pub mod loaded;
 pub mod loader;
 pub mod logprobs;
 pub mod model;
+pub mod partition;
 pub mod sampler;
 pub mod session;
 

@@ -245,7 +245,7 @@ fn run(
     receipt: &mut Receipt,
     texts: &mut Vec<TurnText>,
 ) -> Result<()> {
-    let probe = args.probe.start()?;
+    let probe = args.probe.start(args.model.ordinal())?;
     set_phase(&probe, "load");
     let loaded = load_on(&args.model);
     set_phase(&probe, "idle");

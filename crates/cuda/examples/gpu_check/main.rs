@@ -12,6 +12,8 @@
 //! gpu_check conformance [FILTER]      every backend operation vs its reference (ds4-conformance)
 //! gpu_check model FIXTURE GGUF [--bf16] a MoE family's golden master on CUDA and the CPU
 //! gpu_check same-file SPEC|GGUF       a quantized MoE model: CUDA vs CPU top-10 log-probs
+//! gpu_check nccl                      a one-rank NCCL communicator on GPU 0: all-reduce and
+//!                                     all-gather, eager and captured in a CUDA graph
 //! ```
 //!
 //! Lines starting with `RESULT ` are JSON for the benchmark notes. Exit status 1 when a
@@ -45,7 +47,8 @@ fn main() {
         Some("conformance") => families::conformance(args.get(1).map_or("", String::as_str)),
         Some("model") => families::model(&args[1..]),
         Some("same-file") => families::same_file(&args[1..]),
-        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF".into()),
+        Some("nccl") => nccl_check(),
+        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | nccl".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -86,6 +89,88 @@ fn warm_cache(arch: &str) -> Res<()> {
     for s in ds4_cuda::compile::SOURCES {
         let bin = ds4_cuda::compile::cubin(s.file, s.text, arch)?;
         println!("{}: {} bytes for {arch}", s.file, bin.len());
+    }
+    Ok(())
+}
+
+/// A one-rank communicator on GPU 0: an all-reduce (sum) and an all-gather of 4096 f32
+/// must return the input bit for bit, first enqueued directly, then captured in a CUDA
+/// graph whose replay reads the buffers' new contents; then the mean time of a replayed
+/// all-reduce + all-gather. Without libnccl: a skip line, exit 0.
+fn nccl_check() -> Res<()> {
+    let version = match ds4_cuda::nccl::version() {
+        Ok(v) => v,
+        Err(e) => {
+            println!("nccl: skipped: {e}");
+            return Ok(());
+        }
+    };
+    println!(
+        "nccl: version {}.{}.{}, NCCL_NVLS_ENABLE={}",
+        version.0,
+        version.1,
+        version.2,
+        std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default()
+    );
+    let gpu = ds4_cuda::driver::Gpu::new(0)?;
+    let comm = ds4_cuda::nccl::Comm::init_all(std::slice::from_ref(&gpu))?;
+    let comm = &comm[0];
+    const N: usize = 4096;
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let read = |p: u64| -> Res<Vec<f32>> {
+        let mut b = vec![0u8; N * 4];
+        gpu.dtoh(&mut b, p)?;
+        Ok(b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    };
+    let (send, reduced, gathered) = (gpu.alloc(N * 4)?, gpu.alloc(N * 4)?, gpu.alloc(N * 4)?);
+    let enqueue = || -> ds4_cuda::Result<()> {
+        comm.all_reduce_sum_f32(send.ptr(), reduced.ptr(), N)?;
+        comm.all_gather_f32(send.ptr(), gathered.ptr(), N)
+    };
+    let mut bad = 0;
+    let mut check = |what: &str, want: &[f32]| -> Res<()> {
+        for (name, p) in [
+            ("all-reduce", reduced.ptr()),
+            ("all-gather", gathered.ptr()),
+        ] {
+            let got = read(p)?;
+            let same = got
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            println!("nccl {what} {name}: {}", if same { "ok" } else { "WRONG" });
+            bad += usize::from(!same);
+        }
+        Ok(())
+    };
+    let first: Vec<f32> = (0..N).map(|i| i as f32 * 0.5 - 7.25).collect();
+    gpu.htod(send.ptr(), &bytes(&first))?;
+    enqueue()?;
+    check("eager", &first)?;
+    let graph = ds4_cuda::Graph::capture(&gpu, enqueue)?;
+    let second: Vec<f32> = first.iter().map(|x| -3.0 * x + 1.0).collect();
+    gpu.htod(send.ptr(), &bytes(&second))?;
+    graph.launch(&gpu)?;
+    check("graph", &second)?;
+    let (start, end) = (gpu.event()?, gpu.event()?);
+    let reps = 200;
+    start.record()?;
+    for _ in 0..reps {
+        graph.launch(&gpu)?;
+    }
+    end.record()?;
+    let us = start.elapsed_ms(&end)? as f64 * 1e3 / reps as f64;
+    println!(
+        "nccl: one rank, all-reduce + all-gather of {N} f32 in a graph: {us:.2} us per replay"
+    );
+    println!(
+        "RESULT {{\"kind\":\"nccl\",\"ranks\":1,\"version\":\"{}.{}.{}\",\"count\":{N},\"us_per_replay\":{us:.3}}}",
+        version.0, version.1, version.2
+    );
+    if bad > 0 {
+        return Err(format!("{bad} NCCL results differ from the input").into());
     }
     Ok(())
 }

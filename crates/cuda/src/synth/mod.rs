@@ -33,7 +33,8 @@ mod vocab;
 
 pub use gguf::{header_bytes, header_file, write_gguf};
 
-use ds4_gguf::{GgmlType, Value};
+use ds4_engine::partition::{Layout, PlanError};
+use ds4_gguf::{GgmlType, Metadata, TensorInfo, Value};
 
 use crate::error::{CudaError, Result};
 
@@ -272,6 +273,26 @@ impl Spec {
     pub fn decode_bytes(&self) -> u64 {
         self.tensors().iter().map(Tensor::decode_bytes).sum()
     }
+
+    /// The multi-GPU partition layout ([`ds4_engine::partition`]) of this model, from its
+    /// metadata and tensor directory (no weights are generated).
+    pub fn layout(&self) -> std::result::Result<Layout, PlanError> {
+        let mut md = Metadata::new();
+        for (k, v) in self.metadata() {
+            md.insert(k, v);
+        }
+        let tensors: Vec<TensorInfo> = self
+            .tensors()
+            .into_iter()
+            .map(|t| TensorInfo {
+                name: t.name,
+                dims: t.dims,
+                dtype: t.ty,
+                offset: 0,
+            })
+            .collect();
+        Layout::from_directory(&md, &tensors)
+    }
 }
 
 /// Every valid `SHAPE:QUANT`, for error messages.
@@ -293,6 +314,58 @@ pub fn valid_names() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ds4_engine::partition::{Attention, Budget, attention_break_even, plan};
+
+    #[test]
+    fn glm53_flash_plan_matches_the_synthetic_byte_counts() {
+        let spec = Spec::parse("glm53-flash:q2").unwrap();
+        let layout = spec.layout().unwrap();
+        assert_eq!(layout.total_bytes(), spec.weight_bytes());
+        assert_eq!((layout.n_expert, layout.n_expert_used), (288, 8));
+        let h200 = Budget {
+            mem_per_gpu: 141_000_000_000,
+            reserve: 8 << 30,
+        };
+        // On one GPU every token reads what `synth` counts: one embedding row, 8 of 288
+        // experts per MoE layer, everything else whole.
+        let one = plan(&layout, 1, h200, Attention::Replicated).unwrap();
+        assert_eq!(one.gpus[0].read_max, spec.decode_bytes());
+        assert_eq!(one.gpus[0].read_expected, spec.decode_bytes() as f64);
+        let two = plan(&layout, 2, h200, Attention::Replicated).unwrap();
+        assert_eq!(two.attention, Attention::Replicated);
+        for (i, ranges) in two.experts.iter().enumerate() {
+            // Real layers 0..3 have a dense FFN, the rest 288 experts.
+            let want = if i < 3 {
+                vec![0..0, 0..0]
+            } else {
+                vec![0..144, 144..288]
+            };
+            assert_eq!(ranges, &want, "layer {i}");
+        }
+        assert_eq!(two.gpus[0], two.gpus[1]);
+        // Attention is most of what a token reads at this quantization: replicated, two
+        // GPUs still read 80 % of it each; split by heads, 53 %.
+        let ratio =
+            |p: &ds4_engine::partition::Plan| p.gpus[0].read_expected / spec.decode_bytes() as f64;
+        assert!((ratio(&two) - 0.803).abs() < 1e-3, "{}", ratio(&two));
+        let heads = plan(&layout, 2, h200, Attention::Heads).unwrap();
+        assert!((ratio(&heads) - 0.530).abs() < 1e-3, "{}", ratio(&heads));
+        // At 4.1 TB/s that pays while one all-reduce takes less than about 17 µs.
+        let even = attention_break_even(&layout, 2, 4.1e12).unwrap();
+        assert!((even - 17e-6).abs() < 1e-6, "{even}");
+        // The layouts of the names every synthetic MoE model has also come out whole.
+        let tiny = Spec::parse("tiny-glm5:q2").unwrap();
+        assert_eq!(tiny.layout().unwrap().total_bytes(), tiny.weight_bytes());
+        let dense = Spec::parse("tiny-llama:q4_0")
+            .unwrap()
+            .layout()
+            .unwrap_err();
+        assert!(
+            dense
+                .to_string()
+                .starts_with("the llama family has no multi-GPU plan")
+        );
+    }
 
     #[test]
     fn names_parse_and_round_trip() {
