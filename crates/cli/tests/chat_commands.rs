@@ -34,9 +34,9 @@ fn help_system_and_reset_say_what_they_do() {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", show(&out));
     let err = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = err.lines().collect();
-
-    // The banner points to /help.
+    // The load report first, then the banner, which points to /help.
+    let lines: Vec<&str> = err.lines().skip(1).collect();
+    assert!(err.starts_with("tiny.gguf on cpu: weights "), "{err}");
     assert!(lines[0].contains("/help for commands"), "{err}");
     // /help: one line per command.
     let help = &lines[1..8];

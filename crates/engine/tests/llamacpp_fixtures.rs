@@ -3,8 +3,8 @@
 //! to the first near-tie (recorded top-1/top-2 gap < [`NEAR_TIE`]); teacher-forced on
 //! llama.cpp's own tokens, our top-1 equals theirs wherever the recorded gap is at
 //! least [`NEAR_TIE`], and our log-probabilities of their recorded top-10 (first 8
-//! steps) are within the bounds of [`Pinned`] — whose median bound logits scaled by 1.01
-//! fail, as each case shows. Models and fixtures are located by `ds4_testkit` (a failure
+//! steps) are within the bounds of [`Pinned`] — whose median bound logits scaled by
+//! [`PERTURBATION`] fail, as each case shows. Models and fixtures are located by `ds4_testkit` (a failure
 //! under CI when absent, a visible skip elsewhere).
 //!
 //! The bounds are those of our chunk-invariant CPU arithmetic (every row computed as
@@ -25,39 +25,68 @@ use serde_json::Value;
 /// kernels) may choose the other token there (measured up to 0.157).
 const NEAR_TIE: f64 = 0.2;
 
-/// A model's measured log-probability distances from llama.cpp's recorded top-10, over
-/// all its cases (2026-12-02, chunk-invariant CPU arithmetic; docs/parity.md,
-/// "llama.cpp fixtures"). The test prints each case's figures for re-pinning.
+/// The perturbation each case shows its median bound rejects: logits scaled by this
+/// (a temperature of 1/1.1). Logits scaled by 1.01 move a case's median distance only to
+/// 1.5× its measured value (SmolLM2 chat_fact 0.062 → 0.094), and by 1.05 to 1.5× on
+/// chat_translate (0.100 → 0.151): inside the margin a case needs, since the
+/// chunk-invariant arithmetic already sits that far from llama.cpp's prefill.
+const PERTURBATION: f32 = 1.1;
+
+/// A model's measured log-probability distances from llama.cpp's recorded top-10
+/// (2026-12-02, chunk-invariant CPU arithmetic; docs/parity.md, "llama.cpp fixtures").
+/// The test prints each case's figures for re-pinning.
 struct Pinned {
     /// The largest distance of any case.
     worst: f64,
-    /// The largest per-case median distance.
-    median: f64,
+    /// Each case's median distance.
+    medians: &'static [(&'static str, f64)],
 }
 
 impl Pinned {
     fn of(key: &str) -> Pinned {
         match key {
             "smollm2-135m-instruct-q4_1" => Pinned {
-                worst: 0.535,
-                median: f64::NAN,
+                worst: 0.5345,
+                medians: &[
+                    ("chat_fact", 0.06224),
+                    ("chat_arith", 0.08738),
+                    ("chat_code", 0.09687),
+                    ("chat_translate", 0.1001),
+                    ("raw_story", 0.06087),
+                    ("raw_code", 0.05245),
+                    ("long_lighthouse", 0.08062),
+                ],
             },
             "qwen2.5-coder-0.5b-instruct-q4_k_m" => Pinned {
-                worst: 0.302,
-                median: f64::NAN,
+                worst: 0.3016,
+                medians: &[
+                    ("chat_fact", 0.03965),
+                    ("chat_arith", 0.04395),
+                    ("chat_code", 0.03890),
+                    ("chat_translate", 0.05090),
+                    ("raw_story", 0.04003),
+                    ("raw_code", 0.04535),
+                    ("long_lighthouse", 0.05081),
+                ],
             },
             _ => panic!("{key}: no log-probability measurement pinned"),
         }
     }
 
-    /// Bound on a case's worst distance: the measured worst + 25 %.
+    /// Bound on a case's worst distance: the model's measured worst + 25 %.
     fn worst_bound(&self) -> f64 {
         1.25 * self.worst
     }
 
-    /// Bound on a case's median distance: twice the measured.
-    fn median_bound(&self) -> f64 {
-        2.0 * self.median
+    /// Bound on case `id`'s median distance: its measured median + 50 %.
+    fn median_bound(&self, id: &str) -> f64 {
+        let case = id.rsplit('/').next().unwrap_or(id);
+        let (_, m) = self
+            .medians
+            .iter()
+            .find(|(c, _)| *c == case)
+            .unwrap_or_else(|| panic!("{id}: no median distance pinned"));
+        1.5 * m
     }
 }
 
@@ -238,8 +267,9 @@ fn check_teacher_forced(json: &str) {
         return;
     };
     let pinned = Pinned::of(&key);
-    let (worst_bound, median_bound) = (pinned.worst_bound(), pinned.median_bound());
+    let worst_bound = pinned.worst_bound();
     let (mut worst_of_all, mut median_of_all) = (0f64, 0f64);
+    let mut failed = Vec::new();
     for c in &cases {
         let mut session = Session::new(lm.model.clone(), 2048).unwrap();
         let mut rows = vec![session.prefill(&c.prompt, &mut |_, _| {}).unwrap().to_vec()];
@@ -256,40 +286,45 @@ fn check_teacher_forced(json: &str) {
                 );
             }
         }
+        let median_bound = pinned.median_bound(&c.id);
         let (worst, median) = logprob_distances(c, &rows);
         worst_of_all = worst_of_all.max(worst);
         median_of_all = median_of_all.max(median);
         let scaled: Vec<Vec<f32>> = rows
             .iter()
-            .map(|r| r.iter().map(|v| v * 1.01).collect())
+            .map(|r| r.iter().map(|v| v * PERTURBATION).collect())
             .collect();
         let (_, median_scaled) = logprob_distances(c, &scaled);
         eprintln!(
             "{}: teacher-forced top-1 equal; top-10 logprob distance worst {worst:.3e} \
              (bound {worst_bound:.2e}), median {median:.3e} (bound {median_bound:.2e}; \
-             logits scaled by 1.01: {median_scaled:.2e})",
+             logits scaled by {PERTURBATION}: {median_scaled:.2e})",
             c.id
         );
-        assert!(
-            worst <= worst_bound,
-            "{}: worst top-10 logprob distance {worst:.3e} > {worst_bound:.2e}",
-            c.id
-        );
-        assert!(
-            median <= median_bound,
-            "{}: median top-10 logprob distance {median:.3e} > {median_bound:.2e}",
-            c.id
-        );
-        assert!(
-            median_scaled > median_bound,
-            "{}: logits scaled by 1.01 pass the median bound ({median_scaled:.2e})",
-            c.id
-        );
+        if worst > worst_bound {
+            failed.push(format!(
+                "{}: worst distance {worst:.3e} > {worst_bound:.2e}",
+                c.id
+            ));
+        }
+        if !(median <= median_bound) {
+            failed.push(format!(
+                "{}: median distance {median:.3e} > {median_bound:.2e}",
+                c.id
+            ));
+        }
+        if !(median_scaled > median_bound) {
+            failed.push(format!(
+                "{}: logits scaled by {PERTURBATION} pass the median bound ({median_scaled:.2e})",
+                c.id
+            ));
+        }
     }
     eprintln!(
         "{key}: of all cases, worst top-10 logprob distance {worst_of_all:.3e}, \
          largest median {median_of_all:.3e}"
     );
+    assert!(failed.is_empty(), "{key}:\n{}", failed.join("\n"));
 }
 
 #[test]

@@ -58,16 +58,20 @@ pub struct ServeArgs {
     pub shutdown_timeout_secs: u64,
     /// Memory for parked conversation states (bytes; K, M, G suffixes). Default: a
     /// quarter of the memory available at start.
-    #[arg(long = "cache-mem", value_name = "BYTES", value_parser = parse_bytes)]
+    #[arg(long = "cache-mem", value_name = "BYTES", allow_negative_numbers = true, value_parser = parse_bytes)]
     pub cache_mem: Option<u64>,
     /// Directory for disk checkpoints of conversation states (evicted ones, and all of
     /// them at shutdown); off by default.
     #[arg(long = "cache-dir", value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Disk space for checkpoints in --cache-dir (bytes; K, M, G suffixes).
-    #[arg(long = "cache-disk-max", value_name = "BYTES", value_parser = parse_bytes, default_value = "16G")]
+    #[arg(long = "cache-disk-max", value_name = "BYTES", allow_negative_numbers = true, value_parser = parse_bytes, default_value = "16G")]
     pub cache_disk_max: u64,
 }
+
+/// What a byte count must be (the message of every bad one, worded as `ds4_args` words
+/// numbers).
+const BYTES: &str = "must be a whole number of bytes, at least 0, with an optional K, M, G or T suffix (e.g. 512M, 8G)";
 
 /// A byte count: digits with an optional K, M, G or T suffix (powers of 1024, an
 /// optional `B` or `iB` after it).
@@ -84,19 +88,16 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
                 'M' => 20,
                 'G' => 30,
                 'T' => 40,
-                _ => return Err(format!("unknown size suffix in '{s}' (use K, M, G or T)")),
+                _ => return Err(BYTES.to_string()),
             };
             (&t[..i], shift)
         }
         _ => (t, 0),
     };
-    let n: u64 = digits
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a byte count (e.g. 512M, 8G, 1073741824)"))?;
+    let n: u64 = digits.trim().parse().map_err(|_| BYTES.to_string())?;
     n.checked_shl(shift)
         .filter(|v| v >> shift == n)
-        .ok_or_else(|| format!("'{s}' is too large"))
+        .ok_or_else(|| format!("{BYTES}, at most 2^64 - 1 bytes"))
 }
 
 impl ServeArgs {

@@ -110,7 +110,10 @@ async fn a_tool_call_cut_by_max_tokens_reports_length_and_keeps_its_text() {
     assert_eq!(finish, vec![json!("length")]);
 
     let body = json!({"max_tokens": 6, "temperature": 0, "tool_choice": {"type": "any"},
-        "tools": [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+        // The OpenAI request's tool, so that the rendered prompt and the greedy tokens are
+        // the same.
+        "tools": [{"name": "get_weather", "description": "Current weather of a city.",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}],
         "messages": [{"role": "user", "content": "What is the weather in Paris and in London?"}]});
     let (status, _, v) = post(&format!("{base}/v1/messages"), &body).await;
     assert_eq!(status, 200, "{v}");
