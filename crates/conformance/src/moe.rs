@@ -68,6 +68,8 @@ fn route_reference(
 }
 
 /// (label, D, I, experts, k, gate/up type, down type, clamp, rows, tolerance)
+/// (what, D, I, experts, k, gate/up type, down type, clamp, rows, tolerance, routing
+/// weights' and products' precision).
 type ExpertCase = (
     &'static str,
     usize,
@@ -79,6 +81,7 @@ type ExpertCase = (
     Option<f32>,
     usize,
     f64,
+    Prec,
 );
 
 pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
@@ -201,6 +204,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             Some(10.0),
             2,
             EXPERT_TOL,
+            Prec::F32,
         ),
         (
             "DeepSeek-V4 Q4_K",
@@ -213,6 +217,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             Some(10.0),
             2,
             EXPERT_TOL,
+            Prec::F32,
         ),
         (
             "Qwen3.5 Q8_0",
@@ -225,6 +230,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             None,
             2,
             EXPERT_TOL,
+            Prec::F32,
         ),
         (
             "F32",
@@ -237,6 +243,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             Some(1.0),
             2,
             FLOAT_TOL,
+            Prec::F32,
         ),
         (
             "GLM-5.3 q2 mix",
@@ -249,6 +256,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             Some(10.0),
             48,
             EXPERT_TOL,
+            Prec::F32,
         ),
         (
             "DeepSeek-V4 Q4_K",
@@ -261,6 +269,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             Some(10.0),
             40,
             EXPERT_TOL,
+            Prec::F32,
         ),
         (
             "Qwen3.5 Q8_0",
@@ -273,9 +282,38 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             None,
             33,
             EXPERT_TOL,
+            Prec::F32,
+        ),
+        // DeepSeek-V4's bf16 model: bf16 routing weights round each weighted expert
+        // output (one token: the fused down + sum; 40: the grouped tensor-core path).
+        (
+            "DeepSeek-V4 q2 mix, bf16",
+            4096,
+            2048,
+            6,
+            3,
+            GgmlType::IQ2_XXS,
+            GgmlType::Q2_K,
+            Some(10.0),
+            1,
+            EXPERT_TOL,
+            Prec::Bf16,
+        ),
+        (
+            "DeepSeek-V4 q2 mix, bf16",
+            1024,
+            512,
+            16,
+            6,
+            GgmlType::IQ2_XXS,
+            GgmlType::Q2_K,
+            Some(10.0),
+            40,
+            EXPERT_TOL,
+            Prec::Bf16,
         ),
     ];
-    for &(what, d, ff, n_exp, k, gu_ty, down_ty, limit, rows, tol) in experts {
+    for &(what, d, ff, n_exp, k, gu_ty, down_ty, limit, rows, tol, wp) in experts {
         r.check(
             "moe_experts",
             format!("{what}: {n_exp} experts {ff}×{d}, top-{k}, {rows} rows"),
@@ -336,7 +374,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
                     None,
                     Some(&hash),
                     &routing,
-                    Prec::F32,
+                    wp,
                     &mut idb,
                     &mut wb,
                 )?;
@@ -348,18 +386,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
                     up: &up,
                     down: &down,
                 };
-                b.moe_experts(
-                    &xb,
-                    rows,
-                    &idb,
-                    &wb,
-                    k,
-                    &ex,
-                    limit,
-                    Prec::F32,
-                    Prec::F32,
-                    &mut out,
-                )?;
+                b.moe_experts(&xb, rows, &idb, &wb, k, &ex, limit, wp, wp, &mut out)?;
                 let lim = limit.map_or(f64::INFINITY, f64::from);
                 let mut want = vec![0f64; rows * d];
                 for t in 0..rows {

@@ -164,14 +164,15 @@ extern "C" __global__ void router_route(const FloatSeg S, const RouteParams P, u
     route_row(P, 0);
 }
 
-// out[t, d] = round(Σ_j w[t, j]·y[t, j, d]) over the token's k experts in increasing
-// expert id (the order the CPU backend sums them), one thread per (t, d).
+// out[t, d] = round(Σ_j wround(w[t, j]·y[t, j, d])) over the token's k experts in
+// increasing expert id (the order the CPU backend sums them), one thread per (t, d);
+// `wrb` rounds each weighted output (bf16 routing weights).
 extern "C" __global__ void moe_reduce(const float* y, const i32* ids, const float* w, float* out, i32 rows, i32 k,
-                                      i32 d, i32 rb) {
+                                      i32 d, i32 rb, i32 wrb) {
     pdl_wait();
     pdl_trigger();
     const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i >= (i64)rows * d) return;
     const int t = (int)(i / d), c = (int)(i - (i64)t * d);
-    out[i] = rnd(sum_slots(y + (i64)t * k * d, d, ids + (i64)t * k, w + (i64)t * k, k, c), rb);
+    out[i] = rnd(sum_slots(y + (i64)t * k * d, d, ids + (i64)t * k, w + (i64)t * k, k, c, wrb), rb);
 }
