@@ -1636,7 +1636,7 @@ impl CudaBackend {
         p: Prec,
         x: &CudaBuf,
     ) -> Result<()> {
-        if rope.n_dims > head_dim || rope.n_dims % 2 != 0 {
+        if rope.n_dims > head_dim || !rope.n_dims.is_multiple_of(2) {
             return Err(bad(format!(
                 "rope: {} rotated dimensions of heads of {head_dim}",
                 rope.n_dims

@@ -157,7 +157,7 @@ impl Shape {
     pub fn ratio(&self, i: usize) -> usize {
         match i {
             0 | 1 => 0,
-            _ if i % 2 == 0 => 4,
+            _ if i.is_multiple_of(2) => 4,
             _ => 128,
         }
     }
