@@ -69,10 +69,12 @@ __device__ void route_row(const RouteParams& P, int t) {
         }
         s = block_sum_d(s, dred);
         const float inv = (float)(1.0 / s);
-        for (int e = threadIdx.x; e < E; e += blockDim.x) score[e] = __fmul_rn(score[e], inv);
+        for (int e = threadIdx.x; e < E; e += blockDim.x) score[e] = rnd(__fmul_rn(score[e], inv), P.rb);
     } else {
+        // Each score function is one tensor operation of the router's dtype.
         for (int e = threadIdx.x; e < E; e += blockDim.x)
-            score[e] = P.scoring == SCORE_SIGMOID ? sigmoidf_ref(__ldcg(l + e)) : sqrtf(softplusf_ref(__ldcg(l + e)));
+            score[e] = P.scoring == SCORE_SIGMOID ? rnd(sigmoidf_ref(__ldcg(l + e)), P.rb)
+                                                  : rnd(sqrtf(rnd(softplusf_ref(__ldcg(l + e)), P.rb)), P.rb);
     }
     __syncthreads();
     if (P.hash) {
@@ -128,9 +130,11 @@ __device__ void route_row(const RouteParams& P, int t) {
             w[r] = score[chosen[r]];
             sum = __fadd_rn(sum, w[r]);
         }
-        sum = __fadd_rn(sum, 1e-20f);
+        // w / (w.sum() + 1e-20): the sum accumulated in f32, each step a tensor of the
+        // router's dtype.
+        sum = rnd(__fadd_rn(rnd(sum, P.rb), 1e-20f), P.rb);
         for (int r = 0; r < k; ++r) {
-            const float v = P.norm ? __fdiv_rn(w[r], sum) : w[r];
+            const float v = P.norm ? rnd(__fdiv_rn(w[r], sum), P.rb) : w[r];
             P.ids[(i64)t * k + r] = chosen[r];
             P.weights[(i64)t * k + r] = rnd(__fmul_rn(v, P.scale), P.rb);
         }
