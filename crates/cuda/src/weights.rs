@@ -439,3 +439,23 @@ pub fn synth_on_device(
     gpu.dtoh(&mut out, mem.ptr())?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_mxfp4_value_is_a_bf16_value() {
+        // One block per scale exponent, its 32 nibbles every E2M1 code twice: each
+        // dequantized value survives the bf16 rounding unchanged (`load_mxfp4`).
+        for e in 0..=255u8 {
+            let mut block = vec![e];
+            block.extend((0..16u8).map(|i| i | (15 - i) << 4));
+            let mut v = vec![0f32; 32];
+            ds4_quant::dequantize_row(GgmlType::MXFP4, &block, &mut v).unwrap();
+            for x in v {
+                assert_eq!(bf16::from_f32(x).to_f32().to_bits(), x.to_bits(), "{x:e}");
+            }
+        }
+    }
+}
