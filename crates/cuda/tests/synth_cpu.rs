@@ -111,3 +111,33 @@ fn moe_runs_on_the_cpu(name: &str, n_prompt: usize) {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn deepseek4_flash_header_is_a_valid_deepseek4_config() {
+    // The whole model's keys and tensor directory (the header file of `bench
+    // --synthetic deepseek4-flash:q2`: the device's tensors a sparse hole) through the
+    // family's own parser and checks.
+    use ds4_engine::families::deepseek4::config::{AttnKind, Config, Dtype};
+    let spec = Spec::parse("deepseek4-flash:q2").unwrap();
+    let file = ds4_cuda::synth::header_file(&spec).unwrap();
+    let hp = ds4_engine::loader::Hparams::new(&file).unwrap();
+    let c = Config::from_gguf(&hp, spec.n_vocab(), Dtype::F32).unwrap();
+    assert_eq!((c.n_layer(), c.n_head, c.head_dim), (43, 64, 512));
+    assert_eq!((c.sliding_window, c.index_topk), (128, 512));
+    let csa = c
+        .layers
+        .iter()
+        .filter(|l| matches!(l.0, AttnKind::Csa { rate: 4 }))
+        .count();
+    let hca = c
+        .layers
+        .iter()
+        .filter(|l| matches!(l.0, AttnKind::Hca { rate: 128 }))
+        .count();
+    assert_eq!((csa, hca), (21, 20));
+    assert_eq!(
+        c.layers.iter().filter(|l| l.1).count(),
+        3,
+        "hash-routed layers"
+    );
+}
