@@ -392,8 +392,8 @@ __device__ __forceinline__ const float* sink_key(const SinkParams& P, int i, int
 // DeepSeek-V4's attention (`Backend::sink_attention`, the CPU backend's `sink.rs`): one
 // block per (query row, head), 256 threads. Scores round(round(q·k)·scale) in shared
 // memory (one warp per key), the head's sink logit in the softmax denominator (f32
-// exponentials summed in f64), probabilities rounded, out = round(Σ p_j k_j) in key
-// order. Shared memory: hd + n_keys floats.
+// exponentials summed in f64), probabilities rounded in place, out = round(Σ p_j k_j)
+// in key order. Shared memory: hd + n_keys floats.
 extern "C" __global__ void sink_attention(const SinkParams P) {
     extern __shared__ float sm[];
     __shared__ double red[32];
@@ -435,13 +435,16 @@ extern "C" __global__ void sink_attention(const SinkParams P) {
     }
     z = block_sum_d(z, red);
     const float inv = (float)(1.0 / z);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) sc[j] = rnd(__fmul_rn(sc[j], inv), P.rb);
     __syncthreads();
+    // Probabilities times keys, summed in key order (the loads of later keys in flight).
     float* o = P.out + ((i64)i * P.heads + h) * P.hd;
     for (int c = threadIdx.x; c < P.hd; c += blockDim.x) {
         float acc = 0.f;
+#pragma unroll 4
         for (int j = 0; j < n; ++j) {
             const float* k = sink_key(P, i, t, lo, n_win, visible, j);
-            if (k) acc = __fadd_rn(acc, __fmul_rn(rnd(__fmul_rn(sc[j], inv), P.rb), k[c]));
+            if (k) acc = __fadd_rn(acc, __fmul_rn(sc[j], k[c]));
         }
         o[c] = rnd(acc, P.rb);
     }
