@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Records the GGUF layout that `synth_gguf.py --shape glm53-flash` writes, for
-`crates/cuda/tests/synth_layout.rs` (our `glm53-flash:q2` must write the same file).
+"""Records the GGUF layout that `synth_gguf.py --shape SHAPE` writes (`glm53-flash`,
+`deepseek4-flash`), for `crates/cuda/tests/synth_layout.rs` (our `glm53-flash:q2` and
+`deepseek4-flash:q2` must write the same files).
 
 For each layer window it runs synth_gguf.py's own plan and writer up to the end of the
 tensor directory (the weights are never generated: the writer is stopped at the first
@@ -10,12 +11,12 @@ directory, zero-padded to the alignment) as length and sha256, every metadata ke
 its type and value (arrays of more than 64 values as their length only), every tensor
 (name, ggml dims, type), the weight bytes and the weight bytes one decode token reads
 (synth_gguf.py's own `decode_read`). Windows: real layers 0..3 and 2..4 with the full
-tensor list; the whole model (45 layers) with header, sizes and tensor count only.
+tensor list; the whole model (45 or 43 layers) with header, sizes and tensor count only.
 
 usage (numpy and the gguf-py of llama.cpp 0c1e5709, see ../shared/tools/README.md):
   PYTHONPATH=.../llama_cpp_python-0.3.36/vendor/llama.cpp/gguf-py \\
-    python tools/synth-layout/make_fixture.py [--synth-gguf ../shared/tools/synth_gguf.py] \\
-    [-o crates/cuda/tests/fixtures/synth_glm53_flash.json]
+    python tools/synth-layout/make_fixture.py [--shape glm53-flash|deepseek4-flash] \\
+    [--synth-gguf ../shared/tools/synth_gguf.py] [-o crates/cuda/tests/fixtures/synth_<shape>.json]
 """
 import argparse
 import hashlib
@@ -28,11 +29,9 @@ import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-WINDOWS = [  # (first layer, layers, full tensor list)
-    (0, 4, True),
-    (2, 3, True),
-    (0, 45, False),
-]
+# (first layer, layers, full tensor list), the last the whole model.
+WINDOWS = [(0, 4, True), (2, 3, True)]
+LAYERS = {"glm53-flash": 45, "deepseek4-flash": 43}
 
 
 class HeaderWritten(Exception):
@@ -66,8 +65,8 @@ def value(field):
     return field.parts[field.data[0]][0].item()
 
 
-def record(sg, first, n_layer, with_tensors):
-    p = sg.SHAPES["glm53-flash"](first, n_layer)
+def record(sg, shape, first, n_layer, with_tensors):
+    p = sg.SHAPES[shape](first, n_layer)
     weight = read = 0
     for name, ne, qtype, _ in p.tensors:
         nb = sg.tensor_nbytes(qtype, ne)
@@ -124,18 +123,21 @@ def main():
         "--synth-gguf",
         default=os.path.join(ROOT, "..", "shared", "tools", "synth_gguf.py"),
     )
-    ap.add_argument(
-        "-o",
-        "--out",
-        default=os.path.join(ROOT, "crates", "cuda", "tests", "fixtures", "synth_glm53_flash.json"),
-    )
+    ap.add_argument("--shape", default="glm53-flash", choices=sorted(LAYERS))
+    ap.add_argument("-o", "--out")
     a = ap.parse_args()
+    out = a.out or os.path.join(
+        ROOT, "crates", "cuda", "tests", "fixtures", f"synth_{a.shape.replace('-', '_')}.json"
+    )
     sg = load_synth(a.synth_gguf)
-    windows = [record(sg, k, n, full) for k, n, full in WINDOWS]
-    with open(a.out, "w") as f:
-        json.dump({"shape": "glm53-flash", "windows": windows}, f, indent=1)
+    windows = [
+        record(sg, a.shape, k, n, full)
+        for k, n, full in WINDOWS + [(0, LAYERS[a.shape], False)]
+    ]
+    with open(out, "w") as f:
+        json.dump({"shape": a.shape, "windows": windows}, f, indent=1)
         f.write("\n")
-    print(f"wrote {a.out}: {os.path.getsize(a.out)} bytes")
+    print(f"wrote {out}: {os.path.getsize(out)} bytes")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 //! `ds4-server synth NAME OUT.gguf [--layers N] [--first-layer K]`: writes a synthetic
 //! model (random, valid weights of a real model's shape, e.g. `llama3-8b:q4_k_m`,
-//! `glm53-flash:q2`) as a GGUF file, so that another engine can run the identical
+//! `glm53-flash:q2`, `deepseek4-flash:q2`) as a GGUF file, so that another engine can run the identical
 //! weights that `bench --synthetic NAME` builds in GPU memory (issue 5, item 5; issue
 //! 11, item 3). A layer window keeps real layers K..K+N-1 with their real kinds. Needs
 //! no GPU; one tensor is in memory at a time.
@@ -15,7 +15,7 @@ use ds4_cuda::synth::{Spec, write_gguf};
 #[derive(Args, Debug)]
 pub struct SynthArgs {
     /// `SHAPE:QUANT`, e.g. `llama3-8b:q4_k_m`, `qwen2.5-1.5b:q8_0`, `glm53-flash:q2`,
-    /// `tiny-llama:q4_0`, `tiny-glm5:q2`.
+    /// `deepseek4-flash:q2`, `tiny-llama:q4_0`, `tiny-glm5:q2`, `tiny-deepseek4:q2`.
     pub name: String,
     /// The GGUF file to write (overwritten).
     pub out: PathBuf,

@@ -117,6 +117,24 @@ fn norms<B: Backend>(r: &mut Report<'_, B>) {
             Ok((rel_err(&download(b, &out, 64 * 512)?, &want), 1e-6))
         },
     );
+    // DeepSeek-V4's norms: weighted (hidden, q_a, kv) and unweighted per head (q).
+    for (p, tol) in [(Prec::F32, 1e-6), (Prec::Bf16, 8e-3)] {
+        for (what, rows, cols, weighted) in [
+            ("3 × 4096 (hidden)", 3, 4096, true),
+            ("unweighted, 2 × 64 heads × 512 (q)", 128, 512, false),
+        ] {
+            r.check("rms_norm_cast_once", format!("{what}, {p:?}"), |b, rng| {
+                let x = rng.normal(rows * cols, 2.0);
+                let (w, wv) = weight(b, rng, "norm.weight", &[cols], GgmlType::F32, 1.0)?;
+                let xb = upload(b, &x)?;
+                let mut out = b.buf(rows * cols)?;
+                let w = weighted.then_some(&w);
+                b.rms_norm_cast_once(&xb, w, rows, cols, 1e-6, p, &mut out)?;
+                let want = rms_reference(&x, weighted.then_some(&wv[..]), cols, 1e-6);
+                Ok((rel_err(&download(b, &out, rows * cols)?, &want), tol))
+            });
+        }
+    }
     r.check("layer_norm", "5 × 128 (GLM-5.3 indexer keys)", |b, rng| {
         let x: Vec<f32> = rng.normal(5 * 128, 1.5).iter().map(|v| v + 0.3).collect();
         let (w, wv) = weight(b, rng, "k_norm.weight", &[128], GgmlType::F32, 1.0)?;
@@ -201,37 +219,52 @@ fn products<B: Backend>(r: &mut Report<'_, B>) {
             Ok((rel_err(&download(b, &out, 3 * 896)?, &want), QUANT_TOL))
         },
     );
-    r.check(
-        "matmul_grouped",
-        "BF16 8 groups 4096→1024, 2 rows (DeepSeek-V4 o_a)",
-        |b, rng| {
-            let (g, n_in, n_out) = (8, 4096, 1024);
-            let (w, wv) = weight(
-                b,
-                rng,
-                "o_a.weight",
-                &[n_in, n_out, g],
-                GgmlType::BF16,
-                0.02,
-            )?;
-            let x = rng.normal(2 * g * n_in, 1.0);
-            let xb = upload(b, &x)?;
-            let mut out = b.buf(2 * g * n_out)?;
-            b.matmul_grouped(&w, &xb, 2, Prec::F32, &mut out)?;
-            let mut want = Vec::new();
-            for t in 0..2 {
-                for gi in 0..g {
-                    let xs = &x[(t * g + gi) * n_in..(t * g + gi + 1) * n_in];
-                    let ws = &wv[gi * n_out * n_in..(gi + 1) * n_out * n_in];
-                    want.extend(product(ws, xs, 1, n_out, n_in));
+    // A bf16 model's quantized products: the product rounded to bf16.
+    for rows in [1usize, 5] {
+        r.check(
+            "matmul",
+            format!("Q8_0 1024×4096, {rows} rows, Bf16"),
+            |b, rng| {
+                let (w, wv) = weight(b, rng, "w.weight", &[4096, 1024], GgmlType::Q8_0, 0.02)?;
+                let x = rng.normal(rows * 4096, 1.0);
+                let xb = upload(b, &x)?;
+                let mut out = b.buf(rows * 1024)?;
+                b.matmul(&w, None, &xb, rows, Prec::Bf16, &mut out)?;
+                let want = product(&wv, &x, rows, 1024, 4096);
+                Ok((rel_err(&download(b, &out, rows * 1024)?, &want), QUANT_TOL))
+            },
+        );
+    }
+    // DeepSeek-V4's grouped output projection `o_a`: BF16 in the checkpoint's files,
+    // Q8_0 in the q2 mix.
+    for (ty, rows, p, tol) in [
+        (GgmlType::BF16, 2usize, Prec::F32, FLOAT_TOL),
+        (GgmlType::Q8_0, 1, Prec::F32, QUANT_TOL),
+        (GgmlType::Q8_0, 5, Prec::F32, QUANT_TOL),
+        (GgmlType::Q8_0, 2, Prec::Bf16, QUANT_TOL),
+    ] {
+        r.check(
+            "matmul_grouped",
+            format!("{ty} 8 groups 4096→1024, {rows} rows (DeepSeek-V4 o_a), {p:?}"),
+            |b, rng| {
+                let (g, n_in, n_out) = (8, 4096, 1024);
+                let (w, wv) = weight(b, rng, "o_a.weight", &[n_in, n_out, g], ty, 0.02)?;
+                let x = rng.normal(rows * g * n_in, 1.0);
+                let xb = upload(b, &x)?;
+                let mut out = b.buf(rows * g * n_out)?;
+                b.matmul_grouped(&w, &xb, rows, p, &mut out)?;
+                let mut want = Vec::new();
+                for t in 0..rows {
+                    for gi in 0..g {
+                        let xs = &x[(t * g + gi) * n_in..(t * g + gi + 1) * n_in];
+                        let ws = &wv[gi * n_out * n_in..(gi + 1) * n_out * n_in];
+                        want.extend(product(ws, xs, 1, n_out, n_in));
+                    }
                 }
-            }
-            Ok((
-                rel_err(&download(b, &out, 2 * g * n_out)?, &want),
-                FLOAT_TOL,
-            ))
-        },
-    );
+                Ok((rel_err(&download(b, &out, rows * g * n_out)?, &want), tol))
+            },
+        );
+    }
 }
 
 /// The reference's inverse frequencies: `1 / base^(2i/d)` in f32, YaRN-blended.
@@ -345,6 +378,16 @@ fn ropes<B: Backend>(r: &mut Report<'_, B>) {
             "DeepSeek-V4 main: 64 of 512 trailing, interleaved",
         ),
         (
+            Rope {
+                inverse: true,
+                ..ds4_compress
+            },
+            64,
+            512,
+            Prec::Bf16,
+            "DeepSeek-V4 compress inverse, bf16",
+        ),
+        (
             ds4_compress,
             64,
             512,
@@ -390,7 +433,8 @@ fn ropes<B: Backend>(r: &mut Report<'_, B>) {
             let step = b.step(&[1, 2, 3], 4000)?;
             b.rope(&step, &rope, heads, hd, p, &mut xb)?;
             let want = rope_reference(&rope, &x, heads, hd, 4000, p == Prec::Ggml);
-            Ok((rel_err(&download(b, &xb, 3 * heads * hd)?, &want), 1e-5))
+            let tol = if p == Prec::Bf16 { 8e-3 } else { 1e-5 };
+            Ok((rel_err(&download(b, &xb, 3 * heads * hd)?, &want), tol))
         });
     }
 }

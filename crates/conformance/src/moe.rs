@@ -68,6 +68,8 @@ fn route_reference(
 }
 
 /// (label, D, I, experts, k, gate/up type, down type, clamp, rows, tolerance)
+/// (what, D, I, experts, k, gate/up type, down type, clamp, rows, tolerance, routing
+/// weights' and products' precision).
 type ExpertCase = (
     &'static str,
     usize,
@@ -79,6 +81,7 @@ type ExpertCase = (
     Option<f32>,
     usize,
     f64,
+    Prec,
 );
 
 pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
@@ -115,24 +118,60 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
         norm: true,
         scale: 1.0,
     };
+    // (routing, bias, hashed, router dtype, weights' tolerance, what): the bf16 router
+    // rounds scores, sum and quotients (a few bf16 ulps of the weights); its case is
+    // hash-routed, as bf16 scores can reorder near-tied experts against the f64 reference.
     let cases = [
-        (glm, true, false, "GLM-5.3: sigmoid, bias, 288 → 8"),
+        (
+            glm,
+            true,
+            false,
+            Prec::F32,
+            1e-6,
+            "GLM-5.3: sigmoid, bias, 288 → 8",
+        ),
         (
             grouped,
             true,
             false,
+            Prec::F32,
+            1e-6,
             "sigmoid, bias, 8 groups keep 4, 256 → 8",
         ),
         (
             ds4,
             true,
             false,
+            Prec::F32,
+            1e-6,
             "DeepSeek-V4: sqrt-softplus, bias, 256 → 6",
         ),
-        (ds4, false, true, "DeepSeek-V4: hash routing, 256 → 6"),
-        (qwen, false, false, "Qwen3.5: softmax, 256 → 8"),
+        (
+            ds4,
+            false,
+            true,
+            Prec::F32,
+            1e-6,
+            "DeepSeek-V4: hash routing, 256 → 6",
+        ),
+        (
+            ds4,
+            false,
+            true,
+            Prec::Bf16,
+            1.5e-2,
+            "DeepSeek-V4: hash routing, bf16 router, 256 → 6",
+        ),
+        (
+            qwen,
+            false,
+            false,
+            Prec::F32,
+            1e-6,
+            "Qwen3.5: softmax, 256 → 8",
+        ),
     ];
-    for (routing, with_bias, hashed, what) in cases {
+    for (routing, with_bias, hashed, p, tol, what) in cases {
         r.check("moe_route", format!("{what}, 4 rows"), |b, rng| {
             let (e, k) = (routing.n_expert, routing.n_used);
             let logits = rng.normal(4 * e, 1.5);
@@ -163,7 +202,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
                 with_bias.then_some(&bias),
                 hashed.then_some(&hash),
                 &routing,
-                Prec::F32,
+                p,
                 &mut ids,
                 &mut w,
             )?;
@@ -185,7 +224,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
                     .count();
                 want_w.extend(w_t);
             }
-            Ok((mismatched as f64 + rel_err(&got_w, &want_w), 1e-6))
+            Ok((mismatched as f64 + rel_err(&got_w, &want_w), tol))
         });
     }
     // Steps of many rows take a backend's multi-token path (grouped by expert on CUDA).
@@ -201,6 +240,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             Some(10.0),
             2,
             EXPERT_TOL,
+            Prec::F32,
         ),
         (
             "DeepSeek-V4 Q4_K",
@@ -213,6 +253,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             Some(10.0),
             2,
             EXPERT_TOL,
+            Prec::F32,
         ),
         (
             "Qwen3.5 Q8_0",
@@ -225,6 +266,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             None,
             2,
             EXPERT_TOL,
+            Prec::F32,
         ),
         (
             "F32",
@@ -237,6 +279,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             Some(1.0),
             2,
             FLOAT_TOL,
+            Prec::F32,
         ),
         (
             "GLM-5.3 q2 mix",
@@ -249,6 +292,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             Some(10.0),
             48,
             EXPERT_TOL,
+            Prec::F32,
         ),
         (
             "DeepSeek-V4 Q4_K",
@@ -261,6 +305,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             Some(10.0),
             40,
             EXPERT_TOL,
+            Prec::F32,
         ),
         (
             "Qwen3.5 Q8_0",
@@ -273,9 +318,38 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             None,
             33,
             EXPERT_TOL,
+            Prec::F32,
+        ),
+        // DeepSeek-V4's bf16 model: bf16 routing weights round each weighted expert
+        // output (one token: the fused down + sum; 40: the grouped tensor-core path).
+        (
+            "DeepSeek-V4 q2 mix, bf16",
+            4096,
+            2048,
+            6,
+            3,
+            GgmlType::IQ2_XXS,
+            GgmlType::Q2_K,
+            Some(10.0),
+            1,
+            EXPERT_TOL,
+            Prec::Bf16,
+        ),
+        (
+            "DeepSeek-V4 q2 mix, bf16",
+            1024,
+            512,
+            16,
+            6,
+            GgmlType::IQ2_XXS,
+            GgmlType::Q2_K,
+            Some(10.0),
+            40,
+            EXPERT_TOL,
+            Prec::Bf16,
         ),
     ];
-    for &(what, d, ff, n_exp, k, gu_ty, down_ty, limit, rows, tol) in experts {
+    for &(what, d, ff, n_exp, k, gu_ty, down_ty, limit, rows, tol, wp) in experts {
         r.check(
             "moe_experts",
             format!("{what}: {n_exp} experts {ff}×{d}, top-{k}, {rows} rows"),
@@ -336,7 +410,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
                     None,
                     Some(&hash),
                     &routing,
-                    Prec::F32,
+                    wp,
                     &mut idb,
                     &mut wb,
                 )?;
@@ -348,18 +422,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
                     up: &up,
                     down: &down,
                 };
-                b.moe_experts(
-                    &xb,
-                    rows,
-                    &idb,
-                    &wb,
-                    k,
-                    &ex,
-                    limit,
-                    Prec::F32,
-                    Prec::F32,
-                    &mut out,
-                )?;
+                b.moe_experts(&xb, rows, &idb, &wb, k, &ex, limit, wp, wp, &mut out)?;
                 let lim = limit.map_or(f64::INFINITY, f64::from);
                 let mut want = vec![0f64; rows * d];
                 for t in 0..rows {

@@ -479,15 +479,30 @@ fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
 
 fn sink_checks<B: Backend>(r: &mut Report<'_, B>) {
     let (h, hd) = (64usize, 512usize);
-    // (what, rate, selected per query)
-    for (what, rate, per_q) in [
+    // (what, rate, selected per query, precision, tolerance)
+    for (what, rate, per_q, p, tol) in [
         (
             "sliding 128 + CSA entries (rate 4, 16 selected)",
             4usize,
             16usize,
+            Prec::F32,
+            1e-5,
         ),
-        ("sliding 128 + all HCA entries (rate 128)", 128, 0),
-        ("sliding 128 only", 0, 0),
+        (
+            "sliding 128 + all HCA entries (rate 128)",
+            128,
+            0,
+            Prec::F32,
+            1e-5,
+        ),
+        ("sliding 128 only", 0, 0, Prec::F32, 1e-5),
+        (
+            "sliding 128 + CSA entries (rate 4, 16 selected), bf16",
+            4,
+            16,
+            Prec::Bf16,
+            1e-2,
+        ),
     ] {
         r.check(
             "sink_attention",
@@ -530,7 +545,7 @@ fn sink_checks<B: Backend>(r: &mut Report<'_, B>) {
                     &sinks,
                     rows,
                     &shape,
-                    Prec::F32,
+                    p,
                     &mut out,
                 )?;
                 let mut want = Vec::new();
@@ -569,7 +584,7 @@ fn sink_checks<B: Backend>(r: &mut Report<'_, B>) {
                         ));
                     }
                 }
-                Ok((rel_err(&download(b, &out, rows * h * hd)?, &want), 1e-5))
+                Ok((rel_err(&download(b, &out, rows * h * hd)?, &want), tol))
             },
         );
     }

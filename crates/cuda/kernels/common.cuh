@@ -456,6 +456,20 @@ __device__ __forceinline__ void rotate(float* head, int i, int half, int neox, f
     head[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
+// transformers' rotation of pair j of a segment in place (`Prec::F32`/`Bf16`, the
+// CPU backend's `rope::torch_head`): cos/sin of `ang` times the attention factor
+// `mscale`, rounded by `rb`, sin times `sign` (−1 un-rotates), then
+// round(x·cos + rotate_half(x)·sin). Used by rope.cu and the compressor (sparse.cu).
+__device__ __forceinline__ void rotate_torch(float* seg, int j, int half, int neox, float ang, float mscale,
+                                             float sign, int rb) {
+    const float c = rnd(__fmul_rn(cosf(ang), mscale), rb);
+    const float s = __fmul_rn(rnd(__fmul_rn(sinf(ang), mscale), rb), sign);
+    const int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
+    const float x0 = seg[a], x1 = seg[b];
+    seg[a] = rnd(__fadd_rn(__fmul_rn(x0, c), __fmul_rn(-x1, s)), rb);
+    seg[b] = rnd(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)), rb);
+}
+
 // Per-step inputs in device memory (written by `Backend::step` before a step runs), so
 // that a captured decode graph reads the current position instead of baking it in.
 struct StepInfo {
@@ -468,9 +482,10 @@ struct StepInfo {
 __device__ __forceinline__ const u32* step_tokens(const StepInfo* s) { return (const u32*)(s + 1); }
 
 // Σ_j w[j]·y[j·stride + c] over the k slots of one token in increasing expert id (the
-// order the CPU backend sums them), f32.
+// order the CPU backend sums them), f32; `wrb` rounds each weighted output to bf16 (bf16
+// routing weights, DeepSeek-V4's bf16 model).
 __device__ __forceinline__ float sum_slots(const float* y, i64 stride, const i32* ids, const float* w, int k,
-                                           int c) {
+                                           int c, int wrb) {
     int order[32];
     for (int j = 0; j < k; ++j) order[j] = j;
     for (int a = 1; a < k; ++a) {  // insertion sort by expert id (k ≤ 32)
@@ -485,7 +500,7 @@ __device__ __forceinline__ float sum_slots(const float* y, i64 stride, const i32
     float acc = 0.f;
     for (int a = 0; a < k; ++a) {
         const int j = order[a];
-        acc = __fadd_rn(acc, __fmul_rn(__ldcg(y + j * stride + c), w[j]));
+        acc = __fadd_rn(acc, rnd(__fmul_rn(__ldcg(y + j * stride + c), w[j]), wrb));
     }
     return acc;
 }

@@ -803,6 +803,7 @@ struct ReduceTail {
     const float* add;   // optional [rows], added after the rounding
     u32* counters;      // [gridDim.x], zero between launches
     i32 rb;
+    i32 wrb;            // round each weighted expert output (bf16 routing weights)
 };
 
 template <int TY>
@@ -819,7 +820,7 @@ __device__ __forceinline__ void experts_down_sum(const ExpertGemv& E, const Redu
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
     if (lane) return;
     for (int r = blockIdx.x * wpb + warp; r < E.rows; r += gridDim.x * wpb) {
-        float o = rnd(sum_slots(E.out, E.rows, E.ids, R.w, E.k, r), R.rb);
+        float o = rnd(sum_slots(E.out, E.rows, E.ids, R.w, E.k, r, R.wrb), R.rb);
         if (R.add) o = __fadd_rn(o, R.add[r]);
         R.out[r] = o;
     }

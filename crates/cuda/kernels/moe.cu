@@ -69,10 +69,12 @@ __device__ void route_row(const RouteParams& P, int t) {
         }
         s = block_sum_d(s, dred);
         const float inv = (float)(1.0 / s);
-        for (int e = threadIdx.x; e < E; e += blockDim.x) score[e] = __fmul_rn(score[e], inv);
+        for (int e = threadIdx.x; e < E; e += blockDim.x) score[e] = rnd(__fmul_rn(score[e], inv), P.rb);
     } else {
+        // Each score function is one tensor operation of the router's dtype.
         for (int e = threadIdx.x; e < E; e += blockDim.x)
-            score[e] = P.scoring == SCORE_SIGMOID ? sigmoidf_ref(__ldcg(l + e)) : sqrtf(softplusf_ref(__ldcg(l + e)));
+            score[e] = P.scoring == SCORE_SIGMOID ? rnd(sigmoidf_ref(__ldcg(l + e)), P.rb)
+                                                  : rnd(sqrtf(rnd(softplusf_ref(__ldcg(l + e)), P.rb)), P.rb);
     }
     __syncthreads();
     if (P.hash) {
@@ -128,9 +130,11 @@ __device__ void route_row(const RouteParams& P, int t) {
             w[r] = score[chosen[r]];
             sum = __fadd_rn(sum, w[r]);
         }
-        sum = __fadd_rn(sum, 1e-20f);
+        // w / (w.sum() + 1e-20): the sum accumulated in f32, each step a tensor of the
+        // router's dtype.
+        sum = rnd(__fadd_rn(rnd(sum, P.rb), 1e-20f), P.rb);
         for (int r = 0; r < k; ++r) {
-            const float v = P.norm ? __fdiv_rn(w[r], sum) : w[r];
+            const float v = P.norm ? rnd(__fdiv_rn(w[r], sum), P.rb) : w[r];
             P.ids[(i64)t * k + r] = chosen[r];
             P.weights[(i64)t * k + r] = rnd(__fmul_rn(v, P.scale), P.rb);
         }
@@ -164,14 +168,15 @@ extern "C" __global__ void router_route(const FloatSeg S, const RouteParams P, u
     route_row(P, 0);
 }
 
-// out[t, d] = round(Σ_j w[t, j]·y[t, j, d]) over the token's k experts in increasing
-// expert id (the order the CPU backend sums them), one thread per (t, d).
+// out[t, d] = round(Σ_j wround(w[t, j]·y[t, j, d])) over the token's k experts in
+// increasing expert id (the order the CPU backend sums them), one thread per (t, d);
+// `wrb` rounds each weighted output (bf16 routing weights).
 extern "C" __global__ void moe_reduce(const float* y, const i32* ids, const float* w, float* out, i32 rows, i32 k,
-                                      i32 d, i32 rb) {
+                                      i32 d, i32 rb, i32 wrb) {
     pdl_wait();
     pdl_trigger();
     const i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     if (i >= (i64)rows * d) return;
     const int t = (int)(i / d), c = (int)(i - (i64)t * d);
-    out[i] = rnd(sum_slots(y + (i64)t * k * d, d, ids + (i64)t * k, w + (i64)t * k, k, c), rb);
+    out[i] = rnd(sum_slots(y + (i64)t * k * d, d, ids + (i64)t * k, w + (i64)t * k, k, c, wrb), rb);
 }

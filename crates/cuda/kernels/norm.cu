@@ -6,8 +6,11 @@
 
 #include "common.cuh"
 
-// One block per row of `cols`: out = round(round(x·r)·w), w optional.
-extern "C" __global__ void rms_norm_ref(const float* x, const float* w, float* out, int cols, float eps, int rb) {
+// One block per row of `cols`. cast_once = 0 (GLM-5.3's RMSNorm): out =
+// round(round(x·r)·w), w optional. cast_once = 1 (DeepSeek-V4's norms,
+// `Backend::rms_norm_cast_once`): round(w·(x·r)), or without w round(x·round(r)).
+extern "C" __global__ void rms_norm_ref(const float* x, const float* w, float* out, int cols, float eps, int rb,
+                                        int cast_once) {
     __shared__ double red[32];
     pdl_wait();
     pdl_trigger();
@@ -19,8 +22,13 @@ extern "C" __global__ void rms_norm_ref(const float* x, const float* w, float* o
     const float mean = (float)(ss / (double)cols);
     const float r = __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, eps)));
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        float v = rnd(__fmul_rn(xr[i], r), rb);
-        if (w) v = rnd(__fmul_rn(v, w[i]), rb);
+        float v;
+        if (!cast_once) {
+            v = rnd(__fmul_rn(xr[i], r), rb);
+            if (w) v = rnd(__fmul_rn(v, w[i]), rb);
+        } else {
+            v = w ? rnd(__fmul_rn(w[i], __fmul_rn(xr[i], r)), rb) : rnd(__fmul_rn(xr[i], rnd(r, rb)), rb);
+        }
         yr[i] = v;
     }
 }

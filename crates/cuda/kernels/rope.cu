@@ -25,6 +25,27 @@ extern "C" __global__ void rope_rows(float* x, const StepInfo* step, int n_head,
     }
 }
 
+// transformers' rope (`Prec::F32`/`Bf16`, the CPU backend's `rope::torch`): angle =
+// position · inv_freq[j] in f32 (frequencies computed on the host, YaRN-blended when
+// configured), on the leading or trailing n_dims of each head; sign −1 un-rotates
+// (DeepSeek-V4's attention output). x: n_tok rows of n_head * head_dim; one block per
+// token.
+extern "C" __global__ void rope_torch(float* x, const StepInfo* step, const float* inv_freq, int n_head,
+                                      int head_dim, int n_dims, int neox, int trailing, float sign, float mscale,
+                                      int rb) {
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x;
+    if (t >= step->n_tok) return;
+    const int half = n_dims / 2, start = trailing ? head_dim - n_dims : 0;
+    const float pos = (float)(step->pos0 + t);
+    float* row = x + (i64)t * n_head * head_dim;
+    for (int p = threadIdx.x; p < n_head * half; p += blockDim.x) {
+        const int h = p / half, j = p % half;
+        rotate_torch(row + h * head_dim + start, j, half, neox, __fmul_rn(pos, inv_freq[j]), mscale, sign, rb);
+    }
+}
+
 // Stores n_tok rows of k and v (kv_dim each) as f16 at the step's positions.
 extern "C" __global__ void kv_store(const float* k, const float* v, u16* kc, u16* vc, const StepInfo* step, int kv_dim) {
     pdl_wait();

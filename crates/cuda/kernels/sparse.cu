@@ -83,13 +83,9 @@ extern "C" __global__ void compress_windows(const CompressParams P) {
     }
     if (P.inv_freq) {
         const int start = P.c - P.rope_dims;
-        for (int i = threadIdx.x; i < P.rope_dims / 2; i += blockDim.x) {
-            const float ang = __fmul_rn((float)(w * P.m), P.inv_freq[i]);
-            const float co = rnd(__fmul_rn(cosf(ang), P.mscale), P.rb), si = rnd(__fmul_rn(sinf(ang), P.mscale), P.rb);
-            const float x0 = ent[start + 2 * i], x1 = ent[start + 2 * i + 1];
-            ent[start + 2 * i] = rnd(__fadd_rn(__fmul_rn(x0, co), __fmul_rn(-x1, si)), P.rb);
-            ent[start + 2 * i + 1] = rnd(__fadd_rn(__fmul_rn(x1, co), __fmul_rn(x0, si)), P.rb);
-        }
+        for (int i = threadIdx.x; i < P.rope_dims / 2; i += blockDim.x)
+            rotate_torch(ent + start, i, P.rope_dims / 2, 0, __fmul_rn((float)(w * P.m), P.inv_freq[i]), P.mscale,
+                         1.f, P.rb);
         __syncthreads();
     }
     for (int d = threadIdx.x; d < P.c; d += blockDim.x) P.entries[(i64)w * P.c + d] = ent[d];
@@ -362,4 +358,94 @@ extern "C" __global__ void mla_softmax(float* s, i32 heads, i32 ld, i32 pos, flo
     const float inv = (float)(1.0 / z);
     for (int j = threadIdx.x; j < ld; j += blockDim.x)
         row[j] = j < n ? __fmul_rn(expf(__fsub_rn(__fmul_rn(row[j], scale), mx)), inv) : 0.f;
+}
+
+struct SinkParams {
+    const StepInfo* step;
+    const float* q;        // [rows, heads·hd]
+    const float* kv;       // [rows, hd]: this step's keys (= values)
+    const float* window;   // [cap, hd]: earlier keys, slot pos mod cap
+    const float* entries;  // optional [·, hd] compressed entries
+    const i32* sel;        // optional [rows, per_q] selected entry ids (-1: none)
+    const float* sinks;    // [heads]
+    float* out;            // [rows, heads·hd]
+    i32 cap, heads, hd, window_len, rate, per_q, rb;
+    float scale;
+};
+
+// Key j of query i at position t (window positions lo.. first, then entries), or null
+// when a selected id is padding or not yet visible.
+__device__ __forceinline__ const float* sink_key(const SinkParams& P, int i, int t, int lo, int n_win, int visible,
+                                                 int j) {
+    if (j < n_win) {
+        const int pos = lo + j, pos0 = P.step->pos0;
+        return pos >= pos0 ? P.kv + (i64)(pos - pos0) * P.hd : P.window + (i64)(pos % P.cap) * P.hd;
+    }
+    int e = j - n_win;
+    if (P.sel) {
+        e = P.sel[(i64)i * P.per_q + e];
+        if (e < 0 || e >= visible) return nullptr;
+    }
+    return P.entries + (i64)e * P.hd;
+}
+
+// DeepSeek-V4's attention (`Backend::sink_attention`, the CPU backend's `sink.rs`): one
+// block per (query row, head), 256 threads. Scores round(round(q·k)·scale) in shared
+// memory (one warp per key), the head's sink logit in the softmax denominator (f32
+// exponentials summed in f64), probabilities rounded in place, out = round(Σ p_j k_j)
+// in key order. Shared memory: hd + n_keys floats.
+extern "C" __global__ void sink_attention(const SinkParams P) {
+    extern __shared__ float sm[];
+    __shared__ double red[32];
+    __shared__ float redf[32];
+    pdl_wait();
+    pdl_trigger();
+    const int i = blockIdx.x, h = blockIdx.y;
+    if (i >= P.step->n_tok) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int t = P.step->pos0 + i;
+    const int lo = max(0, t + 1 - P.window_len), n_win = t + 1 - lo;
+    const int visible = P.rate > 0 ? (t + 1) / P.rate : 0;
+    const int n = n_win + (P.entries ? (P.sel ? P.per_q : visible) : 0);
+    float* qs = sm;
+    float* sc = sm + P.hd;
+    const float* qh = P.q + ((i64)i * P.heads + h) * P.hd;
+    for (int c = threadIdx.x; c < P.hd; c += blockDim.x) qs[c] = qh[c];
+    __syncthreads();
+    for (int j = warp; j < n; j += nw) {
+        const float* k = sink_key(P, i, t, lo, n_win, visible, j);
+        float s = -INFINITY;
+        if (k) {
+            float d = 0.f;
+            for (int c = lane; c < P.hd; c += 32) d = __fadd_rn(d, __fmul_rn(qs[c], k[c]));
+            s = rnd(__fmul_rn(rnd(warp_sum(d), P.rb), P.scale), P.rb);
+        }
+        if (lane == 0) sc[j] = s;
+    }
+    __syncthreads();
+    const float sink = P.sinks[h];
+    float m = sink;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, sc[j]);
+    m = block_max_f(m, redf);
+    double z = threadIdx.x == 0 ? (double)expf(__fsub_rn(sink, m)) : 0.0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const float e = expf(__fsub_rn(sc[j], m));
+        sc[j] = e;
+        z += (double)e;
+    }
+    z = block_sum_d(z, red);
+    const float inv = (float)(1.0 / z);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) sc[j] = rnd(__fmul_rn(sc[j], inv), P.rb);
+    __syncthreads();
+    // Probabilities times keys, summed in key order (the loads of later keys in flight).
+    float* o = P.out + ((i64)i * P.heads + h) * P.hd;
+    for (int c = threadIdx.x; c < P.hd; c += blockDim.x) {
+        float acc = 0.f;
+#pragma unroll 4
+        for (int j = 0; j < n; ++j) {
+            const float* k = sink_key(P, i, t, lo, n_win, visible, j);
+            if (k) acc = __fadd_rn(acc, __fmul_rn(sc[j], k[c]));
+        }
+        o[c] = rnd(acc, P.rb);
+    }
 }

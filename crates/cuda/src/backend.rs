@@ -8,9 +8,9 @@
 //! inside a step; `read` waits for the copy of the requested values only.
 //!
 //! Every operation returns errors (a failed allocation names the memory it needed and
-//! the memory free); operations of the MoE families this backend does not implement yet
-//! are reported by [`Backend::lacks`] at load time and as
-//! [`EngineError::Unsupported`] if called.
+//! the memory free); operations or arithmetics this backend does not implement are
+//! reported by [`Backend::lacks`] at load time and as [`EngineError::Unsupported`] if
+//! called.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -722,9 +722,11 @@ const IMPLEMENTED: &[&str] = &[
 const IMPLEMENTED_REFERENCE: &[&str] = &[
     "embed",
     "rms_norm",
+    "rms_norm_cast_once",
     "layer_norm",
     "matmul",
     "matmul_grouped",
+    "rope",
     "swiglu",
     "add",
     "copy",
@@ -746,6 +748,7 @@ const IMPLEMENTED_REFERENCE: &[&str] = &[
     "compress",
     "dsa_select",
     "mla_attention",
+    "sink_attention",
 ];
 
 fn unsupported(what: &str) -> EngineError {
@@ -926,10 +929,10 @@ impl Backend for CudaBackend {
         // ggml's RMSNorm sums f32 squares, the references f64 ones: within an ulp of the
         // mean, so the f32 policy shares the kernel that fuses into the GEMV prologue.
         let (Some(w), Prec::Ggml | Prec::F32) = (w, p) else {
-            return self.rms_norm_ref_op(x, w, rows, cols, eps, p, out);
+            return self.rms_norm_ref_op(x, w, rows, cols, eps, p, false, out);
         };
         let Ok((wm, n)) = w.vec() else {
-            return self.rms_norm_ref_op(x, Some(w), rows, cols, eps, p, out);
+            return self.rms_norm_ref_op(x, Some(w), rows, cols, eps, p, false, out);
         };
         if n != cols {
             return Err(EngineError::Backend(format!(
@@ -964,9 +967,13 @@ impl Backend for CudaBackend {
         if let CudaWeight::Float { .. } = w {
             return self.float_matmul(w, bias, x, rows, 1, p, out);
         }
+        if p == Prec::Bf16 && bias.is_none() {
+            // One matrix as a stack of one: the per-head GEMV rounds its outputs.
+            return self.head_matmul(w, x, rows, 1, p, out);
+        }
         if p == Prec::Bf16 {
             return Err(unsupported(
-                "products of quantized weights with bf16 rounding",
+                "products of quantized weights with a bias and bf16 rounding",
             ));
         }
         let (wm, m) = w.mat().map_err(engine_err)?;
@@ -999,8 +1006,13 @@ impl Backend for CudaBackend {
         p: Prec,
         x: &mut CudaBuf,
     ) -> EngineResult<()> {
-        if p != Prec::Ggml || rope.trailing || rope.yarn.is_some() || rope.inverse {
-            return Err(unsupported("rope in the reference's arithmetic"));
+        if p != Prec::Ggml {
+            return self.rope_torch_op(rope, n_head, head_dim, step.n_tok, p, x);
+        }
+        if rope.trailing || rope.yarn.is_some() || rope.inverse {
+            return Err(unsupported(
+                "rope in ggml's arithmetic on trailing dimensions, with YaRN or inverted",
+            ));
         }
         let xp = self.buf_of(x, step.n_tok * n_head * head_dim, "rope")?;
         // theta_scale as the CPU backend computes it.
@@ -1189,15 +1201,20 @@ impl Backend for CudaBackend {
 
     fn rms_norm_cast_once(
         &self,
-        _x: &CudaBuf,
-        _w: Option<&CudaWeight>,
-        _rows: usize,
-        _cols: usize,
-        _eps: f32,
-        _p: Prec,
-        _out: &mut CudaBuf,
+        x: &CudaBuf,
+        w: Option<&CudaWeight>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+        p: Prec,
+        out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("rms_norm_cast_once"))
+        // In f32 with a weight, `w·(x·r)` is `(x·r)·w`: the norm that fuses into the
+        // following GEMV's prologue.
+        if p == Prec::F32 && w.is_some_and(|w| w.vec().is_ok()) {
+            return self.rms_norm(x, w, rows, cols, eps, p, out);
+        }
+        self.rms_norm_ref_op(x, w, rows, cols, eps, p, true, out)
     }
 
     fn layer_norm(
@@ -1224,7 +1241,8 @@ impl Backend for CudaBackend {
     ) -> EngineResult<()> {
         match w {
             CudaWeight::Float { n, .. } => self.float_matmul(w, None, x, rows, *n, p, out),
-            _ => Err(unsupported("grouped products of quantized weights")),
+            CudaWeight::Matrix { n, .. } => self.head_matmul(w, x, rows, *n as usize, p, out),
+            _ => Err(unsupported("grouped products of vectors")),
         }
     }
 
@@ -1268,12 +1286,10 @@ impl Backend for CudaBackend {
         p: Prec,
         out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        if wp != Prec::F32 {
-            // bf16 routing weights round each weighted expert output (DeepSeek-V4's bf16
-            // model): not on CUDA yet.
-            return Err(unsupported("moe_experts with bf16 routing weights"));
+        if wp == Prec::Ggml {
+            return Err(unsupported("moe_experts with ggml routing weights"));
         }
-        self.moe_experts_op(x, rows, ids, weights, k, experts, limit, p, out)
+        self.moe_experts_op(x, rows, ids, weights, k, experts, limit, wp, p, out)
     }
 
     fn hc_pre(
@@ -1399,18 +1415,20 @@ impl Backend for CudaBackend {
 
     fn sink_attention(
         &self,
-        _step: &CudaStep,
-        _q: &CudaBuf,
-        _kv: &CudaBuf,
-        _window: &CudaBuf,
-        _cap: usize,
-        _entries: Option<(&CudaBuf, Option<&CudaBuf>)>,
-        _sinks: &CudaWeight,
-        _rows: usize,
-        _shape: &SinkAttnShape,
-        _p: Prec,
-        _out: &mut CudaBuf,
+        step: &CudaStep,
+        q: &CudaBuf,
+        kv: &CudaBuf,
+        window: &CudaBuf,
+        cap: usize,
+        entries: Option<(&CudaBuf, Option<&CudaBuf>)>,
+        sinks: &CudaWeight,
+        rows: usize,
+        shape: &SinkAttnShape,
+        p: Prec,
+        out: &mut CudaBuf,
     ) -> EngineResult<()> {
-        Err(unsupported("sink_attention"))
+        self.sink_attention_op(
+            step, q, kv, window, cap, entries, sinks, rows, shape, p, out,
+        )
     }
 }

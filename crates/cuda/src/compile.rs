@@ -113,7 +113,7 @@ pub const SOURCES: &[Source] = &[
     Source {
         file: "rope.cu",
         text: include_str!("../kernels/rope.cu"),
-        kernels: &["rope_rows", "kv_store", "rope_qk_store"],
+        kernels: &["rope_rows", "rope_torch", "kv_store", "rope_qk_store"],
     },
     Source {
         file: "attention.cu",
@@ -188,6 +188,7 @@ pub const SOURCES: &[Source] = &[
             "mla_attend",
             "mla_expand",
             "mla_softmax",
+            "sink_attention",
         ],
     },
 ];

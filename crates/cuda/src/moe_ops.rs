@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use ds4_engine::backend::{
     CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaShape, DeltaState, DeltaWeights, Experts,
     Gate, HcShape, HcWeights, MlaShape, OutGate, Prec, Rope, Routing, Scoring, SelectShape,
+    SinkAttnShape,
 };
 use ds4_engine::{EngineError, Result};
 use ds4_gguf::GgmlType;
@@ -232,6 +233,30 @@ struct MlaParams {
     rb: i32,
     scale: f32,
 }
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SinkParams {
+    step: DPtr,
+    q: DPtr,
+    kv: DPtr,
+    window: DPtr,
+    entries: DPtr,
+    sel: DPtr,
+    sinks: DPtr,
+    out: DPtr,
+    cap: i32,
+    heads: i32,
+    hd: i32,
+    window_len: i32,
+    rate: i32,
+    per_q: i32,
+    rb: i32,
+    scale: f32,
+}
+
+/// `sink_attention`'s shared memory limit (the query and one score per key).
+const SINK_SMEM: usize = 48 * 1024;
 
 /// `mla_attend`'s limits (kernels/sparse.cu): query length and value channels per block.
 const MLA_QMAX: usize = 1024;
@@ -542,6 +567,8 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The references' RMSNorm: GLM-5.3's two roundings, or with `cast_once`
+    /// DeepSeek-V4's one (see `rms_norm_ref` in kernels/norm.cu).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rms_norm_ref_op(
         &self,
@@ -551,6 +578,7 @@ impl CudaBackend {
         cols: usize,
         eps: f32,
         p: Prec,
+        cast_once: bool,
         out: &CudaBuf,
     ) -> Result<()> {
         let mut keep = vec![&x.mem, &out.mem];
@@ -571,7 +599,8 @@ impl CudaBackend {
             .push(self.buf_of(out, rows * cols, "rms_norm")?)
             .push(cols as i32)
             .push(eps)
-            .push(rb(p));
+            .push(rb(p))
+            .push(cast_once as i32);
         self.launch_op(Launch {
             f: self.k.rms_norm_ref,
             grid: (rows as u32, 1, 1),
@@ -723,6 +752,7 @@ impl CudaBackend {
         k: usize,
         ex: &Experts<'_, CudaWeight>,
         limit: Option<f32>,
+        wp: Prec,
         p: Prec,
         out: &CudaBuf,
     ) -> Result<()> {
@@ -827,7 +857,7 @@ impl CudaBackend {
                         label: "experts_down_mma",
                         keep: vec![dm, &sorted, &h, &y],
                     });
-                    return self.moe_reduce(&y, ids, weights, rows, k, d, p, out);
+                    return self.moe_reduce(&y, ids, weights, rows, k, d, wp, p, out);
                 }
                 let need = |ty| if uses_q8k(ty) { 2 } else { 1 };
                 let gu = ExpertGemv {
@@ -894,6 +924,7 @@ impl CudaBackend {
                         add: 0,
                         counters: counters.ptr(),
                         rb: rb(p),
+                        wrb: rb(wp),
                     };
                     self.record(
                         Op::ExpertsDown {
@@ -976,10 +1007,11 @@ impl CudaBackend {
             }
             _ => return Err(bad("moe_experts: mixed quantized and float experts")),
         }
-        self.moe_reduce(&y, ids, weights, rows, k, d, p, out)
+        self.moe_reduce(&y, ids, weights, rows, k, d, wp, p, out)
     }
 
-    /// `out[t] = Σ_j w[t, j]·y[t, j]` over the token's experts in expert-id order.
+    /// `out[t] = Σ_j w[t, j]·y[t, j]` over the token's experts in expert-id order, each
+    /// weighted output rounded by `wp`.
     #[allow(clippy::too_many_arguments)]
     fn moe_reduce(
         &self,
@@ -989,6 +1021,7 @@ impl CudaBackend {
         rows: usize,
         k: usize,
         d: usize,
+        wp: Prec,
         p: Prec,
         out: &CudaBuf,
     ) -> Result<()> {
@@ -1002,7 +1035,8 @@ impl CudaBackend {
             .push(rows as i32)
             .push(k as i32)
             .push(d as i32)
-            .push(rb(p));
+            .push(rb(p))
+            .push(rb(wp));
         self.launch_op(Launch {
             f: self.k.moe_reduce,
             grid: (blocks((rows * d) as u64, 256), 1, 1),
@@ -1608,6 +1642,132 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// transformers' rope of `n_head` heads of `head_dim` values of the step's rows (the
+    /// frequency table uploaded once per rope).
+    pub(crate) fn rope_torch_op(
+        &self,
+        rope: &Rope,
+        n_head: usize,
+        head_dim: usize,
+        n_tok: usize,
+        p: Prec,
+        x: &CudaBuf,
+    ) -> Result<()> {
+        if rope.n_dims > head_dim || !rope.n_dims.is_multiple_of(2) {
+            return Err(bad(format!(
+                "rope: {} rotated dimensions of heads of {head_dim}",
+                rope.n_dims
+            )));
+        }
+        let inv = self.rope_table(rope)?;
+        let mut a = KArgs::default();
+        a.push(self.buf_of(x, n_tok * n_head * head_dim, "rope")?)
+            .push(self.step_ptr())
+            .push(inv.ptr())
+            .push(n_head as i32)
+            .push(head_dim as i32)
+            .push(rope.n_dims as i32)
+            .push(rope.neox as i32)
+            .push(rope.trailing as i32)
+            .push(if rope.inverse { -1f32 } else { 1f32 })
+            .push(rope.yarn.map_or(1.0, |y| y.mscale))
+            .push(rb(p));
+        self.launch_op(Launch {
+            f: self.k.rope_torch,
+            grid: (n_tok as u32, 1, 1),
+            block: 256,
+            smem: 0,
+            args: a,
+            label: "rope",
+            keep: vec![&x.mem, &inv],
+        });
+        Ok(())
+    }
+
+    /// DeepSeek-V4's attention (kernels/sparse.cu `sink_attention`): one block per
+    /// (row, head).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sink_attention_op(
+        &self,
+        step: &CudaStep,
+        q: &CudaBuf,
+        kv: &CudaBuf,
+        window: &CudaBuf,
+        cap: usize,
+        entries: Option<(&CudaBuf, Option<&CudaBuf>)>,
+        sinks: &CudaWeight,
+        rows: usize,
+        sh: &SinkAttnShape,
+        p: Prec,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let (h, hd) = (sh.heads, sh.head_dim);
+        if cap + 1 < sh.window && step.pos0 > 0 {
+            return Err(bad(format!(
+                "sink_attention: a ring of {cap} rows cannot hold a window of {}",
+                sh.window
+            )));
+        }
+        let (sm, sl) = sinks.values().map_err(weight_err)?;
+        if sl != h {
+            return Err(bad("sink_attention: one sink per head"));
+        }
+        let mut keep = vec![&q.mem, &kv.mem, &window.mem, sm, &out.mem];
+        let (ep, selp, n_ent) = match entries {
+            Some((e, sel)) if sh.rate > 0 => {
+                keep.push(&e.mem);
+                let n = match sel {
+                    Some(ids) => {
+                        keep.push(&ids.mem);
+                        sh.per_query
+                    }
+                    None => e.len / hd,
+                };
+                let selp = sel
+                    .map(|ids| self.buf_of(ids, rows * sh.per_query, "sink_attention ids"))
+                    .transpose()?
+                    .unwrap_or(0);
+                (e.ptr(), selp, n)
+            }
+            _ => (0, 0, 0),
+        };
+        let smem = (hd + sh.window + n_ent) * 4;
+        if smem > SINK_SMEM {
+            return Err(bad(format!(
+                "sink_attention: {} keys of {hd} values per query exceed the kernel's shared memory",
+                sh.window + n_ent
+            )));
+        }
+        let prm = SinkParams {
+            step: self.step_ptr(),
+            q: self.buf_of(q, rows * h * hd, "sink_attention q")?,
+            kv: self.buf_of(kv, rows * hd, "sink_attention kv")?,
+            window: self.buf_of(window, cap * hd, "sink_attention window")?,
+            entries: ep,
+            sel: selp,
+            sinks: sm.ptr(),
+            out: self.buf_of(out, rows * h * hd, "sink_attention out")?,
+            cap: cap as i32,
+            heads: h as i32,
+            hd: hd as i32,
+            window_len: sh.window as i32,
+            rate: if ep == 0 { 0 } else { sh.rate as i32 },
+            per_q: sh.per_query as i32,
+            rb: rb(p),
+            scale: sh.scale,
+        };
+        self.launch_op(Launch {
+            f: self.k.sink_attention,
+            grid: (rows as u32, h as u32, 1),
+            block: 256,
+            smem: smem as u32,
+            args: Self::args(prm),
+            label: "sink_attention",
+            keep,
+        });
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn dsa_select_op(
         &self,
@@ -1896,7 +2056,9 @@ impl CudaBackend {
 
     /// `out[t, h] = w[h] · x[t, h]` for a stack of `heads` matrices, float or quantized
     /// (the expert GEMV with slot h using matrix h).
-    fn head_matmul(
+    /// Each output rounded by `p`; MLA's per-head `k_b`/`v_b`, DeepSeek-V4's grouped
+    /// output projection, and one quantized matrix (a stack of one) in bf16 arithmetic.
+    pub(crate) fn head_matmul(
         &self,
         w: &CudaWeight,
         x: &CudaBuf,

@@ -351,4 +351,6 @@ pub struct ReduceTail {
     pub add: DPtr,
     pub counters: DPtr,
     pub rb: i32,
+    /// Round each weighted expert output (bf16 routing weights).
+    pub wrb: i32,
 }

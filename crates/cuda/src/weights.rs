@@ -1,6 +1,7 @@
 //! Weights on the device: quantized matrices split into field planes
 //! ([`crate::layout`]) and float matrices, from the file's bytes or generated
-//! synthetically on the GPU, and f32 vectors (norm weights, biases).
+//! synthetically on the GPU, and f32 vectors (norm weights, biases). MXFP4 matrices
+//! become (exact) BF16 float matrices.
 
 use std::sync::Arc;
 
@@ -165,6 +166,9 @@ pub fn load(
     if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
         return load_float(gpu, k, src, info, per_rows, cols, n_mats);
     }
+    if ty == GgmlType::MXFP4 {
+        return load_mxfp4(gpu, src, info, per_rows, cols, n_mats);
+    }
     if !MATRIX_TYPES.contains(&ty) {
         return Err(CudaError::Unsupported(format!(
             "tensor '{}' has type {ty}, which the CUDA backend does not run",
@@ -272,6 +276,40 @@ fn load_float(
     Ok(CudaWeight::Float {
         mem: Arc::new(mem),
         ty,
+        rows,
+        cols,
+        n,
+    })
+}
+
+/// An MXFP4 matrix (stack) as a BF16 float matrix: every MXFP4 value (an E2M1 value
+/// times a power of two) is a bf16 value, so the conversion is exact, and the
+/// references multiply these weights as floats (DeepSeek-V4's routed experts, as the
+/// CPU backend does).
+fn load_mxfp4(
+    gpu: &Arc<Gpu>,
+    src: Source,
+    info: &TensorInfo,
+    rows: usize,
+    cols: usize,
+    n: usize,
+) -> Result<CudaWeight> {
+    let Source::File(f) = src else {
+        return Err(not_on_device(info));
+    };
+    let elems = info.n_elements() as usize;
+    let mut v = vec![0f32; elems];
+    ds4_quant::dequantize_row(GgmlType::MXFP4, f.tensor_data(info), &mut v)
+        .map_err(|e| CudaError::Unsupported(format!("tensor '{}': {e}", info.name)))?;
+    let bytes: Vec<u8> = v
+        .iter()
+        .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
+        .collect();
+    let mem = gpu.alloc(bytes.len().max(4))?;
+    gpu.htod(mem.ptr(), &bytes)?;
+    Ok(CudaWeight::Float {
+        mem: Arc::new(mem),
+        ty: GgmlType::BF16,
         rows,
         cols,
         n,
@@ -400,4 +438,24 @@ pub fn synth_on_device(
     let mut out = vec![0u8; bytes];
     gpu.dtoh(&mut out, mem.ptr())?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_mxfp4_value_is_a_bf16_value() {
+        // One block per scale exponent, its 32 nibbles every E2M1 code twice: each
+        // dequantized value survives the bf16 rounding unchanged (`load_mxfp4`).
+        for e in 0..=255u8 {
+            let mut block = vec![e];
+            block.extend((0..16u8).map(|i| i | (15 - i) << 4));
+            let mut v = vec![0f32; 32];
+            ds4_quant::dequantize_row(GgmlType::MXFP4, &block, &mut v).unwrap();
+            for x in v {
+                assert_eq!(bf16::from_f32(x).to_f32().to_bits(), x.to_bits(), "{x:e}");
+            }
+        }
+    }
 }

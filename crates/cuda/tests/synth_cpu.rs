@@ -66,16 +66,34 @@ fn the_cpu_backend_is_within_int8_activation_noise_of_the_f64_reference() {
 fn tiny_glm5_runs_on_the_cpu_with_finite_spread_logits() {
     // GLM-5.3-Flash's structure (KDA, MLA + DSA indexer, dense then MoE layers, mHC) at
     // hidden 256: prefill past the indexer's top-k (32), then decode.
-    let dir = std::env::temp_dir().join(format!("ds4-synth-glm-{}", std::process::id()));
+    moe_runs_on_the_cpu("tiny-glm5:q2", 40);
+}
+
+#[test]
+fn tiny_deepseek4_runs_on_the_cpu_with_finite_spread_logits() {
+    // DeepSeek-V4-Flash's structure (sliding, CSA with the indexer, HCA; hash then score
+    // routing; mHC) at hidden 256: prefill past the window (16) and the indexer's top-k
+    // (8 entries of 4 tokens), then decode.
+    moe_runs_on_the_cpu("tiny-deepseek4:q2", 60);
+}
+
+/// A synthetic MoE model written to a file and run on the CPU: a prompt of `n_prompt`
+/// tokens, then three decode steps; every logits row finite and spread out.
+fn moe_runs_on_the_cpu(name: &str, n_prompt: usize) {
+    let dir = std::env::temp_dir().join(format!(
+        "ds4-synth-{}-{}",
+        name.replace(':', "-"),
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
-    let spec = Spec::parse("tiny-glm5:q2").unwrap();
+    let spec = Spec::parse(name).unwrap();
     let path = dir.join("m.gguf");
     write_gguf(&spec, &path).unwrap();
     let file = Arc::new(GgufFile::open(&path).unwrap());
     let model = ds4_engine::loader::load_model(&file, &path).unwrap();
     assert_eq!(model.info().n_vocab, spec.n_vocab());
-    let mut s = Session::new(model, 64).unwrap();
-    let toks = test_tokens(40, spec.n_vocab(), 9);
+    let mut s = Session::new(model, 128).unwrap();
+    let toks = test_tokens(n_prompt, spec.n_vocab(), 9);
     let mut rows = vec![s.prefill(&toks, &mut |_, _| {}).unwrap().to_vec()];
     for t in [5, 77, 300] {
         rows.push(s.decode(t).unwrap().to_vec());
@@ -83,13 +101,43 @@ fn tiny_glm5_runs_on_the_cpu_with_finite_spread_logits() {
     for (i, l) in rows.iter().enumerate() {
         assert!(
             l.iter().all(|v| v.is_finite()),
-            "row {i}: non-finite logits"
+            "{name} row {i}: non-finite logits"
         );
         let mean = l.iter().map(|&v| v as f64).sum::<f64>() / l.len() as f64;
         let sd =
             (l.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / l.len() as f64).sqrt();
-        assert!(sd > 0.05 && sd < 100.0, "row {i}: logits sd {sd}");
-        eprintln!("tiny-glm5:q2 row {i}: logits sd {sd:.3}");
+        assert!(sd > 0.05 && sd < 100.0, "{name} row {i}: logits sd {sd}");
+        eprintln!("{name} row {i}: logits sd {sd:.3}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn deepseek4_flash_header_is_a_valid_deepseek4_config() {
+    // The whole model's keys and tensor directory (the header file of `bench
+    // --synthetic deepseek4-flash:q2`: the device's tensors a sparse hole) through the
+    // family's own parser and checks.
+    use ds4_engine::families::deepseek4::config::{AttnKind, Config, Dtype};
+    let spec = Spec::parse("deepseek4-flash:q2").unwrap();
+    let file = ds4_cuda::synth::header_file(&spec).unwrap();
+    let hp = ds4_engine::loader::Hparams::new(&file).unwrap();
+    let c = Config::from_gguf(&hp, spec.n_vocab(), Dtype::F32).unwrap();
+    assert_eq!((c.n_layer(), c.n_head, c.head_dim), (43, 64, 512));
+    assert_eq!((c.sliding_window, c.index_topk), (128, 512));
+    let csa = c
+        .layers
+        .iter()
+        .filter(|l| matches!(l.0, AttnKind::Csa { rate: 4 }))
+        .count();
+    let hca = c
+        .layers
+        .iter()
+        .filter(|l| matches!(l.0, AttnKind::Hca { rate: 128 }))
+        .count();
+    assert_eq!((csa, hca), (21, 20));
+    assert_eq!(
+        c.layers.iter().filter(|l| l.1).count(),
+        3,
+        "hash-routed layers"
+    );
 }

@@ -1,16 +1,18 @@
-//! Our `glm53-flash:q2` is the file `../shared/tools/synth_gguf.py --shape glm53-flash`
-//! writes (llama.cpp's `glm5-next` layout): for each window of the fixture
-//! (`tests/fixtures/synth_glm53_flash.json`, made by `tools/synth-layout/make_fixture.py`
-//! from the script's own planner and writer), the same header bytes (metadata and tensor
-//! directory), the same keys, value types and values, tensor names, dims and types, and
-//! the same weight and decode-read bytes.
+//! Our `glm53-flash:q2` and `deepseek4-flash:q2` are the files
+//! `../shared/tools/synth_gguf.py --shape glm53-flash` / `--shape deepseek4-flash` writes
+//! (llama.cpp's `glm5-next` and `deepseek4` layouts): for each window of the fixtures
+//! (`tests/fixtures/synth_{glm53,deepseek4}_flash.json`, made by
+//! `tools/synth-layout/make_fixture.py` from the script's own planner and writer), the
+//! same header bytes (metadata and tensor directory), the same keys, value types and
+//! values, tensor names, dims and types, and the same weight and decode-read bytes.
 
 use ds4_cuda::synth::{Spec, header_bytes};
 use ds4_gguf::Value;
 use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
 
-const FIXTURE: &str = include_str!("fixtures/synth_glm53_flash.json");
+const GLM: &str = include_str!("fixtures/synth_glm53_flash.json");
+const DEEPSEEK4: &str = include_str!("fixtures/synth_deepseek4_flash.json");
 
 /// gguf-py's type name of a value (`UINT32`, `ARRAY[INT32]`, …).
 fn type_name(v: &Value) -> String {
@@ -54,14 +56,24 @@ fn same(ours: &Json, theirs: &Json) -> bool {
 
 #[test]
 fn glm53_flash_q2_is_synth_gguf_pys_file() {
-    let fixture: Json = serde_json::from_str(FIXTURE).unwrap();
-    let base = Spec::parse("glm53-flash:q2").unwrap();
+    same_as_script("glm53-flash:q2", GLM);
+}
+
+#[test]
+fn deepseek4_flash_q2_is_synth_gguf_pys_file() {
+    same_as_script("deepseek4-flash:q2", DEEPSEEK4);
+}
+
+/// Every window of the fixture `json` against our `name` cut to the same layers.
+fn same_as_script(name: &str, json: &str) {
+    let fixture: Json = serde_json::from_str(json).unwrap();
+    let base = Spec::parse(name).unwrap();
     for w in fixture["windows"].as_array().unwrap() {
         let (first, layers) = (
             w["first_layer"].as_u64().unwrap(),
             w["layers"].as_u64().unwrap(),
         );
-        let at = format!("layers {first}..{}", first + layers - 1);
+        let at = format!("{name} layers {first}..{}", first + layers - 1);
         let spec = base.window(first as usize, Some(layers as usize)).unwrap();
         let tensors = spec.tensors();
         assert_eq!(

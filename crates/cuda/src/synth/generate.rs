@@ -19,8 +19,8 @@
 //!   [0.5, 1.5); biases ([`biases`]) `(u·2⁻²⁴ − 0.5)·0.2`, in [-0.1, 0.1).
 //!
 //! Blocks and random floats are integer arithmetic up to one rounding, so host and device
-//! agree bit for bit; norms, biases and constants are F32 and generated on the host only
-//! ([`super::on_host`]).
+//! agree bit for bit; norms, biases, constants and hash-routing tables ([`expert_ids`])
+//! are F32 or I32 and generated on the host only ([`super::on_host`]).
 
 use ds4_gguf::GgmlType;
 use rayon::prelude::*;
@@ -161,12 +161,26 @@ pub fn biases(key: u64, n: usize) -> Vec<f32> {
     (0..n as u64).map(|i| (unit(key, i) - 0.5) * 0.2).collect()
 }
 
+/// A hash-routing table `[rows, k]` (i32): row `t` holds the distinct expert ids
+/// `(first + j·(n_expert / k)) mod n_expert`, `first` random per row (`synth_gguf.py`'s
+/// `expert_ids`).
+pub fn expert_ids(key: u64, rows: usize, k: usize, n_expert: u32) -> Vec<i32> {
+    let step = n_expert / k.max(1) as u32;
+    (0..rows as u64)
+        .flat_map(|t| {
+            let first = unit_bits(key, t) % n_expert;
+            (0..k as u32).map(move |j| ((first + j * step) % n_expert) as i32)
+        })
+        .collect()
+}
+
 /// The bytes of tensor `t` of a model with generator seed `seed`.
 ///
 /// # Panics
 /// On an init the generators do not make in `t`'s type (random blocks of a type
 /// [`block`] does not support, random floats of a non-float type, norms, biases or
-/// constants of a type other than F32): the model plans never ask for one.
+/// constants of a type other than F32, expert ids of a type other than I32): the model
+/// plans never ask for one.
 pub fn tensor_bytes(seed: u64, t: &Tensor) -> Vec<u8> {
     let key = tensor_key(seed, &t.name);
     let n = t.n_elements() as usize;
@@ -189,6 +203,14 @@ pub fn tensor_bytes(seed: u64, t: &Tensor) -> Vec<u8> {
         Init::Norm => f32s(norms(key, n)),
         Init::Bias => f32s(biases(key, n)),
         Init::Const(c) => f32s(vec![c; n]),
+        Init::ExpertIds(n_expert) => {
+            assert_eq!(t.ty, GgmlType::I32, "{}: expert ids are i32", t.name);
+            let k = t.dims[0] as usize;
+            expert_ids(key, n / k, k, n_expert)
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect()
+        }
     }
 }
 

@@ -11,7 +11,10 @@
 //! - `glm5-next` shapes ([`glm5_next::SHAPES`]): `glm53-flash` (GLM-5.3-Flash) and
 //!   `tiny-glm5` (its structure at hidden 256, for CPU tests), with `q2`, the mix
 //!   llama.cpp writes for it (`../shared/tools/synth_gguf.py --shape glm53-flash`, the
-//!   layout's authority).
+//!   layout's authority);
+//! - `deepseek4` shapes ([`deepseek4::SHAPES`]): `deepseek4-flash` (DeepSeek-V4-Flash)
+//!   and `tiny-deepseek4` (its structure at hidden 256), with ds4's `q2` mix
+//!   (`synth_gguf.py --shape deepseek4-flash`).
 //!
 //! A [`Window`] keeps real layers `first..first + n_layer` with their real kinds (file
 //! layer 0 is real layer `first`), as `synth_gguf.py --first-layer K --layers N` does.
@@ -25,6 +28,7 @@
 //! some of them on the host) and generates the others in GPU memory with the device
 //! twins of the same generators. Works without CUDA.
 
+pub mod deepseek4;
 pub mod dense;
 pub mod generate;
 mod gguf;
@@ -61,6 +65,8 @@ pub enum Family {
     },
     /// A `glm5-next` model in the `q2` mix.
     Glm5Next(&'static glm5_next::Shape),
+    /// A `deepseek4` model in the `q2` mix.
+    DeepSeek4(&'static deepseek4::Shape),
 }
 
 /// Real layers `first..first + n_layer` of the model.
@@ -91,6 +97,9 @@ pub enum Init {
     Bias,
     /// Every element this value.
     Const(f32),
+    /// A hash-routing table: rows of distinct expert ids below this count
+    /// ([`generate::expert_ids`]).
+    ExpertIds(u32),
 }
 
 /// How much of a tensor one decode token reads.
@@ -170,6 +179,17 @@ impl Spec {
                 )));
             }
             Family::Glm5Next(shape)
+        } else if let Some(shape) = deepseek4::SHAPES
+            .iter()
+            .find(|x| x.name.eq_ignore_ascii_case(s))
+        {
+            if !q.eq_ignore_ascii_case(deepseek4::QUANT) {
+                return Err(bad(format!(
+                    "'{q}' is not a quant of the deepseek4 shape {}",
+                    shape.name
+                )));
+            }
+            Family::DeepSeek4(shape)
         } else {
             return Err(bad(format!("unknown synthetic shape '{s}'")));
         };
@@ -209,6 +229,7 @@ impl Spec {
         match self.family {
             Family::Dense { shape, recipe } => format!("{}:{}", shape.name, recipe.name()),
             Family::Glm5Next(shape) => format!("{}:{}", shape.name, glm5_next::QUANT),
+            Family::DeepSeek4(shape) => format!("{}:{}", shape.name, deepseek4::QUANT),
         }
     }
 
@@ -217,6 +238,7 @@ impl Spec {
         match self.family {
             Family::Dense { shape, .. } => shape.arch,
             Family::Glm5Next(_) => glm5_next::ARCH,
+            Family::DeepSeek4(_) => deepseek4::ARCH,
         }
     }
 
@@ -225,6 +247,7 @@ impl Spec {
         match self.family {
             Family::Dense { shape, .. } => shape.n_layer,
             Family::Glm5Next(shape) => shape.n_layer,
+            Family::DeepSeek4(shape) => shape.n_layer,
         }
     }
 
@@ -233,6 +256,7 @@ impl Spec {
         match self.family {
             Family::Dense { shape, .. } => shape.n_vocab,
             Family::Glm5Next(shape) => shape.n_vocab,
+            Family::DeepSeek4(shape) => shape.n_vocab,
         }
     }
 
@@ -243,6 +267,7 @@ impl Spec {
             .map(|real| match self.family {
                 Family::Dense { .. } => "attention, FFN",
                 Family::Glm5Next(shape) => shape.layer_kind(real),
+                Family::DeepSeek4(shape) => shape.layer_kind(real),
             })
             .collect()
     }
@@ -252,6 +277,7 @@ impl Spec {
         match self.family {
             Family::Dense { shape, recipe } => dense::tensors(shape, recipe, self.window),
             Family::Glm5Next(shape) => glm5_next::tensors(shape, self.window),
+            Family::DeepSeek4(shape) => deepseek4::tensors(shape, self.window),
         }
     }
 
@@ -260,6 +286,7 @@ impl Spec {
         match self.family {
             Family::Dense { shape, recipe } => dense::metadata(self, shape, recipe),
             Family::Glm5Next(shape) => glm5_next::metadata(shape, self.window),
+            Family::DeepSeek4(shape) => deepseek4::metadata(shape, self.window),
         }
     }
 
@@ -299,15 +326,20 @@ impl Spec {
 pub fn valid_names() -> String {
     let dense: Vec<&str> = dense::SHAPES.iter().map(|s| s.name).collect();
     let quants: Vec<&str> = dense::QUANTS.iter().map(|q| q.0).collect();
-    let glm: Vec<String> = glm5_next::SHAPES
+    let moe: Vec<String> = glm5_next::SHAPES
         .iter()
         .map(|s| format!("{}:{}", s.name, glm5_next::QUANT))
+        .chain(
+            deepseek4::SHAPES
+                .iter()
+                .map(|s| format!("{}:{}", s.name, deepseek4::QUANT)),
+        )
         .collect();
     format!(
         "a dense shape ({}) with a quant ({}), or {}",
         dense.join(", "),
         quants.join(", "),
-        glm.join(", ")
+        moe.join(", ")
     )
 }
 
@@ -376,6 +408,8 @@ mod tests {
             "small-llama:q6_k",
             "glm53-flash:q2",
             "tiny-glm5:q2",
+            "deepseek4-flash:q2",
+            "tiny-deepseek4:q2",
         ] {
             assert_eq!(Spec::parse(n).unwrap().name(), n);
         }
@@ -385,10 +419,14 @@ mod tests {
             "llama3-8b:q3_k",
             "llama3-8b:q2",
             "glm53-flash:q4_0",
+            "deepseek4-flash:q4_k_m",
         ] {
             let e = Spec::parse(bad).unwrap_err().to_string();
             assert!(
-                e.contains("llama3-8b") && e.contains("q4_k_m") && e.contains("glm53-flash"),
+                e.contains("llama3-8b")
+                    && e.contains("q4_k_m")
+                    && e.contains("glm53-flash")
+                    && e.contains("deepseek4-flash:q2"),
                 "{bad}: {e}"
             );
         }
@@ -418,6 +456,8 @@ mod tests {
         for name in [
             "glm53-flash:q2",
             "tiny-glm5:q2",
+            "deepseek4-flash:q2",
+            "tiny-deepseek4:q2",
             "llama3-8b:q4_k_m",
             "qwen2.5-7b:q8_0",
         ] {

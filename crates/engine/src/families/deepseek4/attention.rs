@@ -139,8 +139,10 @@ impl<B: Backend> Attention<B> {
         let sh = &call.shape;
         let (h, hd) = (sh.heads, sh.head_dim);
         let rq = sc.rq;
-        // Queries.
+        // The two products of the normalised input first (one launch on a backend that
+        // fuses products of one input), then the queries.
         b.matmul(&self.q_a_proj, None, &sc.hn, s, p, &mut sc.qa)?;
+        b.matmul(&self.kv_proj, None, &sc.hn, s, p, &mut sc.kv0)?;
         b.rms_norm_cast_once(&sc.qa, Some(&self.q_a_norm), s, rq, eps, p, &mut sc.qr)?;
         b.matmul(&self.q_b_proj, None, &sc.qr, s, p, &mut sc.q0)?;
         if call.q_b_norm {
@@ -150,7 +152,6 @@ impl<B: Backend> Attention<B> {
         }
         b.rope(call.step, &call.rope, h, hd, p, &mut sc.q)?;
         // The shared key/value.
-        b.matmul(&self.kv_proj, None, &sc.hn, s, p, &mut sc.kv0)?;
         if call.kv_norm {
             b.rms_norm_cast_once(&sc.kv0, Some(&self.kv_norm), s, hd, eps, p, &mut sc.kv)?;
         } else {
@@ -187,6 +188,7 @@ impl<B: Backend> Attention<B> {
             )?;
             if call.indexer_select {
                 b.matmul(&ix.q_b_proj, None, &sc.qr, s, p, &mut sc.iq)?;
+                b.matmul(&ix.weights_proj, None, &sc.hn, s, p, &mut sc.iw)?;
                 if call.indexer_rope {
                     b.rope(
                         call.step,
@@ -197,7 +199,6 @@ impl<B: Backend> Attention<B> {
                         &mut sc.iq,
                     )?;
                 }
-                b.matmul(&ix.weights_proj, None, &sc.hn, s, p, &mut sc.iw)?;
                 b.dsa_select(call.step, &sc.iq, &sc.iw, &is.entries, s, sel, &mut sc.sel)?;
                 selected = true;
             }

@@ -579,6 +579,7 @@ impl<B: Backend> DeepSeek4<B> {
         let nd = hcs.n * d;
         let pos0 = cache.len;
         let step = b.step(tokens, pos0)?;
+        b.region("embedding");
         b.embed(&step, &self.tok_embd, hcs.n, p, &mut sc.x)?;
         if let Some(tr) = trace.as_deref_mut() {
             for t in 0..s {
@@ -588,6 +589,11 @@ impl<B: Backend> DeepSeek4<B> {
         let clamp_off = crate::ablated!(b, SwigluClampOff);
         for (i, (layer, st)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
             let _l = tracing::trace_span!("layer", i).entered();
+            b.region(match layer.kind {
+                AttnKind::Sliding => "sliding attention",
+                AttnKind::Csa { .. } => "CSA attention",
+                AttnKind::Hca { .. } => "HCA attention",
+            });
             b.hc_pre(
                 &sc.x,
                 s,
@@ -619,6 +625,7 @@ impl<B: Backend> DeepSeek4<B> {
             if let Some(tr) = trace.as_deref_mut() {
                 b.read(&sc.y, 0, s * d, layer_row(&mut tr.attn_out, i))?;
             }
+            b.region("MoE FFN");
             b.hc_pre(
                 &sc.x,
                 s,
@@ -677,6 +684,7 @@ impl<B: Backend> DeepSeek4<B> {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let b = &*self.backend;
+        b.region("head");
         let (c, p) = (&self.cfg, self.prec());
         let w = self.hc_head.weights();
         let w = (!crate::ablated!(b, HcHeadMean)).then_some(&w);

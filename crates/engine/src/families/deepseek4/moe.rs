@@ -53,9 +53,8 @@ pub(crate) struct MoeCall<'a, B: Backend> {
 }
 
 impl<B: Backend> Mlp<B> {
-    /// `out [s, D]` for `x [s, D]` through `[gate, up, act]`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn forward(
+    /// The activation `act = swiglu(gate·x, up·x) [s, ff]` for `x [s, D]`.
+    fn act(
         &self,
         b: &B,
         x: &B::Buf,
@@ -63,20 +62,31 @@ impl<B: Backend> Mlp<B> {
         limit: Option<f32>,
         p: Prec,
         tmp: [&mut B::Buf; 3],
-        out: &mut B::Buf,
     ) -> Result<()> {
         let [gate, up, act] = tmp;
         b.matmul(&self.gate_proj, None, x, s, p, gate)?;
         b.matmul(&self.up_proj, None, x, s, p, up)?;
-        b.swiglu(gate, up, s * self.ff, limit, p, act)?;
-        b.matmul(&self.down_proj, None, act, s, p, out)
+        b.swiglu(gate, up, s * self.ff, limit, p, act)
     }
 }
 
 impl<B: Backend> Moe<B> {
-    /// `sc.y [s, D]` for `sc.hn [s, D]`.
+    /// `sc.y [s, D]` for `sc.hn [s, D]`. The shared expert's activation is computed
+    /// first and its down projection last (the order of independent products does not
+    /// change a value): its gate/up products then follow the norm, and its down product
+    /// precedes the add, which a backend that fuses neighbours takes in one launch each.
     pub(crate) fn forward(&self, b: &B, sc: &mut Scratch<B>, call: &MoeCall<'_, B>) -> Result<()> {
         let (s, p) = (call.s, call.p);
+        if call.shared {
+            self.shared.act(
+                b,
+                &sc.hn,
+                s,
+                call.limit_shexp,
+                p,
+                [&mut sc.ff_gate, &mut sc.ff_up, &mut sc.ff_act],
+            )?;
+        }
         // The router runs in the model dtype (unlike GLM-5.3's f32 router): its logits,
         // scores and weights are bf16 tensors in the bf16 model.
         b.matmul(&self.gate, None, &sc.hn, s, p, &mut sc.router)?;
@@ -110,15 +120,7 @@ impl<B: Backend> Moe<B> {
             &mut sc.y,
         )?;
         if call.shared {
-            self.shared.forward(
-                b,
-                &sc.hn,
-                s,
-                call.limit_shexp,
-                p,
-                [&mut sc.ff_gate, &mut sc.ff_up, &mut sc.ff_act],
-                &mut sc.y2,
-            )?;
+            b.matmul(&self.shared.down_proj, None, &sc.ff_act, s, p, &mut sc.y2)?;
             b.add(&mut sc.y, &sc.y2, s * call.d, p)?;
         }
         Ok(())
