@@ -4,9 +4,8 @@
 //! that ggml repacks, Q5_0, Q6_K, Q8_0), every row of one 150-token step equals, bit for
 //! bit, the same row computed in uneven chunks, token by token, and after a rewind.
 //!
-//! Skips (with a message) when a model file is absent.
-
-mod common;
+//! The models are located by `ds4_testkit` (a failure under CI when absent, a visible
+//! skip elsewhere).
 
 use ds4_engine::{LoadedModel, Session};
 
@@ -52,7 +51,7 @@ fn first_difference(a: &[f32], b: &[f32], n_vocab: usize) -> Option<(usize, f32,
 #[test]
 fn logits_do_not_depend_on_the_prompt_split() {
     for file in MODELS {
-        let Some(path) = common::model(file) else {
+        let Some(path) = ds4_testkit::model(file) else {
             continue;
         };
         let lm = LoadedModel::open(&path).unwrap();

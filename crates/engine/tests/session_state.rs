@@ -8,13 +8,13 @@
 //! SmolLM2 is located by `ds4_testkit` (a failure under CI when absent, a visible skip
 //! elsewhere); the fixture files are committed.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ds4_engine::{Model, Session};
 use ds4_gguf::GgufFile;
 
-fn load(path: &PathBuf) -> Arc<dyn Model> {
+fn load(path: &Path) -> Arc<dyn Model> {
     let gguf = Arc::new(GgufFile::open(path).unwrap());
     ds4_engine::loader::load_model(&gguf, path).unwrap()
 }
@@ -32,7 +32,9 @@ fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
     let mut x = seed;
     (0..n)
         .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((x >> 33) % n_vocab as u64) as u32
         })
         .collect()
@@ -118,10 +120,14 @@ fn a_state_of_another_model_is_refused() {
     let glm = load(&fixture("glm5_next", "real_layout_f32"));
     let ds4 = load(&fixture("deepseek4", "real_layout_f32"));
     let mut a = Session::new(glm.clone(), 128).unwrap();
-    a.prefill(&tokens(10, glm.info().n_vocab.min(ds4.info().n_vocab), 3), &mut |_, _| {})
-        .unwrap();
+    a.prefill(
+        &tokens(10, glm.info().n_vocab.min(ds4.info().n_vocab), 3),
+        &mut |_, _| {},
+    )
+    .unwrap();
     let mut bytes = Vec::new();
-    a.write_snapshot(&a.snapshot().unwrap(), &mut bytes).unwrap();
+    a.write_snapshot(&a.snapshot().unwrap(), &mut bytes)
+        .unwrap();
     let b = Session::new(ds4, 128).unwrap();
     let Err(e) = b.read_snapshot(&mut &bytes[..]) else {
         panic!("a GLM-5.3 state was accepted by a DeepSeek-V4 session");
