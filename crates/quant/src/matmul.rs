@@ -24,8 +24,10 @@ use crate::{QMatrix, vec_dot_type};
 /// From this many tokens on, quantized products use the panel kernels.
 const PANEL_MIN_TOKENS: usize = 4;
 /// Products with fewer multiply-adds than this run on the calling thread: below it
-/// (about 30 µs of one core's work) waking the pool costs more than it saves.
-const PARALLEL_MIN_MACS: usize = 1 << 20;
+/// (about 2 µs of one core's work) handing half of the rows to another thread costs
+/// more than it saves, when that thread is awake (the engine's CPU backend keeps its
+/// pool spinning through a step; waking a parked rayon worker costs tens of µs).
+const PARALLEL_MIN_MACS: usize = 1 << 16;
 
 /// How llama.cpp's CPU backend holds a weight matrix, which decides its kernels and so
 /// the rounding of its products.

@@ -220,8 +220,8 @@ pub trait Backend: Buffers + Send + Sync + 'static {
     // ---- steps ----
 
     /// Runs one forward step (every operation `f` issues) on the backend's workers. The
-    /// CPU backend runs it inside its thread pool so the operations' parallel loops do
-    /// not have to wake a caller outside the pool once per operation.
+    /// CPU backend runs it inside its thread pool, whose other threads spin until the
+    /// step ends, so the operations' parallel loops wake nobody.
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         f()
     }

@@ -15,7 +15,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::ggml_math::{LANES, dot_f16_vec, reduce_add_16, softmax};
+use super::ggml_math::{LANES, dot_f16_vec, softmax};
 use crate::backend::AttnShape;
 
 /// ggml pads the KV length of the attention products; padding with zero weights does
@@ -107,12 +107,25 @@ fn weighted_sum(s: &mut Scratch, vc: &[f16], kv_dim: usize, off: usize, n: usize
             *x = v.mul_add(p, *x);
         }
     }
-    let mut lanes = [0f32; LANES];
-    for (d, od) in o.iter_mut().enumerate() {
-        for (l, lane) in lanes.iter_mut().enumerate() {
-            let at = |g: usize| acc[(g * LANES + l) * hd + d];
-            *lane = (at(0) + at(2)) + (at(1) + at(3));
+    // The reduction of every output element at once (vectorised across `d`), in the
+    // order of `vec_dot`'s: the four accumulators `(a0 + a2) + (a1 + a3)` into the first,
+    // then its 16 lanes as `reduce_add_16` adds them.
+    let (a0, rest) = acc.split_at_mut(LANES * hd);
+    let (a1, rest) = rest.split_at_mut(LANES * hd);
+    let (a2, a3) = rest.split_at_mut(LANES * hd);
+    for (((x0, &x1), &x2), &x3) in a0.iter_mut().zip(&*a1).zip(&*a2).zip(&*a3) {
+        *x0 = (*x0 + x2) + (x1 + x3);
+    }
+    for half in [8, 4] {
+        let (low, high) = a0.split_at_mut(half * hd);
+        for (x, &y) in low.iter_mut().zip(&high[..half * hd]) {
+            *x += y;
         }
-        *od = reduce_add_16(&lanes);
+    }
+    let (t0, rest) = a0.split_at(hd);
+    let (t1, rest) = rest.split_at(hd);
+    let (t2, t3) = rest.split_at(hd);
+    for ((((od, &x0), &x1), &x2), &x3) in o.iter_mut().zip(t0).zip(t1).zip(t2).zip(t3) {
+        *od = (x0 + x2) + (x1 + x3);
     }
 }

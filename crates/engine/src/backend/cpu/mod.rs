@@ -10,7 +10,8 @@
 //! - MoE families (`Prec::F32`/`Bf16`): the PyTorch reference's arithmetic, operation
 //!   by operation (one module per operation family).
 //!
-//! Work is spread over the backend's own rayon pool.
+//! Work is spread over the backend's own rayon pool, whose threads spin through a
+//! step ([`Spinners`]).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -43,6 +44,7 @@ use crate::{EngineError, Result};
 /// The CPU backend, with its own rayon pool.
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
+    spinners: Arc<Spinners>,
     /// The feature turned off by a test (see `crate::ablation`).
     #[cfg(test)]
     ablation: std::sync::Mutex<Option<crate::ablation::Ablation>>,
@@ -58,6 +60,7 @@ impl CpuBackend {
             .map_err(|e| EngineError::Backend(format!("starting {threads} CPU threads: {e}")))?;
         Ok(CpuBackend {
             pool,
+            spinners: Arc::default(),
             #[cfg(test)]
             ablation: std::sync::Mutex::new(None),
         })
@@ -78,6 +81,73 @@ impl CpuBackend {
     #[cfg(test)]
     pub(crate) fn ablation(&self) -> Option<crate::ablation::Ablation> {
         *self.ablation.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Keeps the pool's threads awake while steps run. Between two operations rayon parks
+/// an idle worker after a few dozen rounds of looking for work, and waking it costs
+/// tens of µs, more than one of a decode step's small products takes. So each step
+/// asks every other pool thread to look for the step's parallel work until no step is
+/// running, as ggml's CPU threadpool keeps its workers spinning through a graph. Unlike
+/// ggml's, a spinner that found nothing for [`SPIN_ROUNDS`] looks gives its core back
+/// to the OS between looks (`sched_yield`): on a machine whose cores other processes
+/// also want, pure spinning halved decode speed (docs/benchmarks.md), while on an idle
+/// one the yield returns at once.
+#[derive(Default)]
+struct Spinners {
+    /// Steps running on the pool.
+    active: std::sync::atomic::AtomicUsize,
+}
+
+/// Looks for work (about 10 µs) before a spinner starts yielding its core.
+const SPIN_ROUNDS: u32 = 64;
+
+thread_local! {
+    /// Whether this thread runs a step or spins for one: a spinner asked for while
+    /// waiting inside a step (rayon runs queued jobs there) must not spin, as the step
+    /// it waits in counts as running.
+    static IN_STEP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl Spinners {
+    /// Runs the step `f` on the current pool thread with the others spinning.
+    fn step<R>(self: &Arc<Self>, pool: &rayon::ThreadPool, f: impl FnOnce() -> R) -> R {
+        use std::sync::atomic::Ordering;
+        self.active.fetch_add(1, Ordering::AcqRel);
+        if pool.current_num_threads() > 1 {
+            let me = self.clone();
+            pool.spawn_broadcast(move |_| me.spin());
+        }
+        /// Ends the step, also when `f` panics (the spinners would spin on otherwise).
+        struct End<'a>(&'a Spinners, bool);
+        impl Drop for End<'_> {
+            fn drop(&mut self) {
+                IN_STEP.set(self.1);
+                self.0.active.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _end = End(self, IN_STEP.replace(true));
+        f()
+    }
+
+    /// Runs the pool's work while a step is running.
+    fn spin(&self) {
+        use std::sync::atomic::Ordering;
+        if IN_STEP.replace(true) {
+            return;
+        }
+        let mut idle = 0;
+        while self.active.load(Ordering::Acquire) > 0 {
+            if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                idle = 0;
+            } else if idle < SPIN_ROUNDS {
+                idle += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        IN_STEP.set(false);
     }
 }
 
@@ -134,7 +204,7 @@ impl Backend for CpuBackend {
     }
 
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
+        self.pool.install(|| self.spinners.step(&self.pool, f))
     }
 
     fn weight(&self, file: &Arc<GgufFile>, info: &TensorInfo) -> Result<CpuWeight> {
