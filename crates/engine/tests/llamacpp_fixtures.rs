@@ -307,13 +307,13 @@ fn check_teacher_forced(json: &str) {
                 c.id
             ));
         }
-        if !(median <= median_bound) {
+        if median > median_bound {
             failed.push(format!(
                 "{}: median distance {median:.3e} > {median_bound:.2e}",
                 c.id
             ));
         }
-        if !(median_scaled > median_bound) {
+        if median_scaled <= median_bound {
             failed.push(format!(
                 "{}: logits scaled by {PERTURBATION} pass the median bound ({median_scaled:.2e})",
                 c.id
