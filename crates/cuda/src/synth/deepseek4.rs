@@ -19,7 +19,7 @@
 
 use ds4_gguf::{GgmlType, Value};
 
-use super::{Init, Read, Tensor, Window, vocab};
+use super::{Init, Tensor, Window, add_hc_mixes, add_q2_experts, vocab};
 
 /// The architecture name.
 pub const ARCH: &str = "deepseek4";
@@ -243,7 +243,7 @@ pub fn metadata(s: &Shape, w: Window) -> Vec<(String, Value)> {
 
 /// Every tensor of layers `w` of `s`, in `synth_gguf.py`'s order.
 pub fn tensors(s: &Shape, w: Window) -> Vec<Tensor> {
-    use GgmlType::{F16, F32, I32, IQ2_XXS, Q2_K, Q8_0};
+    use GgmlType::{F16, F32, I32, Q8_0};
     let (e, v) = (s.n_embd as u64, s.n_vocab as u64);
     let (h, hd, hc, ql) = (
         s.n_head as u64,
@@ -256,20 +256,7 @@ pub fn tensors(s: &Shape, w: Window) -> Vec<Tensor> {
     let mix = (2 + hc) * hc;
     let mut t = Vec::new();
     let mut add = |name: String, dims: &[u64], ty: GgmlType, init: Init| {
-        let read = if name.ends_with("_exps.weight") {
-            Read::Experts { used: nu, n: ne }
-        } else if name == "token_embd.weight" || name.ends_with("tid2eid.weight") {
-            Read::Row
-        } else {
-            Read::All
-        };
-        t.push(Tensor {
-            name,
-            dims: dims.to_vec(),
-            ty,
-            init,
-            read,
-        });
+        t.push(Tensor::moe(name, dims, ty, init, nu, ne))
     };
     let (mat, flt, norm) = (Init::Blocks, Init::Floats, Init::Norm);
     add("token_embd.weight".into(), &[e, v], F16, flt);
@@ -296,16 +283,7 @@ pub fn tensors(s: &Shape, w: Window) -> Vec<Tensor> {
             mat,
         );
         add("attn_output_b.weight", &[groups * ol, e], Q8_0, mat);
-        for part in ["attn", "ffn"] {
-            add(&format!("hc_{part}_fn.weight"), &[hc * e, mix], F16, flt);
-            add(&format!("hc_{part}_base.weight"), &[mix], F32, flt);
-            add(
-                &format!("hc_{part}_scale.weight"),
-                &[3],
-                F32,
-                Init::Const(1.0),
-            );
-        }
+        add_hc_mixes(&mut add, hc * e, mix, F16);
         if r > 0 {
             let coff = if r == 4 { 2 } else { 1 };
             add("attn_compressor_kv.weight", &[e, coff * hd], F16, flt);
@@ -334,13 +312,7 @@ pub fn tensors(s: &Shape, w: Window) -> Vec<Tensor> {
             add("exp_probs_b.bias", &[ne], F32, Init::Const(0.0));
         }
         add("ffn_norm.weight", &[e], F32, norm);
-        add("ffn_gate_exps.weight", &[e, ff, ne], IQ2_XXS, mat);
-        add("ffn_down_exps.weight", &[ff, e, ne], Q2_K, mat);
-        add("ffn_up_exps.weight", &[e, ff, ne], IQ2_XXS, mat);
-        let sh = ff * s.n_expert_shared as u64;
-        add("ffn_gate_shexp.weight", &[e, sh], Q8_0, mat);
-        add("ffn_down_shexp.weight", &[sh, e], Q8_0, mat);
-        add("ffn_up_shexp.weight", &[e, sh], Q8_0, mat);
+        add_q2_experts(&mut add, e, ff, ne, s.n_expert_shared as u64);
     }
     t
 }

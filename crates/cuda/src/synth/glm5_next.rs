@@ -20,7 +20,7 @@
 
 use ds4_gguf::{GgmlType, Value};
 
-use super::{Init, Read, Tensor, Window, vocab};
+use super::{Init, Tensor, Window, add_hc_mixes, add_q2_experts, vocab};
 
 /// The architecture name.
 pub const ARCH: &str = "glm5-next";
@@ -255,7 +255,7 @@ pub fn metadata(s: &Shape, w: Window) -> Vec<(String, Value)> {
 
 /// Every tensor of layers `w` of `s`, in `synth_gguf.py`'s order.
 pub fn tensors(s: &Shape, w: Window) -> Vec<Tensor> {
-    use GgmlType::{BF16, F16, F32, IQ2_XXS, Q2_K, Q8_0};
+    use GgmlType::{BF16, F16, F32, Q8_0};
     let (e, v) = (s.n_embd as u64, s.n_vocab as u64);
     let (hc, ql, kvl) = (s.hc as u64, s.q_lora as u64, s.kv_lora as u64);
     let (h, hd) = (s.n_head as u64, s.kda_head_dim as u64);
@@ -263,24 +263,9 @@ pub fn tensors(s: &Shape, w: Window) -> Vec<Tensor> {
     let (ne, ff) = (s.n_expert as u64, s.n_ff_exp as u64);
     let mix = (2 + hc) * hc;
     let mut t = Vec::new();
+    let nu = s.n_expert_used as u64;
     let mut add = |name: String, dims: &[u64], ty: GgmlType, init: Init| {
-        let read = if name.ends_with("_exps.weight") {
-            Read::Experts {
-                used: s.n_expert_used as u64,
-                n: ne,
-            }
-        } else if name == "token_embd.weight" {
-            Read::Row
-        } else {
-            Read::All
-        };
-        t.push(Tensor {
-            name,
-            dims: dims.to_vec(),
-            ty,
-            init,
-            read,
-        });
+        t.push(Tensor::moe(name, dims, ty, init, nu, ne))
     };
     let (mat, flt, norm) = (Init::Blocks, Init::Floats, Init::Norm);
     add("token_embd.weight".into(), &[e, v], F16, flt);
@@ -290,16 +275,7 @@ pub fn tensors(s: &Shape, w: Window) -> Vec<Tensor> {
         let mut add = |x: &str, dims: &[u64], ty, init| add(format!("blk.{i}.{x}"), dims, ty, init);
         add("attn_norm.weight", &[e], F32, norm);
         add("ffn_norm.weight", &[e], F32, norm);
-        for part in ["attn", "ffn"] {
-            add(&format!("hc_{part}_fn.weight"), &[hc * e, mix], F32, flt);
-            add(&format!("hc_{part}_base.weight"), &[mix], F32, flt);
-            add(
-                &format!("hc_{part}_scale.weight"),
-                &[3],
-                F32,
-                Init::Const(1.0),
-            );
-        }
+        add_hc_mixes(&mut add, hc * e, mix, F32);
         if !s.is_mla(real) {
             let kc = s.kda_conv as u64;
             for x in ["q", "k", "v"] {
@@ -351,13 +327,7 @@ pub fn tensors(s: &Shape, w: Window) -> Vec<Tensor> {
         } else {
             add("ffn_gate_inp.weight", &[e, ne], F32, flt);
             add("exp_probs_b.bias", &[ne], F32, Init::Const(0.0));
-            add("ffn_gate_exps.weight", &[e, ff, ne], IQ2_XXS, mat);
-            add("ffn_down_exps.weight", &[ff, e, ne], Q2_K, mat);
-            add("ffn_up_exps.weight", &[e, ff, ne], IQ2_XXS, mat);
-            let sh = ff * s.n_expert_shared as u64;
-            add("ffn_gate_shexp.weight", &[e, sh], Q8_0, mat);
-            add("ffn_down_shexp.weight", &[sh, e], Q8_0, mat);
-            add("ffn_up_shexp.weight", &[e, sh], Q8_0, mat);
+            add_q2_experts(&mut add, e, ff, ne, s.n_expert_shared as u64);
         }
     }
     t

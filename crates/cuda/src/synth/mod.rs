@@ -125,6 +125,26 @@ pub struct Tensor {
 }
 
 impl Tensor {
+    /// A tensor of a synthetic MoE model, what a decode step reads of it following from
+    /// its llama.cpp name: a token's row of the embedding and of `tid2eid`, `used` of the
+    /// `n` stacked experts, all of any other.
+    fn moe(name: String, dims: &[u64], ty: GgmlType, init: Init, used: u64, n: u64) -> Tensor {
+        let read = if name.ends_with("_exps.weight") {
+            Read::Experts { used, n }
+        } else if name == "token_embd.weight" || name.ends_with("tid2eid.weight") {
+            Read::Row
+        } else {
+            Read::All
+        };
+        Tensor {
+            name,
+            dims: dims.to_vec(),
+            ty,
+            init,
+            read,
+        }
+    }
+
     pub fn n_elements(&self) -> u64 {
         self.dims.iter().product()
     }
@@ -341,6 +361,48 @@ pub fn valid_names() -> String {
         quants.join(", "),
         moe.join(", ")
     )
+}
+
+/// Adds a layer's tensor (name within the layer, dims, type, init).
+type AddFn<'a> = dyn FnMut(&str, &[u64], GgmlType, Init) + 'a;
+
+/// The mHC mixing of a layer's two sublayers (llama.cpp's `hc_{attn,ffn}_{fn,base,scale}`):
+/// `fn` [`hc_e`, `mix`] of type `fn_ty`, `base` [`mix`], `scale` 1.
+fn add_hc_mixes(add: &mut AddFn, hc_e: u64, mix: u64, fn_ty: GgmlType) {
+    for part in ["attn", "ffn"] {
+        add(
+            &format!("hc_{part}_fn.weight"),
+            &[hc_e, mix],
+            fn_ty,
+            Init::Floats,
+        );
+        add(
+            &format!("hc_{part}_base.weight"),
+            &[mix],
+            GgmlType::F32,
+            Init::Floats,
+        );
+        add(
+            &format!("hc_{part}_scale.weight"),
+            &[3],
+            GgmlType::F32,
+            Init::Const(1.0),
+        );
+    }
+}
+
+/// The "q2" mix's experts of a layer of width `e`: `ne` routed experts of `ff` (gate/up
+/// IQ2_XXS, down Q2_K) and `shared` shared ones (Q8_0).
+fn add_q2_experts(add: &mut AddFn, e: u64, ff: u64, ne: u64, shared: u64) {
+    use GgmlType::{IQ2_XXS, Q2_K, Q8_0};
+    let mat = Init::Blocks;
+    add("ffn_gate_exps.weight", &[e, ff, ne], IQ2_XXS, mat);
+    add("ffn_down_exps.weight", &[ff, e, ne], Q2_K, mat);
+    add("ffn_up_exps.weight", &[e, ff, ne], IQ2_XXS, mat);
+    let sh = ff * shared;
+    add("ffn_gate_shexp.weight", &[e, sh], Q8_0, mat);
+    add("ffn_down_shexp.weight", &[sh, e], Q8_0, mat);
+    add("ffn_up_shexp.weight", &[e, sh], Q8_0, mat);
 }
 
 #[cfg(test)]
