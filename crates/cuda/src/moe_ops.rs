@@ -49,6 +49,23 @@ fn weight_err(e: crate::error::CudaError) -> EngineError {
     EngineError::Backend(e.to_string())
 }
 
+/// The device pointer of an optional vector weight that must hold `len` values (0 when
+/// absent; its memory joins the launch's `keep`), or an error naming `what`.
+fn opt_values<'a>(
+    w: Option<&'a CudaWeight>,
+    len: usize,
+    what: &str,
+    keep: &mut Vec<&'a Arc<DevMem>>,
+) -> Result<DPtr> {
+    let Some(w) = w else { return Ok(0) };
+    let (m, l) = w.values().map_err(weight_err)?;
+    if l != len {
+        return Err(bad(format!("{what} length")));
+    }
+    keep.push(m);
+    Ok(m.ptr())
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct FloatGemv {
@@ -346,17 +363,7 @@ impl CudaBackend {
         let xp = self.buf_of(x, rows * groups * n_in, "matmul input")?;
         let op = self.buf_of(out, rows * groups * n_out, "matmul output")?;
         let mut keep = vec![wm, &x.mem, &out.mem];
-        let bp = match bias {
-            Some(b) => {
-                let (bm, len) = b.values().map_err(weight_err)?;
-                if len != n_out {
-                    return Err(bad("matmul: bias length"));
-                }
-                keep.push(bm);
-                bm.ptr()
-            }
-            None => 0,
-        };
+        let bp = opt_values(bias, n_out, "matmul: bias", &mut keep)?;
         // Many tokens in f32 arithmetic: cuBLAS, on an f32 copy of the weight.
         if rows >= SGEMM_MIN_ROWS && p != Prec::Bf16 && bias.is_none() {
             let wf = self.f32_weight(wm, ty, n * n_out * n_in)?;
@@ -582,17 +589,7 @@ impl CudaBackend {
         out: &CudaBuf,
     ) -> Result<()> {
         let mut keep = vec![&x.mem, &out.mem];
-        let wp = match w {
-            Some(w) => {
-                let (m, len) = w.values().map_err(weight_err)?;
-                if len != cols {
-                    return Err(bad("rms_norm: weight length"));
-                }
-                keep.push(m);
-                m.ptr()
-            }
-            None => 0,
-        };
+        let wp = opt_values(w, cols, "rms_norm: weight", &mut keep)?;
         let mut a = KArgs::default();
         a.push(self.buf_of(x, rows * cols, "rms_norm")?)
             .push(wp)
@@ -668,17 +665,7 @@ impl CudaBackend {
             ));
         }
         let mut keep = vec![&logits.mem, &ids.mem, &weights.mem];
-        let bp = match bias {
-            Some(b) => {
-                let (m, len) = b.values().map_err(weight_err)?;
-                if len != r.n_expert {
-                    return Err(bad("moe_route: bias length"));
-                }
-                keep.push(m);
-                m.ptr()
-            }
-            None => 0,
-        };
+        let bp = opt_values(bias, r.n_expert, "moe_route: bias", &mut keep)?;
         let (hp, vocab) = match hash {
             Some(h) => {
                 let (m, len) = h.ints().map_err(weight_err)?;
@@ -1598,17 +1585,7 @@ impl CudaBackend {
             return Err(bad("compress: ape shape"));
         }
         let mut keep = vec![&kv.mem, &gate.mem, am, &entries.mem];
-        let np = match norm {
-            Some(w) => {
-                let (m, l) = w.values().map_err(weight_err)?;
-                if l != sh.dim {
-                    return Err(bad("compress: norm length"));
-                }
-                keep.push(m);
-                m.ptr()
-            }
-            None => 0,
-        };
+        let np = opt_values(norm, sh.dim, "compress: norm", &mut keep)?;
         let inv = rope.map(|r| self.rope_table(r)).transpose()?;
         if let Some(m) = &inv {
             keep.push(m);
