@@ -5,7 +5,10 @@
 //! grown tenfold (`reference + 10 × (ours − reference)`, which the metric scales exactly)
 //! and, for logits, every value scaled by 1.01.
 
-use crate::fixtures::{Golden, argmax, row_err};
+use std::ops::Range;
+use std::path::Path;
+
+use crate::fixtures::{Golden, argmax, npy, npy_i32, row_err};
 
 /// Worst and median of a per-row metric.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -217,6 +220,72 @@ pub fn hidden_err(ours: &[f32], theirs: &[f32], pos: &[usize], width: usize, p: 
         worst = worst.max(d / scale);
     }
     worst
+}
+
+/// The reference's hidden states of a fixture (`hidden_*.npy`): the positions compared
+/// and, at those positions, the embeddings and layer after layer the streams and the
+/// attention and MLP (or MoE) block outputs.
+pub struct HiddenRef {
+    pub pos: Vec<usize>,
+    pub embed: Vec<f32>,
+    pub streams: Vec<f32>,
+    pub attn: Vec<f32>,
+    pub mlp: Vec<f32>,
+}
+
+impl HiddenRef {
+    pub fn load(dir: &Path) -> HiddenRef {
+        HiddenRef {
+            pos: npy_i32(&dir.join("hidden_positions.npy"))
+                .into_iter()
+                .map(|v| v as usize)
+                .collect(),
+            embed: npy(&dir.join("hidden_embed.npy")).1,
+            streams: npy(&dir.join("hidden_streams.npy")).1,
+            attn: npy(&dir.join("hidden_attn_out.npy")).1,
+            mlp: npy(&dir.join("hidden_mlp_out.npy")).1,
+        }
+    }
+
+    /// Layer `i`'s part of an all-layers array of `w` values per position.
+    pub fn at(&self, i: usize, w: usize) -> Range<usize> {
+        let per = self.pos.len();
+        i * per * w..(i + 1) * per * w
+    }
+
+    /// Per layer, the worst of our streams (`n·d` values per position) and attention and
+    /// block outputs (`d`) — `ours` in that order, one entry per layer — against the
+    /// reference's, ours perturbed by `p`; unperturbed, each layer's figures are printed
+    /// (the block output as `block`).
+    pub fn layer_errs(
+        &self,
+        name: &str,
+        block: &str,
+        ours: [&[Vec<f32>]; 3],
+        (n, d): (usize, usize),
+        p: Perturb,
+    ) -> Vec<f64> {
+        let [streams, attn, mlp] = ours;
+        (0..streams.len())
+            .map(|i| {
+                let es = hidden_err(
+                    &streams[i],
+                    &self.streams[self.at(i, n * d)],
+                    &self.pos,
+                    n * d,
+                    p,
+                );
+                let ea = hidden_err(&attn[i], &self.attn[self.at(i, d)], &self.pos, d, p);
+                let em = hidden_err(&mlp[i], &self.mlp[self.at(i, d)], &self.pos, d, p);
+                if matches!(p, Perturb::Off) {
+                    eprintln!(
+                        "{name} layer {i}: attn {ea:.2e}  {block} {em:.2e}  streams {es:.2e}"
+                    );
+                }
+                es.max(ea).max(em)
+            })
+            .collect()
+    }
 }
 
 /// A fixture's pinned hidden-state measurement: per layer, the worst of its attention and

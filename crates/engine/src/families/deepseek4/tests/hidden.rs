@@ -9,7 +9,7 @@
 //! the bf16 one per layer, and asserts that ours is smaller at every layer.
 
 use super::*;
-use crate::families::bounds::{Perturb, PinnedHidden, hidden_err};
+use crate::families::bounds::{HiddenRef, Perturb, PinnedHidden, hidden_err};
 use crate::families::deepseek4::Trace;
 
 /// Per layer, the worst of its attention and MoE outputs and streams, measured 2026-12-02
@@ -36,36 +36,16 @@ fn layers(name: &str) {
         llamacpp_model(&dir)
     };
     let g = golden(&dir);
-    let pos: Vec<usize> = npy_i32(&dir.join("hidden_positions.npy"))
-        .into_iter()
-        .map(|v| v as usize)
-        .collect();
-    let (_, streams) = npy(&dir.join("hidden_streams.npy"));
-    let (_, attn) = npy(&dir.join("hidden_attn_out.npy"));
-    let (_, mlp) = npy(&dir.join("hidden_mlp_out.npy"));
-    let (_, embed) = npy(&dir.join("hidden_embed.npy"));
+    let h = HiddenRef::load(&dir);
     let c = m.config();
-    let (n, d, l) = (c.hc_mult, c.n_embd, c.n_layer());
+    let (n, d) = (c.hc_mult, c.n_embd);
     let mut cache = m.new_cache(4096).unwrap();
     let mut tr = Trace::default();
     m.forward_traced(&mut *cache, &g.prompt, &mut tr).unwrap();
-    let e = hidden_err(&tr.embed, &embed, &pos, d, Perturb::Off);
+    let e = hidden_err(&tr.embed, &h.embed, &h.pos, d, Perturb::Off);
     assert!(e == 0.0, "{name}: embeddings {e:.2e}");
-    let per = pos.len();
-    let at = |i: usize, w: usize| i * per * w..(i + 1) * per * w;
-    let errs = |p: Perturb| -> Vec<f64> {
-        (0..l)
-            .map(|i| {
-                let es = hidden_err(&tr.streams[i], &streams[at(i, n * d)], &pos, n * d, p);
-                let ea = hidden_err(&tr.attn_out[i], &attn[at(i, d)], &pos, d, p);
-                let em = hidden_err(&tr.mlp_out[i], &mlp[at(i, d)], &pos, d, p);
-                if matches!(p, Perturb::Off) {
-                    eprintln!("{name} layer {i}: attn {ea:.2e}  moe {em:.2e}  streams {es:.2e}");
-                }
-                es.max(ea).max(em)
-            })
-            .collect()
-    };
+    let ours = [&tr.streams[..], &tr.attn_out[..], &tr.mlp_out[..]];
+    let errs = |p: Perturb| h.layer_errs(name, "moe", ours, (n, d), p);
     pinned(name).check(name, errs);
     if !bf16 {
         return;
@@ -76,32 +56,38 @@ fn layers(name: &str) {
     let (_, fa) = npy(&f32_dir.join("hidden_attn_out.npy"));
     let (_, fs) = npy(&f32_dir.join("hidden_streams.npy"));
     let per_pos = |a: &[f32], w: usize| -> Vec<f32> {
-        let mut v = vec![0f32; (pos.iter().max().unwrap() + 1) * w];
-        for (k, &p) in pos.iter().enumerate() {
+        let mut v = vec![0f32; (h.pos.iter().max().unwrap() + 1) * w];
+        for (k, &p) in h.pos.iter().enumerate() {
             v[p * w..(p + 1) * w].copy_from_slice(&a[k * w..(k + 1) * w]);
         }
         v
     };
-    for i in 0..l {
+    for i in 0..tr.streams.len() {
         let f32_attn = hidden_err(
-            &per_pos(&fa[at(i, d)], d),
-            &attn[at(i, d)],
-            &pos,
+            &per_pos(&fa[h.at(i, d)], d),
+            &h.attn[h.at(i, d)],
+            &h.pos,
             d,
             Perturb::Off,
         );
         let f32_streams = hidden_err(
-            &per_pos(&fs[at(i, n * d)], n * d),
-            &streams[at(i, n * d)],
-            &pos,
+            &per_pos(&fs[h.at(i, n * d)], n * d),
+            &h.streams[h.at(i, n * d)],
+            &h.pos,
             n * d,
             Perturb::Off,
         );
-        let ours_attn = hidden_err(&tr.attn_out[i], &attn[at(i, d)], &pos, d, Perturb::Off);
+        let ours_attn = hidden_err(
+            &tr.attn_out[i],
+            &h.attn[h.at(i, d)],
+            &h.pos,
+            d,
+            Perturb::Off,
+        );
         let ours_streams = hidden_err(
             &tr.streams[i],
-            &streams[at(i, n * d)],
-            &pos,
+            &h.streams[h.at(i, n * d)],
+            &h.pos,
             n * d,
             Perturb::Off,
         );

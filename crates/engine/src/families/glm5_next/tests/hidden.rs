@@ -9,7 +9,7 @@
 use ds4_convert::OutType;
 
 use super::*;
-use crate::families::bounds::{Perturb, PinnedHidden, hidden_err};
+use crate::families::bounds::{HiddenRef, Perturb, PinnedHidden, hidden_err};
 use crate::families::glm5_next::Trace;
 
 /// Per layer, the worst of its attention and MLP outputs and streams, measured 2026-12-02
@@ -36,42 +36,23 @@ fn layers(name: &str, outtype: OutType) {
     let dir = dir(name);
     let m = model(&dir, outtype);
     let g = golden(&dir);
-    let pos: Vec<usize> = npy_i32(&dir.join("hidden_positions.npy"))
-        .into_iter()
-        .map(|v| v as usize)
-        .collect();
-    let (_, streams) = npy(&dir.join("hidden_streams.npy"));
-    let (_, attn) = npy(&dir.join("hidden_attn_out.npy"));
-    let (_, mlp) = npy(&dir.join("hidden_mlp_out.npy"));
-    let (_, embed) = npy(&dir.join("hidden_embed.npy"));
+    let h = HiddenRef::load(&dir);
     let c = m.config();
-    let (n, d, l) = (c.hc_mult, c.n_embd, c.n_layer());
+    let (n, d) = (c.hc_mult, c.n_embd);
     let mut cache = m.new_cache(4096).unwrap();
     let mut tr = Trace::default();
     m.forward_traced(&mut *cache, &g.prompt, &mut tr).unwrap();
-    let e = hidden_err(&tr.embed, &embed, &pos, d, Perturb::Off);
+    let e = hidden_err(&tr.embed, &h.embed, &h.pos, d, Perturb::Off);
     assert!(e == 0.0, "{name}: embeddings {e:.2e}");
-    let per = pos.len();
-    let at = |i: usize, w: usize| i * per * w..(i + 1) * per * w;
-    let errs = |p: Perturb| -> Vec<f64> {
-        (0..l)
-            .map(|i| {
-                let es = hidden_err(&tr.streams[i], &streams[at(i, n * d)], &pos, n * d, p);
-                let ea = hidden_err(&tr.attn_out[i], &attn[at(i, d)], &pos, d, p);
-                let em = hidden_err(&tr.mlp_out[i], &mlp[at(i, d)], &pos, d, p);
-                if matches!(p, Perturb::Off) {
-                    eprintln!("{name} layer {i}: attn {ea:.2e}  mlp {em:.2e}  streams {es:.2e}");
-                }
-                es.max(ea).max(em)
-            })
-            .collect()
-    };
+    let ours = [&tr.streams[..], &tr.attn_out[..], &tr.mlp_out[..]];
+    let errs = |p: Perturb| h.layer_errs(name, "mlp", ours, (n, d), p);
     if std::env::var_os("GLM_DEBUG").is_some() {
-        for i in 0..l {
-            for (k, &p) in pos.iter().enumerate() {
+        let per = h.pos.len();
+        for i in 0..tr.attn_out.len() {
+            for (k, &p) in h.pos.iter().enumerate() {
                 let e1 = hidden_err(
                     &tr.attn_out[i][p * d..(p + 1) * d],
-                    &attn[(i * per + k) * d..(i * per + k + 1) * d],
+                    &h.attn[(i * per + k) * d..(i * per + k + 1) * d],
                     &[0],
                     d,
                     Perturb::Off,
