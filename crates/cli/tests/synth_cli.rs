@@ -4,17 +4,8 @@ mod support;
 
 use support::{run, show};
 
-#[test]
-fn synthetic_file_loads_and_generates() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    let p = path.to_str().unwrap();
-    let out = run(&["synth", "tiny-llama:q4_0", p]);
-    assert!(out.status.success(), "{}", show(&out));
-    let file = ds4_gguf::GgufFile::open(&path).unwrap();
-    let spec = ds4_cuda::synth::Spec::parse("tiny-llama:q4_0").unwrap();
-    assert_eq!(file.tensors().len(), spec.tensors().len());
-    // The engine runs it: greedy, raw prompt, three tokens.
+/// The engine runs the model file `p`: greedy, raw prompt, three tokens.
+fn generates_three_tokens(p: &str) {
     let out = run(&[
         "run",
         "-m",
@@ -32,6 +23,19 @@ fn synthetic_file_loads_and_generates() {
     let err = String::from_utf8_lossy(&out.stderr);
     let dump: serde_json::Value = serde_json::from_str(err.lines().last().unwrap()).unwrap();
     assert_eq!(dump["generated"].as_array().unwrap().len(), 3, "{err}");
+}
+
+#[test]
+fn synthetic_file_loads_and_generates() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    let p = path.to_str().unwrap();
+    let out = run(&["synth", "tiny-llama:q4_0", p]);
+    assert!(out.status.success(), "{}", show(&out));
+    let file = ds4_gguf::GgufFile::open(&path).unwrap();
+    let spec = ds4_cuda::synth::Spec::parse("tiny-llama:q4_0").unwrap();
+    assert_eq!(file.tensors().len(), spec.tensors().len());
+    generates_three_tokens(p);
 }
 
 #[test]
@@ -57,23 +61,7 @@ fn a_glm_layer_window_loads_and_generates() {
     );
     let file = ds4_gguf::GgufFile::open(&path).unwrap();
     assert_eq!(file.get_u32("glm5-next.block_count").unwrap(), 3);
-    let out = run(&[
-        "run",
-        "-m",
-        p,
-        "--no-template",
-        "-p",
-        "ab",
-        "-n",
-        "3",
-        "--temp",
-        "0",
-        "--dump-tokens",
-    ]);
-    assert!(out.status.success(), "{}", show(&out));
-    let err = String::from_utf8_lossy(&out.stderr);
-    let dump: serde_json::Value = serde_json::from_str(err.lines().last().unwrap()).unwrap();
-    assert_eq!(dump["generated"].as_array().unwrap().len(), 3, "{err}");
+    generates_three_tokens(p);
     // A window past the last layer is refused.
     let out = run(&[
         "synth",
