@@ -166,7 +166,7 @@ pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
         Some(p) => Ok(p),
         None => bail!(
             "no model given and the default model is not in {} — run `ds4-server pull {name}` (or `make chat`), or pass -m FILE",
-            crate::pull::cache_dir().display()
+            ds4_dirs::models_dir().display()
         ),
     }
 }

