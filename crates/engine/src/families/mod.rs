@@ -5,3 +5,4 @@ mod bounds;
 pub mod deepseek4;
 pub mod glm5_next;
 pub mod llama;
+mod state_file;

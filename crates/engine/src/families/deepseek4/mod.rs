@@ -838,18 +838,13 @@ impl<B: Backend> Model for DeepSeek4<B> {
     }
 
     fn write_cache(&self, cache: &dyn Cache, out: &mut dyn std::io::Write) -> Result<()> {
-        let cache = cache
-            .as_any()
-            .downcast_ref::<DeepSeek4Cache<B>>()
-            .ok_or_else(|| EngineError::State("the cache belongs to another model".into()))?;
-        state_file::write_state(cache, &mut &mut *out)
-            .map_err(|e| EngineError::State(format!("writing the state: {e}")))
+        super::state_file::write_cache(cache, out, |c: &DeepSeek4Cache<B>, w| {
+            state_file::write_state(c, w)
+        })
     }
 
     fn read_cache(&self, input: &mut dyn std::io::Read) -> Result<Box<dyn Cache>> {
-        let cache = state_file::read_state(self, &mut &mut *input, "session state")
-            .map_err(|e| EngineError::State(e.to_string()))?;
-        Ok(Box::new(cache))
+        super::state_file::read_cache(input, |r, label| state_file::read_state(self, r, label))
     }
 
     fn forward(
