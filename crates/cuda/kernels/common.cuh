@@ -112,6 +112,30 @@ __device__ __forceinline__ int warp_sum_i(int v) {
     return v;
 }
 
+// Copies `rows` rows of `cols` floats (contiguous in global memory) into shared memory
+// rows `ld` floats apart, by the whole block: 16-byte loads, eight per thread issued
+// before their stores, when cols and ld are multiples of 4 and src is 16-byte aligned.
+__device__ __forceinline__ void stage_rows(float* dst, int ld, const float* src, int rows, int cols) {
+    if ((cols & 3) == 0 && (ld & 3) == 0 && ((u64)src & 15) == 0) {
+        const int c4 = cols >> 2, n4 = rows * c4;
+        for (int i0 = threadIdx.x; i0 < n4; i0 += 8 * blockDim.x) {
+            float4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int i = i0 + u * blockDim.x;
+                if (i < n4) v[u] = ((const float4*)src)[i];
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int i = i0 + u * blockDim.x;
+                if (i < n4) *(float4*)(dst + (i / c4) * ld + 4 * (i % c4)) = v[u];
+            }
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < rows * cols; i += blockDim.x) dst[(i / cols) * ld + i % cols] = src[i];
+}
+
 // Block-wide sum of a double (blockDim.x a multiple of 32, at most 1024 threads);
 // `red` is shared scratch of 32 doubles. Every thread gets the total.
 __device__ __forceinline__ double block_sum_d(double v, double* red) {

@@ -102,27 +102,60 @@ struct SelectParams {
     float scale, wscale;
 };
 
-// grid (rows, ceil(entries/8)), 8 warps: one warp per (query, entry):
-// I = Σ_h (w_h·ws)·relu(q_h·K·scale).
+// Entries per block of `dsa_scores`.
+#define DSA_EPB 32
+
+// grid (rows, ceil(entries/DSA_EPB)), 256 threads: I = Σ_h (w_h·ws)·relu(q_h·K·scale).
+// The query's heads sit in shared memory (rows padded by 4 floats: the heads' 16-byte
+// reads of one column fall in different banks); thread (entry, head) takes one dot in
+// column order, 256/heads entries at a time; one thread per entry then sums its heads'
+// terms in head order.
 extern "C" __global__ void dsa_scores(const SelectParams P) {
+    extern __shared__ float4 sm4[];
     pdl_wait();
     pdl_trigger();
-    const int i = blockIdx.x, lane = threadIdx.x & 31;
-    const int e = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int i = blockIdx.x;
     const int t = P.step->pos0 + i;
     const int visible = min((t + 1) / P.rate, (P.step->pos0 + P.step->n_tok) / P.rate);
-    if (e >= visible) return;
-    const float* key = P.entries + (i64)e * P.dim;
-    float acc = 0.f;
-    for (int h = 0; h < P.heads; ++h) {
-        const float* qh = P.q + ((i64)i * P.heads + h) * P.dim;
-        float d = 0.f;
-        for (int c = lane; c < P.dim; c += 32) d = __fadd_rn(d, __fmul_rn(qh[c], key[c]));
-        d = warp_sum(d);
-        const float wh = __fmul_rn(P.w[(i64)i * P.heads + h], P.wscale);
-        acc = __fadd_rn(acc, __fmul_rn(wh, fmaxf(__fmul_rn(d, P.scale), 0.f)));
+    const int e0 = blockIdx.y * DSA_EPB, e_end = min(e0 + DSA_EPB, visible);
+    if (e0 >= e_end) return;
+    const int ld = P.dim + 4, per = blockDim.x / P.heads;
+    float* qs = (float*)sm4;
+    float* ws = qs + P.heads * ld;
+    float* terms = ws + P.heads;
+    stage_rows(qs, ld, P.q + (i64)i * P.heads * P.dim, P.heads, P.dim);
+    for (int h = threadIdx.x; h < P.heads; h += blockDim.x) ws[h] = __fmul_rn(P.w[(i64)i * P.heads + h], P.wscale);
+    __syncthreads();
+    const int h = threadIdx.x % P.heads, el = threadIdx.x / P.heads;
+    for (int eb = e0; eb < e_end; eb += per) {
+        const int e = eb + el;
+        if (el < per) {
+            float term = 0.f;
+            if (e < e_end) {
+                const float4* k4 = (const float4*)(P.entries + (i64)e * P.dim);
+                const float4* q4 = (const float4*)(qs + h * ld);
+                float d = 0.f;
+#pragma unroll 8
+                for (int c = 0; c < P.dim / 4; ++c) {
+                    const float4 kv = k4[c], qv = q4[c];
+                    d = __fadd_rn(d, __fmul_rn(qv.x, kv.x));
+                    d = __fadd_rn(d, __fmul_rn(qv.y, kv.y));
+                    d = __fadd_rn(d, __fmul_rn(qv.z, kv.z));
+                    d = __fadd_rn(d, __fmul_rn(qv.w, kv.w));
+                }
+                term = __fmul_rn(ws[h], fmaxf(__fmul_rn(d, P.scale), 0.f));
+            }
+            terms[el * P.heads + h] = term;
+        }
+        __syncthreads();
+        if (threadIdx.x < per && eb + (int)threadIdx.x < e_end) {
+            const float* tr = terms + threadIdx.x * P.heads;
+            float acc = 0.f;
+            for (int g = 0; g < P.heads; ++g) acc = __fadd_rn(acc, tr[g]);
+            P.scores[(i64)i * P.max_entries + eb + threadIdx.x] = acc;
+        }
+        __syncthreads();
     }
-    if (lane == 0) P.scores[(i64)i * P.max_entries + e] = acc;
 }
 
 // Order-preserving map of a float to an unsigned int.
@@ -369,7 +402,8 @@ struct SinkParams {
     const i32* sel;        // optional [rows, per_q] selected entry ids (-1: none)
     const float* sinks;    // [heads]
     float* out;            // [rows, heads·hd]
-    i32 cap, heads, hd, window_len, rate, per_q, rb;
+    float* scores;         // scratch [rows, heads, n_stride]
+    i32 cap, heads, hd, window_len, rate, per_q, rb, n_stride;
     float scale;
 };
 
@@ -389,63 +423,151 @@ __device__ __forceinline__ const float* sink_key(const SinkParams& P, int i, int
     return P.entries + (i64)e * P.hd;
 }
 
-// DeepSeek-V4's attention (`Backend::sink_attention`, the CPU backend's `sink.rs`): one
-// block per (query row, head), 256 threads. Scores round(round(q·k)·scale) in shared
-// memory (one warp per key), the head's sink logit in the softmax denominator (f32
-// exponentials summed in f64), probabilities rounded in place, out = round(Σ p_j k_j)
-// in key order. Shared memory: hd + n_keys floats.
-extern "C" __global__ void sink_attention(const SinkParams P) {
-    extern __shared__ float sm[];
-    __shared__ double red[32];
-    __shared__ float redf[32];
+// The keys query i sees: window positions lo..t, then (with entries) the selected or
+// the visible compressed entries.
+struct SinkRow {
+    int t, lo, n_win, visible, n;
+};
+
+__device__ __forceinline__ SinkRow sink_row(const SinkParams& P, int i) {
+    SinkRow r;
+    r.t = P.step->pos0 + i;
+    r.lo = max(0, r.t + 1 - P.window_len);
+    r.n_win = r.t + 1 - r.lo;
+    r.visible = P.rate > 0 ? (r.t + 1) / P.rate : 0;
+    r.n = r.n_win + (P.entries ? (P.sel ? P.per_q : r.visible) : 0);
+    return r;
+}
+
+// DeepSeek-V4's attention (`Backend::sink_attention`, the CPU backend's `sink.rs`) in two
+// launches that read each key once for many heads: `sink_scores` writes every score, then
+// `sink_mix` takes each head's softmax and the probability-weighted sum of the keys.
+
+// Heads per block, keys per warp and the largest head dim (in registers, 32 values per
+// lane-step) of `sink_scores`.
+#define SINK_HG 16
+#define SINK_KPW 4
+#define SINK_MAXC 16
+
+// grid (rows, ceil(n_stride/(8·SINK_KPW)), ceil(heads/SINK_HG)), 256 threads, shared
+// memory SINK_HG·hd floats (the block's queries). Each warp scores SINK_KPW keys against
+// the block's heads: s = round(round(q·k)·scale) (−inf for a padded selection), each dot
+// summed lane-strided then across the warp, the key held in registers. A block whose keys
+// are all padding only writes −inf.
+extern "C" __global__ void sink_scores(const SinkParams P) {
+    extern __shared__ float4 qs4[];
     pdl_wait();
     pdl_trigger();
-    const int i = blockIdx.x, h = blockIdx.y;
+    const int i = blockIdx.x;
     if (i >= P.step->n_tok) return;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int t = P.step->pos0 + i;
-    const int lo = max(0, t + 1 - P.window_len), n_win = t + 1 - lo;
-    const int visible = P.rate > 0 ? (t + 1) / P.rate : 0;
-    const int n = n_win + (P.entries ? (P.sel ? P.per_q : visible) : 0);
-    float* qs = sm;
-    float* sc = sm + P.hd;
-    const float* qh = P.q + ((i64)i * P.heads + h) * P.hd;
-    for (int c = threadIdx.x; c < P.hd; c += blockDim.x) qs[c] = qh[c];
-    __syncthreads();
-    for (int j = warp; j < n; j += nw) {
-        const float* k = sink_key(P, i, t, lo, n_win, visible, j);
-        float s = -INFINITY;
-        if (k) {
-            float d = 0.f;
-            for (int c = lane; c < P.hd; c += 32) d = __fadd_rn(d, __fmul_rn(qs[c], k[c]));
-            s = rnd(__fmul_rn(rnd(warp_sum(d), P.rb), P.scale), P.rb);
-        }
-        if (lane == 0) sc[j] = s;
+    const SinkRow R = sink_row(P, i);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nk = (blockDim.x >> 5) * SINK_KPW;
+    const int j0 = blockIdx.y * nk;
+    if (j0 >= R.n) return;
+    const int h0 = blockIdx.z * SINK_HG, hg = min(SINK_HG, P.heads - h0);
+    float* score0 = P.scores + ((i64)i * P.heads + h0) * P.n_stride;
+    const int jw = j0 + warp * SINK_KPW;
+    const float* kp = lane < SINK_KPW && jw + lane < R.n ? sink_key(P, i, R.t, R.lo, R.n_win, R.visible, jw + lane)
+                                                         : nullptr;
+    if (!__syncthreads_or(kp != nullptr)) {
+        for (int x = threadIdx.x; x < hg * nk; x += blockDim.x)
+            if (j0 + x % nk < R.n) score0[(i64)(x / nk) * P.n_stride + j0 + x % nk] = -INFINITY;
+        return;
     }
+    float* qs = (float*)qs4;
+    stage_rows(qs, P.hd, P.q + ((i64)i * P.heads + h0) * P.hd, hg, P.hd);
     __syncthreads();
+    for (int u = 0; u < SINK_KPW; ++u) {
+        const int j = jw + u;
+        if (j >= R.n) break;
+        const float* k = (const float*)__shfl_sync(0xffffffffu, (unsigned long long)kp, u);
+        if (!k) {
+            if (lane < hg) score0[(i64)lane * P.n_stride + j] = -INFINITY;
+            continue;
+        }
+        float kr[SINK_MAXC];
+#pragma unroll
+        for (int m = 0; m < SINK_MAXC; ++m) kr[m] = lane + 32 * m < P.hd ? k[lane + 32 * m] : 0.f;
+        float d[SINK_HG];
+#pragma unroll
+        for (int h = 0; h < SINK_HG; ++h) d[h] = 0.f;
+#pragma unroll
+        for (int m = 0; m < SINK_MAXC; ++m) {
+            const int c = lane + 32 * m;
+            if (c < P.hd) {
+#pragma unroll
+                for (int h = 0; h < SINK_HG; ++h)
+                    if (h < hg) d[h] = __fadd_rn(d[h], __fmul_rn(qs[h * P.hd + c], kr[m]));
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < SINK_HG; ++h) {
+            if (h >= hg) break;
+            const float s = rnd(__fmul_rn(rnd(warp_sum(d[h]), P.rb), P.scale), P.rb);
+            if (lane == 0) score0[(i64)h * P.n_stride + j] = s;
+        }
+    }
+}
+
+// Keys per batch of `sink_mix`'s weighted sum (their loads issued together).
+#define SINK_MIX_U 16
+
+// grid (rows, ceil(hd/64), ceil(heads/8)), 256 threads: warp w of block (i, cb, hb) owns
+// head hb·8 + w and columns cb·64 + lane, + 32. The softmax of the head's scores has the
+// sink logit in its denominator (f32 exponentials summed in f64); out = round(Σ p_j k_j)
+// in key order with p_j = round(e_j / z): 32 keys' probabilities and rows found a lane
+// each, then broadcast, SINK_MIX_U keys' values loaded before their products. A padded
+// selection adds 0·(a valid row). The block's warps read the same rows (L1 hits).
+extern "C" __global__ void sink_mix(const SinkParams P) {
+    pdl_wait();
+    pdl_trigger();
+    const int i = blockIdx.x, lane = threadIdx.x & 31;
+    const int h = blockIdx.z * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (i >= P.step->n_tok || h >= P.heads) return;
+    const SinkRow R = sink_row(P, i);
+    const float* s = P.scores + ((i64)i * P.heads + h) * P.n_stride;
     const float sink = P.sinks[h];
     float m = sink;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, sc[j]);
-    m = block_max_f(m, redf);
-    double z = threadIdx.x == 0 ? (double)expf(__fsub_rn(sink, m)) : 0.0;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const float e = expf(__fsub_rn(sc[j], m));
-        sc[j] = e;
-        z += (double)e;
-    }
-    z = block_sum_d(z, red);
+    for (int j = lane; j < R.n; j += 32) m = fmaxf(m, s[j]);
+    m = warp_max(m);
+    double z = lane == 0 ? (double)expf(__fsub_rn(sink, m)) : 0.0;
+    for (int j = lane; j < R.n; j += 32) z += (double)expf(__fsub_rn(s[j], m));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
     const float inv = (float)(1.0 / z);
-    for (int j = threadIdx.x; j < n; j += blockDim.x) sc[j] = rnd(__fmul_rn(sc[j], inv), P.rb);
-    __syncthreads();
-    // Probabilities times keys, summed in key order (the loads of later keys in flight).
-    float* o = P.out + ((i64)i * P.heads + h) * P.hd;
-    for (int c = threadIdx.x; c < P.hd; c += blockDim.x) {
-        float acc = 0.f;
-#pragma unroll 4
-        for (int j = 0; j < n; ++j) {
-            const float* k = sink_key(P, i, t, lo, n_win, visible, j);
-            if (k) acc = __fadd_rn(acc, __fmul_rn(sc[j], k[c]));
+    const int c0 = blockIdx.y * 64 + lane, c1 = c0 + 32;
+    const bool in0 = c0 < P.hd, in1 = c1 < P.hd;
+    float a0 = 0.f, a1 = 0.f;
+    for (int j0 = 0; j0 < R.n; j0 += 32) {
+        const int j = j0 + lane;
+        float p = 0.f;
+        const float* kp = P.kv;
+        if (j < R.n) {
+            const float* k = sink_key(P, i, R.t, R.lo, R.n_win, R.visible, j);
+            if (k) {
+                kp = k;
+                p = rnd(__fmul_rn(expf(__fsub_rn(s[j], m)), inv), P.rb);
+            }
         }
-        o[c] = rnd(acc, P.rb);
+        const int cnt = min(32, R.n - j0);
+        for (int u0 = 0; u0 < cnt; u0 += SINK_MIX_U) {
+            float pu[SINK_MIX_U], v0[SINK_MIX_U], v1[SINK_MIX_U];
+#pragma unroll
+            for (int u = 0; u < SINK_MIX_U; ++u) {
+                pu[u] = __shfl_sync(0xffffffffu, p, u0 + u);
+                const float* ku = (const float*)__shfl_sync(0xffffffffu, (unsigned long long)kp, u0 + u);
+                v0[u] = in0 ? ku[c0] : 0.f;
+                v1[u] = in1 ? ku[c1] : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < SINK_MIX_U; ++u) {
+                if (u0 + u >= cnt) break;
+                a0 = __fadd_rn(a0, __fmul_rn(pu[u], v0[u]));
+                a1 = __fadd_rn(a1, __fmul_rn(pu[u], v1[u]));
+            }
+        }
     }
+    float* o = P.out + ((i64)i * P.heads + h) * P.hd;
+    if (in0) o[c0] = rnd(a0, P.rb);
+    if (in1) o[c1] = rnd(a1, P.rb);
 }

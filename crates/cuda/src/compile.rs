@@ -188,7 +188,8 @@ pub const SOURCES: &[Source] = &[
             "mla_attend",
             "mla_expand",
             "mla_softmax",
-            "sink_attention",
+            "sink_scores",
+            "sink_mix",
         ],
     },
 ];

@@ -262,6 +262,7 @@ struct SinkParams {
     sel: DPtr,
     sinks: DPtr,
     out: DPtr,
+    scores: DPtr,
     cap: i32,
     heads: i32,
     hd: i32,
@@ -269,11 +270,21 @@ struct SinkParams {
     rate: i32,
     per_q: i32,
     rb: i32,
+    n_stride: i32,
     scale: f32,
 }
 
-/// `sink_attention`'s shared memory limit (the query and one score per key).
-const SINK_SMEM: usize = 48 * 1024;
+/// `sink_scores`' limits (kernels/sparse.cu): heads per block, keys per block, and the
+/// head dim it keeps in registers.
+const SINK_HG: usize = 16;
+const SINK_KEYS: u64 = 8 * 4;
+const SINK_MAX_DIM: usize = 16 * 32;
+
+/// `dsa_scores`' limits: entries per block, threads per block (at least one per head),
+/// and the shared memory of one query's padded heads, weights and per-head terms.
+const DSA_ENTRIES: u64 = 32;
+const DSA_THREADS: usize = 256;
+const DSA_SMEM: usize = 48 * 1024;
 
 /// `mla_attend`'s limits (kernels/sparse.cu): query length and value channels per block.
 const MLA_QMAX: usize = 1024;
@@ -1661,8 +1672,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// DeepSeek-V4's attention (kernels/sparse.cu `sink_attention`): one block per
-    /// (row, head).
+    /// DeepSeek-V4's attention (kernels/sparse.cu): `sink_scores` writes every (row, head,
+    /// key) score to scratch, reading each key once per 16 heads; `sink_mix` takes each
+    /// head's softmax and weighted sum of the keys.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn sink_attention_op(
         &self,
@@ -1708,13 +1720,15 @@ impl CudaBackend {
             }
             _ => (0, 0, 0),
         };
-        let smem = (hd + sh.window + n_ent) * 4;
-        if smem > SINK_SMEM {
+        if hd > SINK_MAX_DIM {
             return Err(bad(format!(
-                "sink_attention: {} keys of {hd} values per query exceed the kernel's shared memory",
-                sh.window + n_ent
+                "sink_attention: head dim {hd} exceeds the kernel's {SINK_MAX_DIM}"
             )));
         }
+        let smem = SINK_HG.min(h) * hd * 4;
+        let n_stride = sh.window + n_ent;
+        let scores = self.scratch_mem("sink_scores", rows * h * n_stride * 4)?;
+        keep.push(&scores);
         let prm = SinkParams {
             step: self.step_ptr(),
             q: self.buf_of(q, rows * h * hd, "sink_attention q")?,
@@ -1724,6 +1738,7 @@ impl CudaBackend {
             sel: selp,
             sinks: sm.ptr(),
             out: self.buf_of(out, rows * h * hd, "sink_attention out")?,
+            scores: scores.ptr(),
             cap: cap as i32,
             heads: h as i32,
             hd: hd as i32,
@@ -1731,15 +1746,29 @@ impl CudaBackend {
             rate: if ep == 0 { 0 } else { sh.rate as i32 },
             per_q: sh.per_query as i32,
             rb: rb(p),
+            n_stride: n_stride as i32,
             scale: sh.scale,
         };
         self.launch_op(Launch {
-            f: self.k.sink_attention,
-            grid: (rows as u32, h as u32, 1),
+            f: self.k.sink_scores,
+            grid: (
+                rows as u32,
+                blocks(n_stride as u64, SINK_KEYS),
+                h.div_ceil(SINK_HG) as u32,
+            ),
             block: 256,
             smem: smem as u32,
             args: Self::args(prm),
-            label: "sink_attention",
+            label: "sink_scores",
+            keep: keep.clone(),
+        });
+        self.launch_op(Launch {
+            f: self.k.sink_mix,
+            grid: (rows as u32, hd.div_ceil(64) as u32, h.div_ceil(8) as u32),
+            block: 256,
+            smem: 0,
+            args: Self::args(prm),
+            label: "sink_mix",
             keep,
         });
         Ok(())
@@ -1755,6 +1784,13 @@ impl CudaBackend {
         sh: &SelectShape,
         ids: &CudaBuf,
     ) -> Result<()> {
+        let smem = (sh.heads * (sh.dim + 4) + sh.heads + DSA_THREADS) * 4;
+        if sh.heads > DSA_THREADS || sh.dim % 4 != 0 || smem > DSA_SMEM {
+            return Err(bad(format!(
+                "dsa_select: {} heads of dim {} exceed the kernel's limits (at most {DSA_THREADS} heads, dim a multiple of 4, {DSA_SMEM} bytes of queries)",
+                sh.heads, sh.dim
+            )));
+        }
         let max_entries = entries.len / sh.dim;
         let scores = self.scratch_mem("dsa_scores", rows * max_entries * 4)?;
         let prm = SelectParams {
@@ -1776,9 +1812,9 @@ impl CudaBackend {
         let keep = vec![&q.mem, &w.mem, &entries.mem, &scores, &ids.mem];
         self.launch_op(Launch {
             f: self.k.dsa_scores,
-            grid: (rows as u32, blocks(max_entries as u64, 8), 1),
-            block: 256,
-            smem: 0,
+            grid: (rows as u32, blocks(max_entries as u64, DSA_ENTRIES), 1),
+            block: DSA_THREADS as u32,
+            smem: smem as u32,
             args: Self::args(prm),
             label: "dsa_scores",
             keep: keep.clone(),
