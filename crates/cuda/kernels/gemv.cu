@@ -316,8 +316,8 @@ struct UIQ2_XXS {
         for (int l = 0; l < 4; ++l) {
             const u64 g = IQ2XXS_GRID[(aux0 >> (8 * l)) & 0xFF];
             const u32 signs = iq2_signs((aux1 >> (7 * l)) & 127);
-            const u32 m0 = spread4(signs) * 0xFFu, m1 = spread4(signs >> 4) * 0xFFu;
-            const u32 v0 = __vsub4((u32)g ^ m0, m0), v1 = __vsub4((u32)(g >> 32) ^ m1, m1);
+            const u32 v0 = neg_bytes((u32)g, sign_mask4(signs));
+            const u32 v1 = neg_bytes((u32)(g >> 32), sign_mask4(signs >> 4));
             const int2 xa = *(const int2*)(x + 8 * l);
             s = __dp4a((int)v0, xa.x, s);
             s = __dp4a((int)v1, xa.y, s);
