@@ -24,11 +24,11 @@ struct RouteParams {
     float scale;
 };
 
-// Block-wide argmax of v[0..n) (ties: lower index), over the block's threads.
-__device__ int block_argmax(const float* v, int n, float* redv, int* redi) {
+// Argmax of v[0..n) (ties: lower index) by one warp; every lane gets it.
+__device__ int warp_argmax(const float* v, int n) {
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
+    for (int i = threadIdx.x & 31; i < n; i += 32)
         if (v[i] > best || (v[i] == best && i < bi)) { best = v[i]; bi = i; }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -36,14 +36,6 @@ __device__ int block_argmax(const float* v, int n, float* redv, int* redi) {
         const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
         if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
     }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) { redv[warp] = best; redi[warp] = bi; }
-    __syncthreads();
-    best = redv[0];
-    bi = redi[0];
-    for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
-        if (redv[w] > best || (redv[w] == best && redi[w] < bi)) { best = redv[w]; bi = redi[w]; }
     return bi;
 }
 
@@ -52,7 +44,6 @@ __device__ int block_argmax(const float* v, int n, float* redv, int* redi) {
 __device__ void route_row(const RouteParams& P, int t) {
     __shared__ float score[ROUTE_MAX_E], choice[ROUTE_MAX_E];
     __shared__ float redv[32];
-    __shared__ int redi[32];
     __shared__ int chosen[ROUTE_MAX_K];
     __shared__ double dred[32];
     const int E = P.n_expert, k = P.k;
@@ -114,14 +105,17 @@ __device__ void route_row(const RouteParams& P, int t) {
                 if (!keep[e / per]) choice[e] = -INFINITY;
             __syncthreads();
         }
-        for (int r = 0; r < k; ++r) {
-            const int bi = block_argmax(choice, E, redv, redi);
-            if (threadIdx.x == 0) {
-                chosen[r] = bi;
-                choice[bi] = -INFINITY;
+        // The k best by warp 0 alone (no block barriers between the rounds).
+        if (threadIdx.x < 32)
+            for (int r = 0; r < k; ++r) {
+                const int bi = warp_argmax(choice, E);
+                if (threadIdx.x == 0) {
+                    chosen[r] = bi;
+                    choice[bi] = -INFINITY;
+                }
+                __syncwarp();
             }
-            __syncthreads();
-        }
+        __syncthreads();
     }
     if (threadIdx.x == 0) {
         float w[ROUTE_MAX_K];
