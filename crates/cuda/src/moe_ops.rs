@@ -1785,7 +1785,7 @@ impl CudaBackend {
         ids: &CudaBuf,
     ) -> Result<()> {
         let smem = (sh.heads * (sh.dim + 4) + sh.heads + DSA_THREADS) * 4;
-        if sh.heads > DSA_THREADS || sh.dim % 4 != 0 || smem > DSA_SMEM {
+        if sh.heads > DSA_THREADS || !sh.dim.is_multiple_of(4) || smem > DSA_SMEM {
             return Err(bad(format!(
                 "dsa_select: {} heads of dim {} exceed the kernel's limits (at most {DSA_THREADS} heads, dim a multiple of 4, {DSA_SMEM} bytes of queries)",
                 sh.heads, sh.dim
