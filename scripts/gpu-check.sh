@@ -8,6 +8,7 @@
 #   cargo test --release -p ds4-cuda --no-run        # optional: the test binaries
 #   mkdir -p .device && cp target/release/examples/gpu_check .device/
 #   cp target/release/deps/{gpu_parity,nvrtc_compile}-* .device/ 2>/dev/null  # optional
+#   cp target/release/ds4-server .device/   # optional: converts the MoE fixtures
 # Then on the GPU machine:
 #   scripts/gpu-check.sh [--bin .device] [--out gpu-check-out] [--require-gpu] [--quick]
 #
@@ -19,9 +20,14 @@
 #
 # Steps: device info and copy bandwidth; test binaries found in --bin; the synthetic
 # generator on the device against the host; CUDA-vs-CPU parity on synthetic models of
-# several shapes and every supported quant type (docs/parity.md); decode/prefill
-# benchmarks (docs/benchmarks.md). Every step runs even if an earlier one failed; the
-# exit status is 1 if any failed.
+# several shapes and every supported quant type (docs/parity.md); the MoE families
+# (GLM-5.3, DeepSeek-V4): every backend operation against its reference
+# (`conformance`), each golden master on CUDA and on the CPU from one GGUF (`model`:
+# llama.cpp's file where the fixture has one, else our converter's when ds4-server is in
+# --bin; a fixture without either is skipped with a message), and quantized files against
+# the CPU (`same-file`, reported only: docs/parity.md says why its 0.05 bound cannot be
+# judged on random weights); decode/prefill benchmarks (docs/benchmarks.md). Every step
+# runs even if an earlier one failed; the exit status is 1 if any gating step failed.
 set -u
 BIN="" OUT="gpu-check-out" QUICK=0
 REQUIRE="${DS4_REQUIRE_GPU:-0}"
@@ -90,6 +96,31 @@ if [[ " ${FAILED[*]} " == *" parity "* ]] && command -v compute-sanitizer >/dev/
   # Localize memory errors on the smallest model.
   step sanitizer 300 compute-sanitizer --tool memcheck --print-limit 20 "$BIN/gpu_check" parity tiny-llama:q4_0
 fi
+
+step conformance "${PARITY_TIMEOUT:-600}" "$BIN/gpu_check" conformance
+for fx in crates/engine/tests/fixtures/glm5_next/*/ crates/engine/tests/fixtures/deepseek4/*/; do
+  fx=${fx%/}
+  name="$(basename "$(dirname "$fx")")-$(basename "$fx")"
+  bf16=(); outtype=f32
+  [[ $fx == *_bf16 ]] && bf16=(--bf16) && outtype=bf16
+  gguf="$fx/llamacpp.gguf"
+  if [ ${#bf16[@]} -gt 0 ] || [ ! -f "$gguf" ]; then
+    gguf="$OUT/$name.gguf"
+    if [ ! -x "$BIN/ds4-server" ]; then
+      echo "== model-$name: skipped (no llama.cpp file in the fixture and no $BIN/ds4-server to convert it)"
+      continue
+    fi
+    # A bf16 fixture's checkpoint is its f32 sibling's (its manifest.json; same config).
+    src="$fx"; compgen -G "$fx/*.safetensors" > /dev/null || src="${fx%_bf16}_f32"
+    "$BIN/ds4-server" convert "$src" --outtype "$outtype" -o "$gguf" > "$OUT/convert-$name.log" 2>&1 ||
+      { echo "== model-$name: conversion failed (see $OUT/convert-$name.log)"; FAILED+=("convert-$name"); continue; }
+  fi
+  step "model-$name" 300 "$BIN/gpu_check" model "$fx" "$gguf" "${bf16[@]}"
+done
+for m in tiny-glm5:q2 tiny-deepseek4:q2; do
+  echo "== same-file-${m//[:.]/_} (reported, not gating)"
+  timeout 600 "$BIN/gpu_check" same-file "$m" 2>&1 | tee "$OUT/same-file-${m//[:.]/_}.log"
+done
 
 first=1
 for m in "${BENCH[@]}"; do

@@ -39,7 +39,7 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Prefill and decode speed: median and spread of repeated runs.
     Bench(bench::BenchArgs),
-    /// Convert a Hugging Face checkpoint (GLM-5.3 family) to GGUF.
+    /// Convert a Hugging Face checkpoint (GLM-5.3 or DeepSeek-V4) to GGUF.
     Convert(ds4_convert::ConvertArgs),
     /// Fetch a known model into the local cache.
     Pull(pull::PullArgs),
