@@ -444,17 +444,29 @@ fn bench(args: &[String]) -> Res<()> {
     if o.ab > 0 {
         ab_compare(name, &backend, o.ab, o.decode, &decode_run)?;
     }
+    // n eager decode steps after the prompt's prefill, profiled alone (the prefill's
+    // kernels would otherwise count into the decode kernels' averages).
+    let profile_run = |n: usize| -> Res<Vec<ds4_cuda::ProfileRow>> {
+        let mut s = Session::new(model.clone(), prompt.len() + n + 1)?;
+        let mut t = argmax(s.prefill(&prompt, &mut |_, _| {})?) as u32;
+        backend.set_profile(true);
+        backend.take_profile();
+        let run = (0..n).try_for_each(|_| -> Res<()> {
+            t = argmax(s.decode(t)?) as u32;
+            Ok(())
+        });
+        backend.set_profile(false);
+        let rows = backend.take_profile();
+        run.map(|()| rows)
+    };
     for (label, cfg) in profile_configs(o.profile) {
         cfg.apply(&backend);
         backend.set_graphs(false);
-        backend.set_profile(true);
-        backend.take_profile();
         let n = 16;
-        decode_run(n)?;
-        backend.set_profile(false);
+        let rows = profile_run(n);
         backend.set_graphs(true);
         println!("profile configuration: {label}");
-        let mut rows = backend.take_profile();
+        let mut rows = rows?;
         rows.sort_by(|a, b| b.ms.total_cmp(&a.ms));
         let total: f64 = rows.iter().map(|r| r.ms).sum();
         println!(
