@@ -224,7 +224,8 @@ fn load_model(args: &BenchArgs) -> Result<Loaded> {
     let spec = ds4_cuda::synth::Spec::parse(name)?;
     let ordinal = gpu_ordinal(&args.model, || Ok(spec.layout()?))?;
     check_device(ordinal)?;
-    let s = ds4_cuda::load_synthetic(name, ordinal).with_context(|| format!("synthetic {name}"))?;
+    let s =
+        ds4_cuda::load_synthetic(&spec, ordinal).with_context(|| format!("synthetic {name}"))?;
     let spec_name = spec.name();
     let lm = LoadedModel::from_parts(Path::new(&spec_name), s.file, s.model)?;
     Ok(Loaded {

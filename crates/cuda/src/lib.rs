@@ -81,15 +81,14 @@ pub struct Synthetic {
     pub model: Arc<dyn Model>,
 }
 
-/// A synthetic model (`SHAPE:QUANT`, see [`synth`]) built directly in GPU memory on
-/// device `ordinal`. The weights equal those `synth::write_gguf` writes for the same
-/// name.
-pub fn load_synthetic(name: &str, ordinal: usize) -> Result<Synthetic> {
-    let spec = synth::Spec::parse(name)?;
-    let file = Arc::new(synth::header_file(&spec)?);
+/// A synthetic model (`SHAPE:QUANT` and a layer window, see [`synth`]) built directly in
+/// GPU memory on device `ordinal`. The weights equal those `synth::write_gguf` writes for
+/// the same spec.
+pub fn load_synthetic(spec: &synth::Spec, ordinal: usize) -> Result<Synthetic> {
+    let file = Arc::new(synth::header_file(spec)?);
     let backend = Arc::new(CudaBackend::synthetic(ordinal, spec.seed)?);
     let model = load_model(backend.clone(), &file, Path::new(&spec.name()))
-        .map_err(|e| CudaError::Unsupported(format!("loading synthetic {name}: {e}")))?;
+        .map_err(|e| CudaError::Unsupported(format!("loading synthetic {}: {e}", spec.name())))?;
     Ok(Synthetic {
         file,
         backend,

@@ -7,6 +7,7 @@
 //! gpu_check gen                       device generators == host generators, every type
 //! gpu_check parity SPEC...            CUDA vs CPU logits on synthetic models (SHAPE:QUANT)
 //! gpu_check bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS]
+//!                      [--first-layer K] [--layers N]
 //! gpu_check gemv                      single-matrix GEMV bandwidth (llama3-8b shapes)
 //! gpu_check warm-cache [ARCH]         compile the kernels into $DS4_CUDA_CACHE (no GPU needed)
 //! gpu_check conformance [FILTER]      every backend operation vs its reference (ds4-conformance)
@@ -48,7 +49,7 @@ fn main() {
         Some("model") => families::model(&args[1..]),
         Some("same-file") => families::same_file(&args[1..]),
         Some("nccl") => nccl_check(),
-        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | nccl".into()),
+        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | nccl".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -246,7 +247,7 @@ fn parity_one(name: &str, dir: &std::path::Path, gpu: &Arc<CudaBackend>) -> Res<
     let reference = matches!(spec.family, Family::Dense { .. }).then_some(&*file);
     let rep = compare(&cpu, &cuda, &tokens, 16, reference)?;
     // The synthetic model built in GPU memory must equal the file's, bit for bit.
-    let synth = load_synthetic(name, 0)?.model;
+    let synth = load_synthetic(&spec, 0)?.model;
     let same = decode_logits(&synth, &tokens[..12])? == decode_logits(&cuda, &tokens[..12])?;
     let ok = print_report(name, &rep, same, t0.elapsed().as_secs_f64());
     if !ok {
@@ -333,6 +334,10 @@ struct BenchOpts {
     profile: bool,
     /// Rounds of the paired decode comparison of kernel configurations (0: none).
     ab: usize,
+    /// A layer window of the model (`--first-layer K --layers N`): real layers
+    /// K..K+N-1, for quick profiles of every layer kind.
+    first_layer: usize,
+    layers: Option<usize>,
 }
 
 fn bench(args: &[String]) -> Res<()> {
@@ -344,6 +349,8 @@ fn bench(args: &[String]) -> Res<()> {
         variants: false,
         profile: false,
         ab: 0,
+        first_layer: 0,
+        layers: None,
     };
     let mut i = 1;
     while i < args.len() {
@@ -351,6 +358,8 @@ fn bench(args: &[String]) -> Res<()> {
         match args[i].as_str() {
             "--runs" => o.runs = v.parse()?,
             "--ab" => o.ab = v.parse()?,
+            "--first-layer" => o.first_layer = v.parse()?,
+            "--layers" => o.layers = Some(v.parse()?),
             "--decode" => o.decode = v.parse()?,
             "--prefill" => {
                 o.prefill = v
@@ -374,7 +383,8 @@ fn bench(args: &[String]) -> Res<()> {
         i += 2;
     }
     let t0 = Instant::now();
-    let ds4_cuda::Synthetic { backend, model, .. } = load_synthetic(name, 0)?;
+    let spec = Spec::parse(name)?.window(o.first_layer, o.layers)?;
+    let ds4_cuda::Synthetic { backend, model, .. } = load_synthetic(&spec, 0)?;
     backend.synchronize()?;
     let load_s = t0.elapsed().as_secs_f64();
     let bw = copy_bandwidth(backend.gpu(), backend.kernels(), 1 << 30, 10)?;
