@@ -17,6 +17,8 @@ pub struct ServeCmd {
 }
 
 pub fn main(a: ServeCmd) -> Result<()> {
+    // The address first: a busy port is said before a model of many GB is loaded.
+    let listener = ds4_http::bind(&a.server.config())?;
     let probe = a.probe.start(a.model.ordinal())?;
     set_phase(&probe, "load");
     let lm = load(&a.model)?;
@@ -24,6 +26,7 @@ pub fn main(a: ServeCmd) -> Result<()> {
     set_phase(&probe, "idle");
     let hook = probe.as_ref().map(|p| p.phase_hook());
     let served = ds4_http::serve_with(
+        listener,
         a.server,
         lm,
         n_ctx,

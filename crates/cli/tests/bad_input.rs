@@ -1,6 +1,7 @@
 //! Bad input gives one clear `error:` line and a non-zero exit, never a panic: a missing
 //! file, a truncated or corrupted GGUF, an unknown architecture, an unsupported tensor
-//! type, a missing tensor, a prompt longer than `--ctx`, GPU flags that cannot apply.
+//! type, a missing tensor, a prompt longer than `--ctx`, GPU flags that cannot apply, a
+//! checkpoint directory that cannot be made, a port in use.
 
 mod support;
 
@@ -152,6 +153,11 @@ fn prompt_longer_than_the_context() {
         "64",
     ]);
     fails_with(&out, "but the context holds 64");
+    // A context longer than the model's names the flag.
+    fails_with(
+        &run_model(&good, &["--ctx", "10000000"]),
+        "--ctx 10000000: longer than the",
+    );
 }
 
 /// Asserts a clean failure whose one error line holds each of `parts` exactly once.
@@ -235,4 +241,43 @@ fn gpu_flags_that_cannot_apply() {
         ),
         "--device 1 picks one GPU and --gpus 2 uses devices 0 to 1",
     );
+}
+
+/// `serve` checks its checkpoint directory before it loads anything: a path it cannot
+/// create is a flag error (exit 2, naming the flag), not a warning and a server without
+/// its disk cache.
+#[test]
+fn serve_refuses_an_unusable_cache_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let out = run(&[
+        "serve",
+        "-m",
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "--cache-dir",
+        file.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(err.contains("--cache-dir"), "{err}");
+    assert!(err.contains("cannot create the directory"), "{err}");
+    assert!(!err.contains("weights"), "loaded the model first: {err}");
+}
+
+/// `serve` binds its address before it loads the model: a busy port is one error line
+/// without the load report.
+#[test]
+fn serve_reports_a_busy_port_before_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port().to_string();
+    let out = run(&["serve", "-m", model.to_str().unwrap(), "--port", &port]);
+    fails_with(&out, &format!("cannot listen on 127.0.0.1:{port}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("weights"), "loaded the model first: {err}");
 }

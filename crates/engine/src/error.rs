@@ -28,7 +28,7 @@ pub enum EngineError {
     )]
     ContextFull { needed: usize, n_ctx: usize },
     #[error(
-        "a context of {n_ctx} tokens is not possible: the model was trained for {n_ctx_train} (use 1 to {n_ctx_train})"
+        "--ctx {n_ctx}: longer than the {n_ctx_train} tokens this model was trained for (use 1 to {n_ctx_train})"
     )]
     ContextSize { n_ctx: usize, n_ctx_train: usize },
     #[error("token id {id} is outside the vocabulary (n_vocab = {n_vocab})")]

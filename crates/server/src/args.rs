@@ -41,9 +41,9 @@ pub struct ServeArgs {
     #[arg(long = "queue", value_name = "N", default_value_t = 16, allow_negative_numbers = true,
           value_parser = int::<usize>(0..))]
     pub queue: usize,
-    /// Largest accepted request body in bytes.
-    #[arg(long = "max-body-bytes", value_name = "BYTES", default_value_t = 32 << 20,
-          allow_negative_numbers = true, value_parser = int::<usize>(1..))]
+    /// Largest accepted request body (bytes; K, M, G suffixes).
+    #[arg(long = "max-body-bytes", value_name = "BYTES", default_value = "32M",
+          allow_negative_numbers = true, value_parser = parse_body_bytes)]
     pub max_body_bytes: usize,
     /// Another name the model answers to (repeatable).
     #[arg(long = "alias", value_name = "NAME")]
@@ -62,7 +62,7 @@ pub struct ServeArgs {
     pub cache_mem: Option<u64>,
     /// Directory for disk checkpoints of conversation states (evicted ones, and all of
     /// them at shutdown); off by default.
-    #[arg(long = "cache-dir", value_name = "DIR")]
+    #[arg(long = "cache-dir", value_name = "DIR", value_parser = parse_cache_dir)]
     pub cache_dir: Option<PathBuf>,
     /// Disk space for checkpoints in --cache-dir (bytes; K, M, G suffixes).
     #[arg(long = "cache-disk-max", value_name = "BYTES", allow_negative_numbers = true, value_parser = parse_bytes, default_value = "16G")]
@@ -100,6 +100,28 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{BYTES}, at most 2^64 - 1 bytes"))
 }
 
+/// A request body limit: a byte count of at least 1.
+fn parse_body_bytes(s: &str) -> Result<usize, String> {
+    let min1 = || BYTES.replace("at least 0", "at least 1");
+    match parse_bytes(s) {
+        Ok(0) => Err(min1()),
+        Ok(n) => usize::try_from(n).map_err(|_| min1()),
+        Err(_) => Err(min1()),
+    }
+}
+
+/// The checkpoint directory, created if needed and checked writable now, so that a
+/// server asked to keep conversations on disk does not start without it.
+fn parse_cache_dir(s: &str) -> Result<PathBuf, String> {
+    let dir = PathBuf::from(s);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create the directory: {e}"))?;
+    let probe = dir.join(format!(".ds4-write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| format!("cannot write in it: {e}"))?;
+    Ok(dir)
+}
+
 impl ServeArgs {
     /// The server settings these flags give.
     pub fn config(&self) -> ServerConfig {
@@ -130,7 +152,29 @@ impl ServeArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_body_bytes, parse_bytes, parse_cache_dir};
+
+    #[test]
+    fn body_limits_take_suffixes_and_refuse_zero() {
+        assert_eq!(parse_body_bytes("32M"), Ok(32 << 20));
+        assert_eq!(parse_body_bytes("4096"), Ok(4096));
+        let e = parse_body_bytes("0").unwrap_err();
+        assert!(e.contains("at least 1"), "{e}");
+        assert!(parse_body_bytes("-5").is_err());
+    }
+
+    #[test]
+    fn cache_dirs_are_created_or_refused() {
+        let base = std::env::temp_dir().join(format!("ds4-cache-dir-{}", std::process::id()));
+        let dir = base.join("a/b");
+        assert_eq!(parse_cache_dir(dir.to_str().unwrap()), Ok(dir.clone()));
+        assert!(dir.is_dir());
+        let file = base.join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let e = parse_cache_dir(file.to_str().unwrap()).unwrap_err();
+        assert!(e.starts_with("cannot create the directory"), "{e}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn byte_counts_with_suffixes() {

@@ -402,10 +402,11 @@ pub fn engine_model(
     ))
 }
 
-/// Serves `model` until SIGINT/SIGTERM (blocking). `ready` is called with the bound
-/// address once the server listens (the CLI prints it); `phase` hears the engine's
-/// phases.
+/// Serves `model` on `listener` (from [`crate::bind`], bound before the model was
+/// loaded) until SIGINT/SIGTERM (blocking). `ready` is called with the bound address
+/// once the server listens (the CLI prints it); `phase` hears the engine's phases.
 pub fn serve_with(
+    listener: std::net::TcpListener,
     args: ServeArgs,
     model: LoadedModel,
     n_ctx: usize,
@@ -419,14 +420,15 @@ pub fn serve_with(
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let handle = crate::server::start(args.config(), vocab, engine).await?;
+        let handle = crate::server::start_on(listener, args.config(), vocab, engine).await?;
         ready(handle.addr());
         handle.run_until_signal().await?;
         anyhow::Ok(())
     })
 }
 
-/// [`serve_with`] without a ready callback.
+/// [`serve_with`] on `args`' address, without a ready callback.
 pub fn serve(args: ServeArgs, model: LoadedModel, n_ctx: usize) -> anyhow::Result<()> {
-    serve_with(args, model, n_ctx, |_| {}, None)
+    let listener = crate::bind(&args.config())?;
+    serve_with(listener, args, model, n_ctx, |_| {}, None)
 }

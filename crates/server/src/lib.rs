@@ -40,7 +40,7 @@ pub use args::ServeArgs;
 pub use config::ServerConfig;
 #[cfg(feature = "engine")]
 pub use engine_adapter::{PhaseHook, engine_model, serve, serve_with};
-pub use server::{ServeError, ServerHandle, start};
+pub use server::{ServeError, ServerHandle, bind, start, start_on};
 
 /// `system_fingerprint` of OpenAI responses: the crate and its version.
 pub const SYSTEM_FINGERPRINT: &str = concat!("ds4-server-", env!("CARGO_PKG_VERSION"));

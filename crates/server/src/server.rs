@@ -119,6 +119,19 @@ async fn shutdown_signal() {
     }
 }
 
+/// Binds `config`'s address (no runtime needed), so that a busy port or a bad host is
+/// reported before a model is loaded.
+pub fn bind(config: &ServerConfig) -> Result<std::net::TcpListener, ServeError> {
+    let addr = format!("{}:{}", config.host, config.port);
+    let bind_err = |error| ServeError::Bind {
+        addr: addr.clone(),
+        error,
+    };
+    let listener = std::net::TcpListener::bind(&addr).map_err(bind_err)?;
+    listener.set_nonblocking(true).map_err(bind_err)?;
+    Ok(listener)
+}
+
 /// Starts serving `vocab` + `engine` as `config` says. Must be called inside a tokio
 /// runtime (multi-threaded); the engine runs on its own thread.
 pub async fn start(
@@ -126,13 +139,18 @@ pub async fn start(
     vocab: Arc<dyn Vocab>,
     engine: Box<dyn Engine>,
 ) -> Result<ServerHandle, ServeError> {
-    let addr = format!("{}:{}", config.host, config.port);
-    let listener = TcpListener::bind(&addr)
-        .await
-        .map_err(|error| ServeError::Bind {
-            addr: addr.clone(),
-            error,
-        })?;
+    let listener = bind(&config)?;
+    start_on(listener, config, vocab, engine).await
+}
+
+/// [`start`] on a listener from [`bind`].
+pub async fn start_on(
+    listener: std::net::TcpListener,
+    config: ServerConfig,
+    vocab: Arc<dyn Vocab>,
+    engine: Box<dyn Engine>,
+) -> Result<ServerHandle, ServeError> {
+    let listener = TcpListener::from_std(listener)?;
     let local = listener.local_addr()?;
     let metrics = Arc::new(Metrics::new());
     let worker = Arc::new(Worker::spawn(
