@@ -336,6 +336,9 @@ async fn any_model_name_is_answered_under_the_served_id() {
     assert_eq!(data.len(), 1, "{v}");
     assert_eq!(data[0]["id"], "fake-model");
     assert_eq!(data[0]["display_name"], "Fake Model 1B");
+    // `max_model_len` is the context this server accepts (vLLM's meaning).
+    assert!(data[0]["context_length"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(data[0]["max_model_len"], data[0]["context_length"], "{v}");
     let v = models(&base, true).await;
     assert_eq!(v["data"][0]["type"], "model");
     assert_eq!(v["data"][0]["id"], "fake-model");

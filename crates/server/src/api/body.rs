@@ -136,7 +136,7 @@ fn json_object(bytes: &[u8]) -> Result<serde_json::Value, ApiError> {
 fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner().to_string();
+        let inner = humanize(&e.into_inner().to_string());
         let inner = inner.replace("missing field", "missing required field");
         if path == "." {
             ApiError::bad_request(format!("invalid request: {inner}"))
@@ -146,9 +146,55 @@ fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiEr
     })
 }
 
+/// serde's `invalid type: string "10", expected u64` in a client's words: the expected
+/// Rust type as the kind of JSON value wanted, then what was sent.
+fn humanize(msg: &str) -> String {
+    let Some(rest) = msg
+        .strip_prefix("invalid value: ")
+        .or_else(|| msg.strip_prefix("invalid type: "))
+    else {
+        return msg.to_string();
+    };
+    let Some((got, expected)) = rest.rsplit_once(", expected ") else {
+        return msg.to_string();
+    };
+    let expected = match expected {
+        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number of at least 0",
+        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number",
+        "f32" | "f64" => "a number",
+        other => other,
+    };
+    format!("expected {expected}, got {}", got.replace('`', ""))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_are_asked_for_in_words() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct R {
+            max_tokens: Option<u64>,
+            temperature: Option<f32>,
+        }
+        let e = parse_json::<R>(br#"{"max_tokens": -5}"#).unwrap_err();
+        assert_eq!(
+            e.message,
+            "invalid value for `max_tokens`: expected a whole number of at least 0, got integer -5"
+        );
+        let e = parse_json::<R>(br#"{"max_tokens": "10"}"#).unwrap_err();
+        assert_eq!(
+            e.message,
+            r#"invalid value for `max_tokens`: expected a whole number of at least 0, got string "10""#
+        );
+        let e = parse_json::<R>(br#"{"temperature": "hot"}"#).unwrap_err();
+        assert_eq!(
+            e.message,
+            r#"invalid value for `temperature`: expected a number, got string "hot""#
+        );
+    }
 
     #[derive(serde::Deserialize, Debug)]
     #[allow(dead_code)]

@@ -20,9 +20,13 @@ fn is_anthropic(headers: &HeaderMap) -> bool {
 fn openai_model(state: &AppState, id: &str) -> Value {
     let mut m = json!({"id": id, "object": "model", "created": state.started, "owned_by": "ds4-server",
                        "display_name": state.names.display()});
-    m["context_length"] = json!(state.worker.n_ctx());
+    // The context this server accepts (vLLM's meaning of `max_model_len`); the
+    // trained one apart, as llama-server's `n_ctx_train`.
+    let n_ctx = state.worker.n_ctx();
+    m["context_length"] = json!(n_ctx);
+    m["max_model_len"] = json!(n_ctx);
     if let Some(n) = state.vocab.n_ctx_train() {
-        m["max_model_len"] = json!(n);
+        m["n_ctx_train"] = json!(n);
     }
     m
 }
