@@ -115,11 +115,16 @@ pub struct ConvertReport {
     /// Checkpoint tensors not used (besides the vision tower, `shared_head` and the MTP
     /// layer, which the text model ignores).
     pub unused: Vec<String>,
+    /// No tokenizer was written (no `tokenizer.json` and no `--vocab-from`): the file
+    /// does not run until one is added.
+    pub no_tokenizer: bool,
 }
 
 impl ConvertReport {
-    /// What a user is told after writing `output`: the totals, then one line per
-    /// fallback and one for unused checkpoint tensors (lines end with `\n`).
+    /// What a user is told after writing `output`: the totals, then one line per kind of
+    /// fallback (asked and written type, with the first names), one for unused
+    /// checkpoint tensors and a warning when no tokenizer was written (lines end with
+    /// `\n`).
     pub fn summary(&self, output: &std::path::Path) -> String {
         let mut s = format!(
             "wrote {} ({} tensors, {:.1} MB of tensor data)\n",
@@ -127,8 +132,21 @@ impl ConvertReport {
             self.tensors,
             self.bytes as f64 / 1e6
         );
+        let mut kinds: Vec<(GgmlType, GgmlType, Vec<&str>)> = Vec::new();
         for (name, asked, written) in &self.fallbacks {
-            s += &format!("  {name}: written as {written} (rows are not whole {asked} blocks)\n");
+            match kinds.iter_mut().find(|k| k.0 == *asked && k.1 == *written) {
+                Some(k) => k.2.push(name),
+                None => kinds.push((*asked, *written, vec![name])),
+            }
+        }
+        for (asked, written, names) in &kinds {
+            let more = if names.len() > 3 { ", …" } else { "" };
+            let plural = if names.len() == 1 { "" } else { "s" };
+            s += &format!(
+                "  {} tensor{plural} written as {written}, not {asked} (rows are not whole {asked} blocks): {}{more}\n",
+                names.len(),
+                names[..names.len().min(3)].join(", ")
+            );
         }
         if !self.unused.is_empty() {
             s += &format!(
@@ -136,6 +154,11 @@ impl ConvertReport {
                 self.unused.len(),
                 self.unused.join(", ")
             );
+        }
+        if self.no_tokenizer {
+            s += "warning: no tokenizer written (no tokenizer.json in the checkpoint, no \
+                  --vocab-from): the file runs only after converting again with --vocab-from \
+                  FILE.gguf (a GGUF of the same vocabulary)\n";
         }
         s
     }
@@ -238,6 +261,8 @@ pub fn run(args: &ConvertArgs) -> Result<ConvertReport, ConvertError> {
         vocab::copy(v, &mut w)?;
     }
     w.write_file(&args.output)?;
+    let mut report = report;
+    report.no_tokenizer = w.metadata().get("tokenizer.ggml.model").is_none();
     Ok(report)
 }
 
@@ -296,5 +321,45 @@ pub fn convert_family(
             };
             deepseek4::convert(&src, &cfg, &o, w)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_groups_fallbacks_and_warns_without_a_tokenizer() {
+        let fb = |n: &str, w| (n.to_string(), GgmlType::Q4_K, w);
+        let report = ConvertReport {
+            tensors: 7,
+            bytes: 2_000_000,
+            fallbacks: vec![
+                fb("a", GgmlType::Q8_0),
+                fb("b", GgmlType::F16),
+                fb("c", GgmlType::Q8_0),
+                fb("d", GgmlType::Q8_0),
+                fb("e", GgmlType::Q8_0),
+            ],
+            unused: Vec::new(),
+            no_tokenizer: true,
+        };
+        let s = report.summary(Path::new("out.gguf"));
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(
+            lines[0],
+            "wrote out.gguf (7 tensors, 2.0 MB of tensor data)"
+        );
+        assert_eq!(
+            lines[1],
+            "  4 tensors written as q8_0, not q4_K (rows are not whole q4_K blocks): a, c, d, …"
+        );
+        assert_eq!(
+            lines[2],
+            "  1 tensor written as f16, not q4_K (rows are not whole q4_K blocks): b"
+        );
+        assert!(lines[3].starts_with("warning: no tokenizer written"), "{s}");
+        assert!(lines[3].contains("--vocab-from FILE.gguf"), "{s}");
+        assert_eq!(lines.len(), 4);
     }
 }

@@ -11,6 +11,11 @@ pub enum TokenizerError {
     /// A required `tokenizer.*` key is absent.
     #[error("{file}: metadata key '{key}' is missing")]
     MissingKey { file: String, key: String },
+    /// The file has no tokenizer at all (no `tokenizer.ggml.model`).
+    #[error(
+        "{file}: the file has no tokenizer (metadata key 'tokenizer.ggml.model' is missing); a file converted from a checkpoint without tokenizer.json needs `ds4-server convert --vocab-from FILE.gguf`"
+    )]
+    NoTokenizer { file: String },
     /// A `tokenizer.*` key holds the wrong type of value.
     #[error("{file}: metadata key '{key}': expected {expected}, found {found}")]
     WrongType {

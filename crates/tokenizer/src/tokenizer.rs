@@ -79,10 +79,7 @@ impl Tokenizer {
         let model_key = "tokenizer.ggml.model";
         let model = meta
             .str_opt(model_key)?
-            .ok_or_else(|| TokenizerError::MissingKey {
-                file: meta.label(),
-                key: model_key.to_owned(),
-            })?;
+            .ok_or_else(|| TokenizerError::NoTokenizer { file: meta.label() })?;
         let pre_name = meta.str_opt("tokenizer.ggml.pre")?.unwrap_or_default();
         let (kind, spec) = match model {
             "llama" => (VocabKind::Spm, None),
