@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower_http::cors::CorsLayer;
 
-use crate::api::error::{ApiError, Flavor};
+use crate::api::error::{ApiError, ErrorNote, Flavor};
 use crate::api::{anthropic, models, openai_chat, openai_completions, openai_responses};
 use crate::backend::{Engine, Vocab};
 use crate::config::ServerConfig;
@@ -192,7 +192,7 @@ pub async fn start_on(
             })
             .await
     });
-    tracing::info!("serving '{}' on http://{local}", state.names.id);
+    tracing::debug!("serving '{}' on http://{local}", state.names.id);
     Ok(ServerHandle {
         addr: local,
         state,
@@ -276,6 +276,10 @@ async fn observe(State(state): State<Arc<AppState>>, req: Request, next: Next) -
     let resp = next.run(req).await;
     let status = resp.status().as_u16();
     state.metrics.record_request(&endpoint, status);
-    tracing::info!(%method, %path, status, ms = t0.elapsed().as_millis() as u64, "request");
+    let ms = t0.elapsed().as_millis() as u64;
+    match resp.extensions().get::<ErrorNote>() {
+        Some(ErrorNote(why)) => tracing::info!(%method, %path, status, ms, error = %why, "request"),
+        None => tracing::info!(%method, %path, status, ms, "request"),
+    }
     resp
 }

@@ -180,6 +180,8 @@ impl ApiError {
             Flavor::Anthropic => self.anthropic_body(),
         };
         let mut resp = (self.status, axum::Json(body)).into_response();
+        resp.extensions_mut()
+            .insert(ErrorNote(self.message.clone()));
         if let Some(s) = self.retry_after
             && let Ok(v) = HeaderValue::from_str(&s.to_string())
         {
@@ -188,6 +190,10 @@ impl ApiError {
         resp
     }
 }
+
+/// An error response's message, kept on the response for the request log.
+#[derive(Clone, Debug)]
+pub struct ErrorNote(pub String);
 
 impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> Self {
