@@ -38,8 +38,8 @@ pub struct ModelArgs {
     #[arg(long = "device", value_name = "N", allow_negative_numbers = true, value_parser = int::<usize>(0..))]
     pub device: Option<usize>,
     /// GPUs to spread the model over with --backend cuda (default 1): devices 0 to N-1
-    /// after CUDA_VISIBLE_DEVICES. More than 1 is not implemented yet (issue 16): it
-    /// checks the model's multi-GPU plan, the GPUs and NCCL, and stops with what it found.
+    /// after CUDA_VISIBLE_DEVICES. More than 1 is not implemented yet: it checks the
+    /// model's multi-GPU plan, the GPUs and NCCL, and stops with what it found.
     #[arg(long = "gpus", value_name = "N", allow_negative_numbers = true, value_parser = int::<usize>(1..))]
     pub gpus: Option<usize>,
 }
@@ -313,7 +313,7 @@ fn multi_gpu_not_yet(layout: &Layout, plan: &Plan, nccl: (u32, u32, u32)) -> any
         Attention::Heads => "attention split by heads",
     };
     anyhow::anyhow!(
-        "--gpus {n}: running on several GPUs is not implemented yet (issue 16); nothing was run. \
+        "--gpus {n}: running on several GPUs is not implemented yet; nothing was run. \
          Checked: {} visible, a {} plan (about {experts} of {} routed experts per layer on each GPU, {attention}, {} of weights on the fullest of {} GPUs), NCCL {}.{}.{} loads. \
          Leave out --gpus to run on one GPU",
         partition::gpus(n),

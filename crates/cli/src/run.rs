@@ -26,7 +26,7 @@ pub struct RunArgs {
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
     /// A system message (chat template only).
-    #[arg(long = "system")]
+    #[arg(long = "system", conflicts_with = "no_template")]
     pub system: Option<String>,
     /// Most tokens to generate.
     #[arg(short = 'n', long = "n-predict", value_name = "N", default_value_t = 512,

@@ -18,7 +18,14 @@ pub struct ServeCmd {
 
 pub fn main(a: ServeCmd) -> Result<()> {
     // The address first: a busy port is said before a model of many GB is loaded.
-    let listener = ds4_http::bind(&a.server.config())?;
+    let config = a.server.config();
+    let listener = ds4_http::bind(&config)?;
+    let everywhere = matches!(config.host.as_str(), "0.0.0.0" | "::" | "[::]");
+    if everywhere && config.api_key.is_none() {
+        eprintln!(
+            "warning: listening on every interface without --api-key: anyone who can reach this machine can use the model"
+        );
+    }
     let probe = a.probe.start(a.model.ordinal())?;
     set_phase(&probe, "load");
     let lm = load(&a.model)?;

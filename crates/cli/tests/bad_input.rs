@@ -1,7 +1,8 @@
 //! Bad input gives one clear `error:` line and a non-zero exit, never a panic: a missing
 //! file, a truncated or corrupted GGUF, an unknown architecture, an unsupported tensor
 //! type, a missing tensor, a prompt longer than `--ctx`, GPU flags that cannot apply, a
-//! checkpoint directory that cannot be made, a port in use.
+//! checkpoint directory that cannot be made, a port in use, a system message without the
+//! chat template.
 
 mod support;
 
@@ -280,4 +281,19 @@ fn serve_reports_a_busy_port_before_loading() {
     fails_with(&out, &format!("cannot listen on 127.0.0.1:{port}"));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("weights"), "loaded the model first: {err}");
+}
+
+/// A system message needs the chat template: with --no-template it is refused, not
+/// dropped.
+#[test]
+fn system_message_without_the_template_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let out = run_model(&model, &["--system", "be brief"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(
+        err.contains("--system") && err.contains("--no-template"),
+        "{err}"
+    );
 }
