@@ -153,7 +153,8 @@ pub enum GgufError {
     /// A tensor whose bytes end past the end of the data section.
     #[error(
         "{file}: tensor '{tensor}': offset {offset} + size {size} is past the end of the data \
-         section ({data_len} bytes)"
+         section ({data_len} bytes): the file is truncated or corrupt (fetch it again; \
+         `ds4-server pull --verify` checks a pulled model)"
     )]
     OffsetOutOfRange {
         file: String,
@@ -171,7 +172,7 @@ pub enum GgufError {
     },
     /// The file has tensors but ends before its (aligned) data section starts.
     #[error(
-        "{file}: the data section would start at byte {data_start}, past the end of the file ({len} bytes)"
+        "{file}: the data section would start at byte {data_start}, past the end of the file ({len} bytes): the file is truncated (fetch it again; `ds4-server pull --verify` checks a pulled model)"
     )]
     DataSectionMissing {
         file: String,
