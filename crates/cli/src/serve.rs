@@ -34,7 +34,7 @@ pub fn main(a: ServeCmd) -> Result<()> {
     let hook = probe.as_ref().map(|p| p.phase_hook());
     let served = ds4_http::serve_with(
         listener,
-        a.server,
+        config,
         lm,
         n_ctx,
         |addr| {

@@ -26,6 +26,7 @@ use crate::backend::{
     BackendError, Engine, GenOutcome, GenSettings, GenStop, ModelParts, Parked, RenderRequest,
     Sampled, SamplerSettings, SyncOutcome, Vocab, reusable_prefix,
 };
+use crate::config::ServerConfig;
 use crate::session_cache::disk::fnv64;
 
 /// A loaded model's text side.
@@ -402,12 +403,13 @@ pub fn engine_model(
     ))
 }
 
-/// Serves `model` on `listener` (from [`crate::bind`], bound before the model was
-/// loaded) until SIGINT/SIGTERM (blocking). `ready` is called with the bound address
-/// once the server listens (the CLI prints it); `phase` hears the engine's phases.
+/// Serves `model` as `config` says on `listener` (from [`crate::bind`], bound before
+/// the model was loaded) until SIGINT/SIGTERM (blocking). `ready` is called with the
+/// bound address once the server listens (the CLI prints it); `phase` hears the
+/// engine's phases.
 pub fn serve_with(
     listener: std::net::TcpListener,
-    args: ServeArgs,
+    config: ServerConfig,
     model: LoadedModel,
     n_ctx: usize,
     ready: impl FnOnce(SocketAddr) + Send + 'static,
@@ -420,7 +422,7 @@ pub fn serve_with(
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let handle = crate::server::start_on(listener, args.config(), vocab, engine).await?;
+        let handle = crate::server::start_on(listener, config, vocab, engine).await?;
         ready(handle.addr());
         handle.run_until_signal().await?;
         anyhow::Ok(())
@@ -429,6 +431,7 @@ pub fn serve_with(
 
 /// [`serve_with`] on `args`' address, without a ready callback.
 pub fn serve(args: ServeArgs, model: LoadedModel, n_ctx: usize) -> anyhow::Result<()> {
-    let listener = crate::bind(&args.config())?;
-    serve_with(listener, args, model, n_ctx, |_| {}, None)
+    let config = args.config();
+    let listener = crate::bind(&config)?;
+    serve_with(listener, config, model, n_ctx, |_| {}, None)
 }
