@@ -397,15 +397,19 @@ fn bench(args: &[String]) -> Res<()> {
         bw.bytes_per_s / 1e12
     );
     let prompt = test_tokens(16, info.n_vocab, 1);
-    let decode_run = |n: usize| -> Res<f64> {
+    // n greedy decode steps after the prompt's prefill (`start` runs between the two):
+    // tokens per second.
+    let greedy = |n: usize, start: &dyn Fn()| -> Res<f64> {
         let mut s = Session::new(model.clone(), prompt.len() + n + 1)?;
         let mut t = argmax(s.prefill(&prompt, &mut |_, _| {})?) as u32;
+        start();
         let t0 = Instant::now();
         for _ in 0..n {
             t = argmax(s.decode(t)?) as u32;
         }
         Ok(n as f64 / t0.elapsed().as_secs_f64())
     };
+    let decode_run = |n: usize| greedy(n, &|| {});
     decode_run(o.decode)?;
     let before = backend.stats();
     let dec: Vec<f64> = (0..o.runs)
@@ -454,20 +458,16 @@ fn bench(args: &[String]) -> Res<()> {
     if o.ab > 0 {
         ab_compare(name, &backend, o.ab, o.decode, &decode_run)?;
     }
-    // n eager decode steps after the prompt's prefill, profiled alone (the prefill's
-    // kernels would otherwise count into the decode kernels' averages).
+    // The decode steps profiled alone (the prefill's kernels would otherwise count into
+    // the decode kernels' averages).
     let profile_run = |n: usize| -> Res<Vec<ds4_cuda::ProfileRow>> {
-        let mut s = Session::new(model.clone(), prompt.len() + n + 1)?;
-        let mut t = argmax(s.prefill(&prompt, &mut |_, _| {})?) as u32;
-        backend.set_profile(true);
-        backend.take_profile();
-        let run = (0..n).try_for_each(|_| -> Res<()> {
-            t = argmax(s.decode(t)?) as u32;
-            Ok(())
+        let run = greedy(n, &|| {
+            backend.set_profile(true);
+            backend.take_profile();
         });
         backend.set_profile(false);
         let rows = backend.take_profile();
-        run.map(|()| rows)
+        run.map(|_| rows)
     };
     for (label, cfg) in profile_configs(o.profile) {
         cfg.apply(&backend);
