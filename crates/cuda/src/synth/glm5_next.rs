@@ -352,17 +352,7 @@ mod tests {
     }
 
     #[test]
-    fn every_quantized_row_is_whole_blocks() {
-        for name in ["glm53-flash:q2", "tiny-glm5:q2"] {
-            for t in Spec::parse(name).unwrap().tensors() {
-                assert_eq!(
-                    t.dims[0] % t.ty.block_size() as u64,
-                    0,
-                    "{name}: {}",
-                    t.name
-                );
-            }
-        }
+    fn tiny_random_blocks_are_whole_256_blocks() {
         for t in Spec::parse("tiny-glm5:q2").unwrap().tensors() {
             if t.init == Init::Blocks {
                 assert_eq!(t.dims[0] % 256, 0, "{}", t.name);

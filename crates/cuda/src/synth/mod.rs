@@ -411,6 +411,28 @@ mod tests {
     use ds4_engine::partition::{Attention, Budget, attention_break_even, plan};
 
     #[test]
+    fn every_quantized_row_of_the_moe_shapes_is_whole_blocks() {
+        let names = glm5_next::SHAPES
+            .iter()
+            .map(|s| format!("{}:{}", s.name, glm5_next::QUANT))
+            .chain(
+                deepseek4::SHAPES
+                    .iter()
+                    .map(|s| format!("{}:{}", s.name, deepseek4::QUANT)),
+            );
+        for name in names {
+            for t in Spec::parse(&name).unwrap().tensors() {
+                assert_eq!(
+                    t.dims[0] % t.ty.block_size() as u64,
+                    0,
+                    "{name}: {}",
+                    t.name
+                );
+            }
+        }
+    }
+
+    #[test]
     fn glm53_flash_plan_matches_the_synthetic_byte_counts() {
         let spec = Spec::parse("glm53-flash:q2").unwrap();
         let layout = spec.layout().unwrap();
