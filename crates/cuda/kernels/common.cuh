@@ -86,6 +86,29 @@ __device__ __forceinline__ float wval(const u8* w, int ty, i64 i) {
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
+// Every block of the grid meets here, its earlier global writes visible to all blocks
+// after it. Only for grids that are resident at once (at most one block per SM: the host
+// checks). counter[0] counts arrivals and is zero between launches; counter[1] is a
+// generation the last block to arrive advances, which releases the others.
+__device__ __forceinline__ void grid_sync(u32* counter) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile u32* v = counter;
+        const u32 gen = v[1];
+        __threadfence();
+        if (atomicAdd(counter, 1u) == gridDim.x - 1) {
+            counter[0] = 0u;
+            __threadfence();
+            v[1] = gen + 1;
+        } else {
+            while (v[1] == gen) {
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 __device__ __forceinline__ float sigmoidf_ref(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
 __device__ __forceinline__ float siluf_ref(float x) { return __fmul_rn(x, sigmoidf_ref(x)); }
 // PyTorch's softplus (threshold 20), as written (not log1p).
@@ -261,88 +284,136 @@ __device__ __forceinline__ u32 sign_mask4(u32 b) {
 // bytes in 1..0x80 (IQ2 grid magnitudes).
 __device__ __forceinline__ u32 neg_bytes(u32 v, u32 m) { return (v ^ m) + (m & 0x01010101u); }
 
-// ---- products with float weights (F32, F16, BF16), one warp per output row ----
+// ---- products with float weights (F32, F16, BF16), a group of threads per output row ----
 
 #define FG_TOK 4
+// Threads per block of the float products; a row's group is `lanes` of them (a power of
+// two from 4 to FG_THREADS, chosen by the host from the row's length), so a block takes
+// FG_THREADS / lanes rows.
+#define FG_THREADS 256
 
 // One product with a float weight: rows of n_in contiguous values, n_tok tokens
-// (`first`: its first block in a multi-product launch).
+// (`first`: its first block in a multi-product launch; `lanes`: threads per row).
 struct FloatSeg {
     const u8* w;
     const float* x;
     float* out;
     const float* bias;
-    i32 ty, n_out, n_in, n_tok, rb, first;
+    i32 ty, n_out, n_in, n_tok, rb, first, lanes;
 };
 
-// Lane `lane`'s share of row `wr` · x for tokens t0 .. t0+FG_TOK: 16-byte weight loads
-// (8 half-width or 4 f32 values) when the row allows, else one value per lane.
-__device__ __forceinline__ void row_part(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int t0, int n_tok,
-                                         int lane, float* acc) {
+// The 16-byte chunks c0, c0 + lanes, c0 + 2·lanes, c0 + 3·lanes of a row (those below
+// `chunks`), their loads issued together.
+__device__ __forceinline__ void chunk_loads(const u8* wr, int c0, int lanes, int chunks, uint4 (&raw)[4]) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+        if (c0 + u * lanes < chunks) raw[u] = *(const uint4*)(wr + (i64)(c0 + u * lanes) * 16);
+}
+
+// The products of `chunk_loads`' chunks (8 half-width or 4 f32 values each) with tokens
+// t0 .. t0+FG_TOK, in element order.
+__device__ __forceinline__ void chunk_dots(const uint4 (&raw)[4], int ty, int c0, int lanes, int n_in,
+                                           const float* x, i64 x_ts, int t0, int n_tok, float* acc) {
     const int per = ty == T_F32 ? 4 : 8;
-    if (n_in % (32 * per) == 0 && ((u64)wr & 15) == 0) {
-        const int step = 32 * per, bytes = ty == T_F32 ? 4 : 2;
-        // Four 16-byte loads in flight per lane, then their products in order.
-        for (int c0 = lane * per; c0 < n_in; c0 += 4 * step) {
-            uint4 raw[4];
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
-                if (c0 + u * step < n_in) raw[u] = *(const uint4*)(wr + (i64)(c0 + u * step) * bytes);
+    for (int u = 0; u < 4; ++u) {
+        const int cu = (c0 + u * lanes) * per;
+        if (cu >= n_in) break;
+        float wv[8];
+        if (ty == T_F32) {
+            wv[0] = __uint_as_float(raw[u].x);
+            wv[1] = __uint_as_float(raw[u].y);
+            wv[2] = __uint_as_float(raw[u].z);
+            wv[3] = __uint_as_float(raw[u].w);
+        } else {
+            const u32 r4[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int cu = c0 + u * step;
-                if (cu >= n_in) break;
-                float wv[8];
-                if (ty == T_F32) {
-                    wv[0] = __uint_as_float(raw[u].x);
-                    wv[1] = __uint_as_float(raw[u].y);
-                    wv[2] = __uint_as_float(raw[u].z);
-                    wv[3] = __uint_as_float(raw[u].w);
-                } else {
-                    const u32 r4[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        const u16 lo = (u16)(r4[q] & 0xFFFF), hi = (u16)(r4[q] >> 16);
-                        wv[2 * q] = ty == T_F16 ? h2f(lo) : bf2f(lo);
-                        wv[2 * q + 1] = ty == T_F16 ? h2f(hi) : bf2f(hi);
-                    }
-                }
-#pragma unroll
-                for (int k = 0; k < FG_TOK; ++k) {
-                    if (t0 + k >= n_tok) break;
-                    const float* xr = x + (i64)(t0 + k) * x_ts + cu;
-#pragma unroll
-                    for (int q = 0; q < 8; ++q)
-                        if (q < per) acc[k] = __fadd_rn(acc[k], __fmul_rn(wv[q], xr[q]));
-                }
+            for (int q = 0; q < 4; ++q) {
+                const u16 lo = (u16)(r4[q] & 0xFFFF), hi = (u16)(r4[q] >> 16);
+                wv[2 * q] = ty == T_F16 ? h2f(lo) : bf2f(lo);
+                wv[2 * q + 1] = ty == T_F16 ? h2f(hi) : bf2f(hi);
             }
         }
-        return;
-    }
-    for (int c = lane; c < n_in; c += 32) {
-        const float wv = wval(wr, ty, c);
 #pragma unroll
-        for (int k = 0; k < FG_TOK; ++k)
-            if (t0 + k < n_tok) acc[k] = __fadd_rn(acc[k], __fmul_rn(wv, x[(i64)(t0 + k) * x_ts + c]));
+        for (int k = 0; k < FG_TOK; ++k) {
+            if (t0 + k >= n_tok) break;
+            const float* xr = x + (i64)(t0 + k) * x_ts + cu;
+#pragma unroll
+            for (int q = 0; q < 8; ++q)
+                if (q < per) acc[k] = __fadd_rn(acc[k], __fmul_rn(wv[q], xr[q]));
+        }
     }
 }
 
-// Row r of one product for every token, by one warp.
+// Row r of one product for every token, by the `lanes` threads of the calling thread's
+// group (group g = threadIdx.x / lanes of a FG_THREADS-thread block; every thread of the
+// block calls this, `valid` false for groups past the last row). Thread j takes the
+// 16-byte chunks j, j + lanes, … when the row is whole aligned chunks (the first four
+// loaded before the wait for the previous kernel, which is this function's: the weights
+// do not depend on it), else the values j, j + lanes, …. The group's sums in a fixed
+// order: a warp's lanes by shuffles, then (groups wider than a warp) the warps in order.
 __device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int n_tok,
-                                          float* out, i64 o_ts, const float* bias, int r, int rb) {
-    const int lane = threadIdx.x & 31;
+                                          float* out, i64 o_ts, const float* bias, int r, int rb, int lanes,
+                                          bool valid) {
+    __shared__ float part[FG_TOK][FG_THREADS / 32];
+    const int j = threadIdx.x & (lanes - 1);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int span = lanes < 32 ? lanes : 32;
+    const int per = ty == T_F32 ? 4 : 8;
+    const bool vec = n_in % per == 0 && ((u64)wr & 15) == 0;
+    const int chunks = n_in / per;
+    uint4 first[4];
+    if (valid && vec) chunk_loads(wr, j, lanes, chunks, first);
+    pdl_wait();
+    pdl_trigger();
     for (int t0 = 0; t0 < n_tok; t0 += FG_TOK) {
         float acc[FG_TOK];
 #pragma unroll
         for (int k = 0; k < FG_TOK; ++k) acc[k] = 0.f;
-        row_part(wr, ty, x, x_ts, n_in, t0, n_tok, lane, acc);
+        if (valid && vec) {
+            for (int c0 = j; c0 < chunks; c0 += 4 * lanes) {
+                uint4 raw[4];
+                if (t0 == 0 && c0 == j) {
 #pragma unroll
-        for (int k = 0; k < FG_TOK; ++k) {
-            const float v = warp_sum(acc[k]);
-            if (lane == 0 && t0 + k < n_tok) {
-                const float b = bias ? bias[r] : 0.f;
-                out[(i64)(t0 + k) * o_ts + r] = rnd(__fadd_rn(v, b), rb);
+                    for (int u = 0; u < 4; ++u) raw[u] = first[u];
+                } else {
+                    chunk_loads(wr, c0, lanes, chunks, raw);
+                }
+                chunk_dots(raw, ty, c0, lanes, n_in, x, x_ts, t0, n_tok, acc);
             }
+        } else if (valid) {
+            for (int c = j; c < n_in; c += lanes) {
+                const float wv = wval(wr, ty, c);
+#pragma unroll
+                for (int k = 0; k < FG_TOK; ++k)
+                    if (t0 + k < n_tok) acc[k] = __fadd_rn(acc[k], __fmul_rn(wv, x[(i64)(t0 + k) * x_ts + c]));
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < FG_TOK; ++k)
+            for (int o = span >> 1; o > 0; o >>= 1) acc[k] = __fadd_rn(acc[k], __shfl_xor_sync(0xffffffffu, acc[k], o));
+        if (lanes > 32) {
+            if (lane == 0)
+#pragma unroll
+                for (int k = 0; k < FG_TOK; ++k) part[k][warp] = acc[k];
+            __syncthreads();
+            if (j == 0) {
+#pragma unroll
+                for (int k = 0; k < FG_TOK; ++k) {
+                    float v = part[k][warp];
+                    for (int w = 1; w < lanes / 32; ++w) v = __fadd_rn(v, part[k][warp + w]);
+                    acc[k] = v;
+                }
+            }
+            __syncthreads();
+        }
+        if (valid && j == 0) {
+#pragma unroll
+            for (int k = 0; k < FG_TOK; ++k)
+                if (t0 + k < n_tok) {
+                    const float b = bias ? bias[r] : 0.f;
+                    out[(i64)(t0 + k) * o_ts + r] = rnd(__fadd_rn(acc[k], b), rb);
+                }
         }
     }
 }
@@ -519,14 +590,11 @@ struct StepInfo {
 
 __device__ __forceinline__ const u32* step_tokens(const StepInfo* s) { return (const u32*)(s + 1); }
 
-// Σ_j w[j]·y[j·stride + c] over the k slots of one token in increasing expert id (the
-// order the CPU backend sums them), f32; `wrb` rounds each weighted output to bf16 (bf16
-// routing weights, DeepSeek-V4's bf16 model).
-__device__ __forceinline__ float sum_slots(const float* y, i64 stride, const i32* ids, const float* w, int k,
-                                           int c, int wrb) {
-    int order[32];
+// The k slots of one token in increasing expert id (the order the CPU backend sums
+// them): an insertion sort of the ids (k ≤ 32).
+__device__ __forceinline__ void slot_order(const i32* ids, int k, int* order) {
     for (int j = 0; j < k; ++j) order[j] = j;
-    for (int a = 1; a < k; ++a) {  // insertion sort by expert id (k ≤ 32)
+    for (int a = 1; a < k; ++a) {
         const int s = order[a];
         int b = a - 1;
         while (b >= 0 && ids[order[b]] > ids[s]) {
@@ -535,10 +603,28 @@ __device__ __forceinline__ float sum_slots(const float* y, i64 stride, const i32
         }
         order[b + 1] = s;
     }
+}
+
+// Σ_j w[j]·y[j·stride + c] over the k slots in `slot_order`'s order, f32; `wrb` rounds
+// each weighted output to bf16 (bf16 routing weights, DeepSeek-V4's bf16 model). The
+// loads of up to 8 slots are issued before their sums.
+__device__ __forceinline__ float sum_sorted(const float* y, i64 stride, const int* order, const float* w, int k,
+                                            int c, int wrb) {
     float acc = 0.f;
-    for (int a = 0; a < k; ++a) {
-        const int j = order[a];
-        acc = __fadd_rn(acc, rnd(__fmul_rn(__ldcg(y + j * stride + c), w[j]), wrb));
+    for (int a0 = 0; a0 < k; a0 += 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = a0 + u < k ? __ldcg(y + order[a0 + u] * stride + c) : 0.f;
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (a0 + u < k) acc = __fadd_rn(acc, rnd(__fmul_rn(v[u], w[order[a0 + u]]), wrb));
     }
     return acc;
+}
+
+__device__ __forceinline__ float sum_slots(const float* y, i64 stride, const i32* ids, const float* w, int k,
+                                           int c, int wrb) {
+    int order[32];
+    slot_order(ids, k, order);
+    return sum_sorted(y, stride, order, w, k, c, wrb);
 }

@@ -1,7 +1,8 @@
 // Products with float weights (F32, F16, BF16) in the PyTorch references' arithmetic:
 // the activations as given times the upcast weights, f32 accumulation, the result
-// rounded at the reference's cast point (`rb`). One warp per output row; each warp
-// walks TOK tokens at once so a weight element is loaded once per TOK tokens.
+// rounded at the reference's cast point (`rb`). A group of `lanes` threads per output row
+// (common.cuh `float_row`); each group walks FG_TOK tokens at once so a weight element is
+// loaded once per FG_TOK tokens.
 // Grouped products (`blockIdx.y` = group: MLA's per-head `k_b`/`v_b`, DeepSeek-V4's
 // `o_a`) use element strides between groups and between tokens.
 
@@ -17,18 +18,16 @@ struct FloatGemv {
     float* out;
     i64 o_tstride, o_gstride;
     const float* bias;  // optional, n_out (group 0 only)
-    i32 ty, n_out, n_in, n_tok, rb;
+    i32 ty, n_out, n_in, n_tok, rb, lanes;
 };
 
-extern "C" __global__ void gemv_float(const FloatGemv P) {
-    pdl_wait();
-    pdl_trigger();
-    const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (r >= P.n_out) return;
+// `float_row` waits for the previous kernel.
+extern "C" __global__ void __launch_bounds__(FG_THREADS) gemv_float(const FloatGemv P) {
+    const int r = blockIdx.x * (FG_THREADS / P.lanes) + threadIdx.x / P.lanes;
     const int g = blockIdx.y;
     const int bytes = P.ty == T_F32 ? 4 : 2;
     float_row(P.w + (g * P.w_gstride + (i64)r * P.n_in) * bytes, P.ty, P.x + g * P.x_gstride, P.x_tstride, P.n_in,
-              P.n_tok, P.out + g * P.o_gstride, P.o_tstride, P.bias, r, P.rb);
+              P.n_tok, P.out + g * P.o_gstride, P.o_tstride, P.bias, r, P.rb, P.lanes, r < P.n_out);
 }
 
 // Up to FG_SEGS independent products (each its own weight, input and output, rows of
@@ -39,16 +38,14 @@ struct FloatMulti {
     i32 n;
 };
 
-extern "C" __global__ void gemv_float_multi(const FloatMulti P) {
-    pdl_wait();
-    pdl_trigger();
+extern "C" __global__ void __launch_bounds__(FG_THREADS) gemv_float_multi(const FloatMulti P) {
     int si = 0;
     while (si + 1 < P.n && (int)blockIdx.x >= P.s[si + 1].first) ++si;
     const FloatSeg& S = P.s[si];
-    const int r = ((blockIdx.x - S.first) * blockDim.x + threadIdx.x) >> 5;
-    if (r >= S.n_out) return;
+    const int r = (blockIdx.x - S.first) * (FG_THREADS / S.lanes) + threadIdx.x / S.lanes;
     const int bytes = S.ty == T_F32 ? 4 : 2;
-    float_row(S.w + (i64)r * S.n_in * bytes, S.ty, S.x, S.n_in, S.n_in, S.n_tok, S.out, S.n_out, S.bias, r, S.rb);
+    float_row(S.w + (i64)r * S.n_in * bytes, S.ty, S.x, S.n_in, S.n_in, S.n_tok, S.out, S.n_out, S.bias, r, S.rb,
+              S.lanes, r < S.n_out);
 }
 
 // Routed experts with float weights: blockIdx.y = t·k + j (token t, its j-th expert

@@ -753,13 +753,21 @@ __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
     G.n_in = E.n_in;
     G.need = E.need;
     G.eps = 0.f;
-    const Act a = build_act<4>(G, smem, red);
     const Planes w0 = expert_planes(E.w, E.estride, e);
     const Planes w1 = PAIR ? expert_planes(E.w2, E.estride2, e) : w0;
     const int wpb = blockDim.x >> 5, stride = gridDim.x * wpb;
+    // The warp's first rows (both matrices of a pair, or the two rows of a down step)
+    // start into L2 while the activation is built.
+    const int r0 = blockIdx.x * wpb + warp;
+    if (lane == 0 && r0 < E.rows) {
+        prefetch_row(E.type, w0, r0, E.n_in);
+        if (PAIR) prefetch_row(E.type2, w1, r0, E.n_in);
+        else if (r0 + stride < E.rows) prefetch_row(E.type, w0, r0 + stride, E.n_in);
+    }
+    const Act a = build_act<4>(G, smem, red);
     u32 rb_[4];
     if (!PAIR) plane_row_bytes(E.type, E.n_in, rb_);
-    for (int r = blockIdx.x * wpb + warp; r < E.rows; r += PAIR ? stride : 2 * stride) {
+    for (int r = r0; r < E.rows; r += PAIR ? stride : 2 * stride) {
         float v[2] = {0.f, 0.f};
         if (PAIR && (TY >= 0 || E.type == E.type2)) {
             expert_dot<TY, 2>(E.type, w0, w1, r, E.n_in, a, lane, v);
@@ -809,6 +817,7 @@ struct ReduceTail {
 template <int TY>
 __device__ __forceinline__ void experts_down_sum(const ExpertGemv& E, const ReduceTail& R) {
     __shared__ bool last;
+    __shared__ int order[32];
     expert_body<TY, false>(E);
     __threadfence();
     __syncthreads();
@@ -816,11 +825,19 @@ __device__ __forceinline__ void experts_down_sum(const ExpertGemv& E, const Redu
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (threadIdx.x == 0) R.counters[blockIdx.x] = 0u;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
-    if (lane) return;
-    for (int r = blockIdx.x * wpb + warp; r < E.rows; r += gridDim.x * wpb) {
-        float o = rnd(sum_slots(E.out, E.rows, E.ids, R.w, E.k, r, R.wrb), R.rb);
+    if (threadIdx.x == 0) {
+        R.counters[blockIdx.x] = 0u;
+        slot_order(E.ids, E.k, order);
+    }
+    __syncthreads();
+    // The rows this block's warps computed (blockIdx.x·wpb + warp plus multiples of the
+    // grid's warps), one per thread; r grows with q, so the first past the end ends the
+    // loop.
+    const int wpb = blockDim.x >> 5, stride = gridDim.x * wpb;
+    for (int q = threadIdx.x;; q += blockDim.x) {
+        const int r = blockIdx.x * wpb + q % wpb + (q / wpb) * stride;
+        if (r >= E.rows) break;
+        float o = rnd(sum_sorted(E.out, E.rows, order, R.w, E.k, r, R.wrb), R.rb);
         if (R.add) o = __fadd_rn(o, R.add[r]);
         R.out[r] = o;
     }

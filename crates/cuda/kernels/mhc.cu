@@ -72,25 +72,23 @@ __device__ __forceinline__ void collapse(const float* pre, const float* xt, floa
     }
 }
 
-// Token t by one block: pre, post and comb from the mixes, Sinkhorn, then
-// out[t] = round(Σₙ preₙ·x[t, n]) and mix[t] = round(post), round(comb). Thread i < n
-// owns pre/post i and comb row i's softmax; in the Sinkhorn iterations thread e < n²
-// owns comb element e and sums its row (then column) in the serial order.
-__device__ __forceinline__ void pre_finish(const float* m, const float* x, const float* base, const float* scale,
-                                           float* out, float* mix, int n, int d, int iters, float eps, int rb,
-                                           int t) {
-    __shared__ float pre[HC_MAX_N];
+// Token t's coefficients from its mixes `mt(i)`: pre into `pre`, and post and the
+// Sinkhorn-normalised comb into `mx` (rounded) when `write`. Thread i < n owns pre/post
+// i and comb row i's softmax; in the Sinkhorn iterations thread e < n² owns comb element
+// e and sums its row (then column) in the serial order.
+template <class M>
+__device__ __forceinline__ void hc_coeffs(M mt, const float* base, const float* scale, float* pre, float* mx, int n,
+                                          int iters, float eps, int rb, bool write) {
     __shared__ float c[HC_MAX_N * HC_MAX_N];
-    const int nm = (2 + n) * n, ml = n + n * n, tid = threadIdx.x;
-    const float* mt = m + (i64)t * nm;  // (L2 reads: other blocks wrote it)
-    float* mx = mix + (i64)t * ml;
+    const int tid = threadIdx.x;
     if (tid < n) {
-        pre[tid] = __fadd_rn(sigmoidf_ref(__fadd_rn(__fmul_rn(__ldcg(mt + tid), scale[0]), base[tid])), eps);
-        mx[tid] = rnd(__fmul_rn(2.0f, sigmoidf_ref(__fadd_rn(__fmul_rn(__ldcg(mt + n + tid), scale[1]), base[n + tid]))),
-                      rb);
+        pre[tid] = __fadd_rn(sigmoidf_ref(__fadd_rn(__fmul_rn(mt(tid), scale[0]), base[tid])), eps);
+        if (write)
+            mx[tid] =
+                rnd(__fmul_rn(2.0f, sigmoidf_ref(__fadd_rn(__fmul_rn(mt(n + tid), scale[1]), base[n + tid]))), rb);
         float* row = c + tid * n;
         for (int j = 0; j < n; ++j)
-            row[j] = __fadd_rn(__fmul_rn(__ldcg(mt + 2 * n + tid * n + j), scale[2]), base[2 * n + tid * n + j]);
+            row[j] = __fadd_rn(__fmul_rn(mt(2 * n + tid * n + j), scale[2]), base[2 * n + tid * n + j]);
         softmax_row(row, n);
         for (int j = 0; j < n; ++j) row[j] = __fadd_rn(row[j], eps);
     }
@@ -125,8 +123,19 @@ __device__ __forceinline__ void pre_finish(const float* m, const float* x, const
         if (own) c[tid] = __fdiv_rn(c[tid], s);
         sync();
     }
-    if (own) mx[n + tid] = rnd(c[tid], rb);
+    if (own && write) mx[n + tid] = rnd(c[tid], rb);
     __syncthreads();
+}
+
+// Token t by one block: the coefficients from the mixes in `m`, then
+// out[t] = round(Σₙ preₙ·x[t, n]) and mix[t] = round(post), round(comb).
+__device__ __forceinline__ void pre_finish(const float* m, const float* x, const float* base, const float* scale,
+                                           float* out, float* mix, int n, int d, int iters, float eps, int rb,
+                                           int t) {
+    __shared__ float pre[HC_MAX_N];
+    const float* mt = m + (i64)t * (2 + n) * n;  // (L2 reads: other blocks wrote it)
+    hc_coeffs([mt](int i) { return __ldcg(mt + i); }, base, scale, pre, mix + (i64)t * (n + n * n), n, iters, eps,
+              rb, true);
     const float* xt = x + (i64)t * n * d;
     if (n == 4)
         collapse<4>(pre, xt, out + (i64)t * d, n, d, rb);
@@ -190,11 +199,15 @@ extern "C" __global__ void hc_head(const float* x, const float* m, const float* 
 // The write-back of one sublayer and the next sublayer's pre for one token (decode) in one
 // launch. Block b owns columns [b·HC_COLS, (b+1)·HC_COLS) of every stream: it writes
 // their new values (`hc_post`'s arithmetic) and the partial sums of their squares and of
-// their products with each fn row; the last block sums the partials in block order,
-// forms the mixes as r·Σ fn·x (the mix kernels round x·r first: within an f32 ulp), then
-// runs `pre_finish`.
+// their products with each fn row; after a grid barrier every block sums the partials in
+// block order, forms the mixes as r·Σ fn·x (the mix kernels round x·r first: within an
+// f32 ulp) and the coefficients (`hc_coeffs`, the same in every block), and collapses its
+// own columns. The grid is one wave (d / HC_COLS blocks), so the barrier cannot wait on a
+// block that is not resident.
 #define HC_COLS 128
 #define HC_MAX_MIX ((2 + HC_MAX_N) * HC_MAX_N)
+// Blocks' partials loaded at a time in the sums after the barrier.
+#define HC_SUM_LOADS 32
 
 struct HcPostArgs {
     float* x;
@@ -207,7 +220,7 @@ struct HcPreArgs {
     const float* fn;     // [(2+n)·n, n·d]
     float* m;            // scratch [(2+n)·n]
     double* partials;    // scratch [blocks, 1 + (2+n)·n]
-    u32* counter;        // zero between launches
+    u32* counter;        // [arrivals (zero between launches), generation]
     const float* base;
     const float* scale;
     float* out;
@@ -216,19 +229,22 @@ struct HcPreArgs {
     float eps, norm_eps;
 };
 
-// The warp's partial sums of Σ x² (slot 0) and of each fn row · x (slots 1..) over its
-// columns, for N streams known at compile time: every fn load of the thread is issued
-// before the sums (one memory latency instead of one per row). Same order of additions
-// as the general loop.
+// Column k of every fn row for N streams known at compile time, in registers: loaded
+// before the kernel waits for the previous one (the weights do not depend on it).
 template <int N>
-__device__ __forceinline__ void hc_partials(const float* fn, const float* nv, int nd, int d, int k, int lane,
-                                            double* slots) {
-    constexpr int M = (2 + N) * N;
-    float f[M][N];
+__device__ __forceinline__ void hc_fn_col(const float* fn, int nd, int d, int k, float (&f)[(2 + N) * N][N]) {
 #pragma unroll
-    for (int i = 0; i < M; ++i)
+    for (int i = 0; i < (2 + N) * N; ++i)
 #pragma unroll
         for (int j = 0; j < N; ++j) f[i][j] = k < d ? __ldg(fn + (i64)i * nd + (i64)j * d + k) : 0.f;
+}
+
+// The warp's partial sums of Σ x² (slot 0) and of each fn row · x (slots 1..) over its
+// columns from `hc_fn_col`'s values. Same order of additions as the general loop.
+template <int N>
+__device__ __forceinline__ void hc_partials(const float (&f)[(2 + N) * N][N], const float* nv, int d, int k,
+                                            int lane, double* slots) {
+    constexpr int M = (2 + N) * N;
 #pragma unroll
     for (int i = -1; i < M; ++i) {
         double v = 0.0;
@@ -241,32 +257,52 @@ __device__ __forceinline__ void hc_partials(const float* fn, const float* nv, in
     }
 }
 
-extern "C" __global__ void __launch_bounds__(HC_COLS) hc_post_pre(const HcPostArgs A, const HcPreArgs B) {
+// N: the streams, 4 (every index known at compile time, the fn column held in
+// registers from before the wait) or up to HC_MAX_N (A.n at run time).
+template <int N>
+__device__ __forceinline__ void post_pre(const HcPostArgs& A, const HcPreArgs& B) {
     __shared__ double wred[HC_COLS / 32][HC_MAX_MIX + 1];
-    __shared__ bool last;
-    pdl_wait();
-    pdl_trigger();
-    const int n = A.n, d = A.d, nd = n * d, n_mix = (2 + n) * n;
+    __shared__ float coef[HC_MAX_MIX + 3];  // base, then the three scales
+    __shared__ float ms[HC_MAX_MIX];
+    __shared__ float pre[HC_MAX_N];
+    constexpr bool FN_REGS = N == 4;
+    const int n = N == 4 ? 4 : A.n, d = A.d, nd = n * d, n_mix = (2 + n) * n;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int k = blockIdx.x * HC_COLS + threadIdx.x;
-    float nv[HC_MAX_N];
-    for (int j = 0; j < n; ++j) nv[j] = 0.f;
+    // Weights first: they do not depend on the previous kernel.
+    float f[FN_REGS ? (2 + N) * N : 1][N];
+    if constexpr (FN_REGS) hc_fn_col<N>(B.fn, nd, d, k, f);
+    if (threadIdx.x < n_mix) coef[threadIdx.x] = B.base[threadIdx.x];
+    if (threadIdx.x < 3) coef[n_mix + threadIdx.x] = B.scale[threadIdx.x];
+    pdl_wait();
+    pdl_trigger();
+    float nv[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) nv[j] = 0.f;
     if (k < d) {
-        const float* post = A.mix;
-        const float* comb = post + n;
-        float old[HC_MAX_N];
-        for (int i = 0; i < n; ++i) old[i] = A.x[(i64)i * d + k];
+        // post and comb loaded before the first store (which could alias them).
+        float pc[N + N * N], old[N];
+#pragma unroll
+        for (int i = 0; i < N + N * N; ++i) pc[i] = i < n + n * n ? A.mix[i] : 0.f;
+#pragma unroll
+        for (int i = 0; i < N; ++i) old[i] = i < n ? A.x[(i64)i * d + k] : 0.f;
         const float yv = A.y[k];
-        for (int j = 0; j < n; ++j) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            if (j >= n) break;
             float acc = 0.f;
-            for (int i = 0; i < n; ++i) acc = __fadd_rn(acc, __fmul_rn(comb[i * n + j], old[i]));
-            const float a = rnd(__fmul_rn(post[j], yv), A.rb);
+#pragma unroll
+            for (int i = 0; i < N; ++i)
+                if (i < n) acc = __fadd_rn(acc, __fmul_rn(pc[n + i * n + j], old[i]));
+            const float a = rnd(__fmul_rn(pc[j], yv), A.rb);
             nv[j] = rnd(__fadd_rn(a, rnd(acc, A.rb)), A.rb);
-            A.x[(i64)j * d + k] = nv[j];
         }
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+            if (j < n) A.x[(i64)j * d + k] = nv[j];
     }
-    if (n == 4) {
-        hc_partials<4>(B.fn, nv, nd, d, k, lane, wred[warp]);
+    if constexpr (FN_REGS) {
+        hc_partials<N>(f, nv, d, k, lane, wred[warp]);
     } else {
         for (int i = -1; i < n_mix; ++i) {
             double v = 0.0;
@@ -284,36 +320,47 @@ extern "C" __global__ void __launch_bounds__(HC_COLS) hc_post_pre(const HcPostAr
         for (int w = 0; w < HC_COLS / 32; ++w) v += wred[w][threadIdx.x];
         B.partials[(i64)blockIdx.x * (n_mix + 1) + threadIdx.x] = v;
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(B.counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    grid_sync(B.counter);
+    // Every block: the partials summed in block order (HC_SUM_LOADS blocks' loads issued
+    // at a time), the mixes, the coefficients (block 0 writes post and comb), then its
+    // own columns of out from the new stream values it holds.
     if (threadIdx.x <= n_mix) {
-        // In block order, HC_UNROLL blocks' partials loaded at a time.
         const int nb = (int)gridDim.x;
         double v = 0.0;
-        for (int b0 = 0; b0 < nb; b0 += HC_UNROLL) {
-            double q[HC_UNROLL];
+        for (int b0 = 0; b0 < nb; b0 += HC_SUM_LOADS) {
+            double q[HC_SUM_LOADS];
 #pragma unroll
-            for (int u = 0; u < HC_UNROLL; ++u)
+            for (int u = 0; u < HC_SUM_LOADS; ++u)
                 q[u] = b0 + u < nb ? __ldcg(B.partials + (i64)(b0 + u) * (n_mix + 1) + threadIdx.x) : 0.0;
 #pragma unroll
-            for (int u = 0; u < HC_UNROLL; ++u)
+            for (int u = 0; u < HC_SUM_LOADS; ++u)
                 if (b0 + u < nb) v += q[u];
         }
         wred[0][threadIdx.x] = v;
     }
     __syncthreads();
-    if (threadIdx.x == 0) *B.counter = 0u;
     if (threadIdx.x < n_mix) {
         const float mean = (float)(wred[0][0] / (double)nd);
         const float r = __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, B.norm_eps)));
-        B.m[threadIdx.x] = (float)((double)r * wred[0][threadIdx.x + 1]);
+        ms[threadIdx.x] = (float)((double)r * wred[0][threadIdx.x + 1]);
     }
     __syncthreads();
-    pre_finish(B.m, A.x, B.base, B.scale, B.out, B.mix, n, d, B.iters, B.eps, B.rb, 0);
+    hc_coeffs([](int i) { return ms[i]; }, coef, coef + n_mix, pre, B.mix, n, B.iters, B.eps, B.rb,
+              blockIdx.x == 0);
+    if (k < d) {
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            if (i < n) acc = __fadd_rn(acc, __fmul_rn(pre[i], nv[i]));
+        B.out[k] = rnd(acc, B.rb);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(HC_COLS) hc_post_pre(const HcPostArgs A, const HcPreArgs B) {
+    if (A.n == 4)
+        post_pre<4>(A, B);
+    else
+        post_pre<HC_MAX_N>(A, B);
 }
 
 // One token's pre (decode) in one launch: block i computes mix row i; the last block to

@@ -142,16 +142,16 @@ extern "C" __global__ void moe_route(const RouteParams P) {
     route_row(P, blockIdx.x);
 }
 
-// The router's logits (a float product, FG rows per block) and, in the last block to
-// finish, the routing of the one token (decode): one launch for both.
-extern "C" __global__ void router_route(const FloatSeg S, const RouteParams P, u32* counter) {
+// The router's logits (a float product, `float_row`'s groups) and, in the last block to
+// finish, the routing of the one token (decode): one launch for both. `float_row` waits
+// for the previous kernel.
+extern "C" __global__ void __launch_bounds__(FG_THREADS) router_route(const FloatSeg S, const RouteParams P,
+                                                                      u32* counter) {
     __shared__ bool last;
-    pdl_wait();
-    pdl_trigger();
-    const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int r = blockIdx.x * (FG_THREADS / S.lanes) + threadIdx.x / S.lanes;
     const int bytes = S.ty == T_F32 ? 4 : 2;
-    if (r < S.n_out)
-        float_row(S.w + (i64)r * S.n_in * bytes, S.ty, S.x, S.n_in, S.n_in, 1, S.out, S.n_out, S.bias, r, S.rb);
+    float_row(S.w + (i64)r * S.n_in * bytes, S.ty, S.x, S.n_in, S.n_in, 1, S.out, S.n_out, S.bias, r, S.rb, S.lanes,
+              r < S.n_out);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;

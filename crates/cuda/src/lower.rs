@@ -24,7 +24,7 @@ use crate::error::{CudaError, Result};
 use crate::kernels::{GEMV_TYPES, Kernels};
 use crate::layout::{gemv_smem_bytes, uses_q8k};
 use crate::ops::{ExpertGemv, ReduceTail};
-use crate::ops::{FloatSeg, HC_COLS, MatRef, Op, RopeArgs};
+use crate::ops::{FG_THREADS, FloatSeg, HC_COLS, MatRef, Op, RopeArgs};
 
 /// A kernel launch.
 pub struct Launch {
@@ -209,9 +209,12 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         cmds.push(cmd);
         return Ok(used);
     }
+    // The fused launch meets in a grid barrier: at most one block per SM keeps every
+    // block resident.
     if let (Op::HcPost(post), Some(Op::HcPre { x, args })) = (ops[i], ops.get(i + 1))
         && *x == post.x
         && cx.fuse_decode
+        && (post.d as usize).div_ceil(HC_COLS) <= cx.n_sm as usize
     {
         let mut a = Args::new();
         a.push(post).push(*args);
@@ -235,8 +238,8 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         a.push(seg).push(p).push(counter);
         cmds.push(Cmd::Launch(Launch {
             f: cx.k.router_route,
-            grid: ((seg.n_out as u32).div_ceil(FLOAT_ROWS_PER_BLOCK), 1, 1),
-            block: FLOAT_ROWS_PER_BLOCK * 32,
+            grid: (seg.blocks(), 1, 1),
+            block: FG_THREADS,
             smem: 0,
             args: a,
             label: "router_route",
@@ -291,9 +294,8 @@ struct FloatMulti {
     n: i32,
 }
 
-/// Segments of one `gemv_float_multi` launch, and warps (output rows) per block.
+/// Segments of one `gemv_float_multi` launch.
 const FLOAT_SEGS: usize = 4;
-const FLOAT_ROWS_PER_BLOCK: u32 = 8;
 
 fn overlaps(a: &std::ops::Range<DPtr>, b: &std::ops::Range<DPtr>) -> bool {
     a.start < b.end && b.start < a.end
@@ -324,7 +326,7 @@ fn float_group(ops: &[Op], i: usize, cx: &Ctx) -> (usize, Cmd) {
             first: blocks as i32,
             ..*seg
         };
-        blocks += (seg.n_out as u32).div_ceil(FLOAT_ROWS_PER_BLOCK);
+        blocks += seg.blocks();
         used += 1;
     }
     p.n = used as i32;
@@ -335,7 +337,7 @@ fn float_group(ops: &[Op], i: usize, cx: &Ctx) -> (usize, Cmd) {
         Cmd::Launch(Launch {
             f: cx.k.gemv_float_multi,
             grid: (blocks, 1, 1),
-            block: FLOAT_ROWS_PER_BLOCK * 32,
+            block: FG_THREADS,
             smem: 0,
             args: a,
             label: "gemv_float",

@@ -27,8 +27,8 @@ use crate::driver::{DPtr, DevMem, Func};
 use crate::gemm::Sgemm;
 use crate::layout::uses_q8k;
 use crate::ops::{
-    ExpertGemv, FloatSeg, HC_COLS, HcPostArgs, HcPreArgs, KArgs, KernelOp, MatRef, Op, ReduceTail,
-    RouteParams,
+    ExpertGemv, FG_THREADS, FloatSeg, HC_COLS, HcPostArgs, HcPreArgs, KArgs, KernelOp, MatRef, Op,
+    ReduceTail, RouteParams, float_lanes,
 };
 use crate::weights::CudaWeight;
 
@@ -83,6 +83,7 @@ struct FloatGemv {
     n_in: i32,
     n_tok: i32,
     rb: i32,
+    lanes: i32,
 }
 
 #[repr(C)]
@@ -414,6 +415,7 @@ impl CudaBackend {
                 n_tok: rows as i32,
                 rb: rb(p),
                 first: 0,
+                lanes: float_lanes(n_in, ty.type_size()),
             };
             self.record(Op::FloatGemv(seg), &keep);
             return Ok(());
@@ -433,11 +435,13 @@ impl CudaBackend {
             n_in: n_in as i32,
             n_tok: rows as i32,
             rb: rb(p),
+            lanes: float_lanes(n_in, ty.type_size()),
         };
+        let rows_per_block = FG_THREADS / prm.lanes as u32;
         self.launch_op(Launch {
             f: self.k.gemv_float,
-            grid: (blocks(n_out as u64, 8), groups as u32, 1),
-            block: 256,
+            grid: ((n_out as u32).div_ceil(rows_per_block), groups as u32, 1),
+            block: FG_THREADS,
             smem: 0,
             args: Self::args(prm),
             label: "gemv_float",
@@ -1106,7 +1110,8 @@ impl CudaBackend {
                 return Err(bad("hc_pre: fn is not [(2 + N)·N, N·D]"));
             }
             let m = self.scratch_mem("hc_m", n_mix * 4)?;
-            let counter = self.scratch_mem("hc_counter", 4)?;
+            // Arrivals and a generation: `hc_post_pre`'s grid barrier (kernels/common.cuh `grid_sync`).
+            let counter = self.scratch_mem("hc_counter", 8)?;
             let partials =
                 self.scratch_mem("hc_partials", s.d.div_ceil(HC_COLS) * (n_mix + 1) * 8)?;
             let args = HcPreArgs {

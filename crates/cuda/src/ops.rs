@@ -166,8 +166,20 @@ pub struct HcPreArgs {
 /// Columns per block of `hc_post_pre` (kernels/mhc.cu `HC_COLS`).
 pub const HC_COLS: usize = 128;
 
+/// Threads per block of the float products (kernels/common.cuh `FG_THREADS`).
+pub const FG_THREADS: u32 = 256;
+
+/// Threads per output row of a float product whose rows are `n_in` values of `bytes`
+/// bytes: about four 16-byte loads per thread, a power of two from 4 to [`FG_THREADS`]
+/// (a 4096-value f32 router row takes a whole block; a 128-value bf16 row four threads).
+pub fn float_lanes(n_in: usize, bytes: usize) -> i32 {
+    let chunks = (n_in * bytes).div_ceil(16);
+    chunks.div_ceil(4).next_power_of_two().clamp(4, FG_THREADS as usize) as i32
+}
+
 /// One float product as `gemv_float_multi` (kernels/float_gemv.cu) takes it: rows of
-/// `n_in` contiguous values, `n_tok` tokens; `first` is filled in by the lowering.
+/// `n_in` contiguous values, `n_tok` tokens, `lanes` threads per row ([`float_lanes`]);
+/// `first` is filled in by the lowering.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FloatSeg {
@@ -181,9 +193,15 @@ pub struct FloatSeg {
     pub n_tok: i32,
     pub rb: i32,
     pub first: i32,
+    pub lanes: i32,
 }
 
 impl FloatSeg {
+    /// Blocks of [`FG_THREADS`] threads that take its rows.
+    pub fn blocks(&self) -> u32 {
+        (self.n_out as u32).div_ceil(FG_THREADS / self.lanes as u32)
+    }
+
     /// The bytes of `x` it reads and of `out` it writes.
     pub fn reads(&self) -> std::ops::Range<DPtr> {
         self.x..self.x + (self.n_tok as u64) * (self.n_in as u64) * 4
