@@ -1085,6 +1085,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::{HcPostArgs, HcPreArgs, float_lanes};
     use ds4_gguf::GgmlType;
 
     fn mat(id: u64, ty: GgmlType, rows: u32, cols: u32) -> MatRef {
@@ -1370,6 +1371,85 @@ mod tests {
             funcs(&lowered(&ops, 1, &k)),
             [k.rms_norm_rows, k.gemv_typed[0][0]]
         );
+    }
+
+    /// A decode step's mHC write-back of one sublayer and the next one's pre, `d` columns
+    /// per stream.
+    fn hc_pair(d: i32) -> [Op; 2] {
+        let x = 1u64 << 40;
+        let post = HcPostArgs {
+            x,
+            y: 2 << 40,
+            mix: 3 << 40,
+            n: 4,
+            d,
+            rb: 0,
+        };
+        let pre = HcPreArgs {
+            fn_: 4 << 40,
+            m: 5 << 40,
+            partials: 6 << 40,
+            counter: 7 << 40,
+            base: 8 << 40,
+            scale: 9 << 40,
+            out: 10 << 40,
+            mix: 3 << 40,
+            n: 4,
+            d,
+            iters: 20,
+            rb: 0,
+            eps: 1e-6,
+            norm_eps: 1e-5,
+        };
+        [Op::HcPost(post), Op::HcPre { x, args: pre }]
+    }
+
+    #[test]
+    fn hc_post_and_pre_fuse_while_every_block_fits_on_its_own_sm() {
+        // `hc_post_pre` meets in a grid barrier: one block of HC_COLS columns per SM at
+        // most (the test context has 132 SMs).
+        let k = Kernels::fake();
+        let fused = lowered(&hc_pair(4096), 1, &k);
+        assert_eq!(funcs(&fused), [k.hc_post_pre]);
+        let Cmd::Launch(l) = &fused[0] else {
+            unreachable!()
+        };
+        assert_eq!(l.grid, (32, 1, 1));
+        let wide = (133 * HC_COLS) as i32;
+        assert_eq!(
+            funcs(&lowered(&hc_pair(wide), 1, &k)),
+            [k.hc_post, k.hc_pre_one]
+        );
+    }
+
+    #[test]
+    fn float_rows_take_about_four_loads_per_thread() {
+        // A 4096-value f32 router row: 1024 chunks of 16 bytes, a whole block per row.
+        assert_eq!(float_lanes(4096, 4), 256);
+        // 4096 bf16 values: 512 chunks, two rows per block; a 128-value bf16 row (GLM's
+        // KDA f_b/g_b) 16 chunks on four threads; rows shorter than a chunk still four.
+        assert_eq!(float_lanes(4096, 2), 128);
+        assert_eq!(float_lanes(128, 2), 4);
+        assert_eq!(float_lanes(3, 4), 4);
+        let seg = FloatSeg {
+            n_out: 288,
+            lanes: float_lanes(4096, 4),
+            ..FloatSeg::default()
+        };
+        assert_eq!(seg.blocks(), 288);
+        let seg = FloatSeg {
+            n_out: 8193,
+            lanes: 4,
+            ..FloatSeg::default()
+        };
+        assert_eq!(seg.blocks(), 129);
+    }
+
+    #[test]
+    fn float_params_match_the_kernel_layout() {
+        // kernels/common.cuh: FloatSeg = 4 pointers + 7 4-byte fields, padded to 64 bytes.
+        assert_eq!(std::mem::size_of::<FloatSeg>(), 64);
+        assert_eq!(std::mem::size_of::<FloatMulti>(), 4 * 64 + 8);
     }
 
     #[test]
