@@ -174,7 +174,10 @@ pub const FG_THREADS: u32 = 256;
 /// (a 4096-value f32 router row takes a whole block; a 128-value bf16 row four threads).
 pub fn float_lanes(n_in: usize, bytes: usize) -> i32 {
     let chunks = (n_in * bytes).div_ceil(16);
-    chunks.div_ceil(4).next_power_of_two().clamp(4, FG_THREADS as usize) as i32
+    chunks
+        .div_ceil(4)
+        .next_power_of_two()
+        .clamp(4, FG_THREADS as usize) as i32
 }
 
 /// One float product as `gemv_float_multi` (kernels/float_gemv.cu) takes it: rows of
