@@ -362,8 +362,8 @@ __device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, 
     const int per = ty == T_F32 ? 4 : 8;
     const bool vec = n_in % per == 0 && ((u64)wr & 15) == 0;
     const int chunks = n_in / per;
-    uint4 first[4];
-    if (valid && vec) chunk_loads(wr, j, lanes, chunks, first);
+    uint4 raw[4];
+    if (valid && vec) chunk_loads(wr, j, lanes, chunks, raw);
     pdl_wait();
     pdl_trigger();
     for (int t0 = 0; t0 < n_tok; t0 += FG_TOK) {
@@ -372,13 +372,7 @@ __device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, 
         for (int k = 0; k < FG_TOK; ++k) acc[k] = 0.f;
         if (valid && vec) {
             for (int c0 = j; c0 < chunks; c0 += 4 * lanes) {
-                uint4 raw[4];
-                if (t0 == 0 && c0 == j) {
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) raw[u] = first[u];
-                } else {
-                    chunk_loads(wr, c0, lanes, chunks, raw);
-                }
+                if (t0 > 0 || c0 > j) chunk_loads(wr, c0, lanes, chunks, raw);
                 chunk_dots(raw, ty, c0, lanes, n_in, x, x_ts, t0, n_tok, acc);
             }
         } else if (valid) {

@@ -22,7 +22,7 @@ struct FloatGemv {
 };
 
 // `float_row` waits for the previous kernel.
-extern "C" __global__ void __launch_bounds__(FG_THREADS) gemv_float(const FloatGemv P) {
+extern "C" __global__ void __launch_bounds__(FG_THREADS, 4) gemv_float(const FloatGemv P) {
     const int r = blockIdx.x * (FG_THREADS / P.lanes) + threadIdx.x / P.lanes;
     const int g = blockIdx.y;
     const int bytes = P.ty == T_F32 ? 4 : 2;
@@ -38,7 +38,7 @@ struct FloatMulti {
     i32 n;
 };
 
-extern "C" __global__ void __launch_bounds__(FG_THREADS) gemv_float_multi(const FloatMulti P) {
+extern "C" __global__ void __launch_bounds__(FG_THREADS, 4) gemv_float_multi(const FloatMulti P) {
     int si = 0;
     while (si + 1 < P.n && (int)blockIdx.x >= P.s[si + 1].first) ++si;
     const FloatSeg& S = P.s[si];

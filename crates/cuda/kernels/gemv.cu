@@ -844,28 +844,31 @@ __device__ __forceinline__ void experts_down_sum(const ExpertGemv& E, const Redu
 }
 
 // The expert kernels: any type (TY < 0, two blocks per SM), or typed gemv_experts_*_<type>
-// holding one type's registers (three blocks per SM; src/kernels.rs names them).
-#define EXPERT_KERNELS(SUF, TY, MINB)                                                                  \
+// holding one type's registers (src/kernels.rs names them): gate/up pairs MINB blocks per
+// SM, down products MINB_DOWN. The q2 mix's types take four blocks of down products in 64
+// registers without new spills (ptxas -v); Q5_0, Q5_K, Q6_K and Q8_0 would spill 64–240
+// bytes, and a pair at four blocks 96–160.
+#define EXPERT_KERNELS(SUF, TY, MINB, MINB_DOWN)                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)                               \
         gemv_experts_gate_up##SUF(const ExpertGemv E) {                                                \
         expert_body<TY, true>(E);                                                                      \
     }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)                               \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB_DOWN)                          \
         gemv_experts_down##SUF(const ExpertGemv E) {                                                   \
         expert_body<TY, false>(E);                                                                     \
     }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)                               \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB_DOWN)                          \
         gemv_experts_down_sum##SUF(const ExpertGemv E, const ReduceTail R) {                           \
         experts_down_sum<TY>(E, R);                                                                    \
     }
 
-EXPERT_KERNELS(, -1, 2)
-EXPERT_KERNELS(_q4_0, T_Q4_0, 3)
-EXPERT_KERNELS(_q4_1, T_Q4_1, 3)
-EXPERT_KERNELS(_q5_0, T_Q5_0, 3)
-EXPERT_KERNELS(_q8_0, T_Q8_0, 3)
-EXPERT_KERNELS(_q4_k, T_Q4_K, 3)
-EXPERT_KERNELS(_q5_k, T_Q5_K, 3)
-EXPERT_KERNELS(_q6_k, T_Q6_K, 3)
-EXPERT_KERNELS(_iq2_xxs, T_IQ2_XXS, 3)
-EXPERT_KERNELS(_q2_k, T_Q2_K, 3)
+EXPERT_KERNELS(, -1, 2, 2)
+EXPERT_KERNELS(_q4_0, T_Q4_0, 3, 3)
+EXPERT_KERNELS(_q4_1, T_Q4_1, 3, 3)
+EXPERT_KERNELS(_q5_0, T_Q5_0, 3, 3)
+EXPERT_KERNELS(_q8_0, T_Q8_0, 3, 3)
+EXPERT_KERNELS(_q4_k, T_Q4_K, 3, 3)
+EXPERT_KERNELS(_q5_k, T_Q5_K, 3, 3)
+EXPERT_KERNELS(_q6_k, T_Q6_K, 3, 3)
+EXPERT_KERNELS(_iq2_xxs, T_IQ2_XXS, 3, 4)
+EXPERT_KERNELS(_q2_k, T_Q2_K, 3, 4)
