@@ -28,6 +28,7 @@ pub mod output;
 pub mod prompt;
 pub mod prompt_cache;
 pub mod pyjson;
+pub mod request_log;
 pub mod server;
 pub mod session_cache;
 pub mod state;

@@ -23,6 +23,7 @@ use crate::backend::{Engine, Vocab};
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 use crate::output::ToolFormat;
+use crate::request_log::log_on_drop;
 use crate::state::{AppState, ModelNames};
 use crate::worker::Worker;
 
@@ -274,12 +275,9 @@ async fn observe(State(state): State<Arc<AppState>>, req: Request, next: Next) -
     let path = req.uri().path().to_string();
     let t0 = Instant::now();
     let resp = next.run(req).await;
-    let status = resp.status().as_u16();
-    state.metrics.record_request(&endpoint, status);
-    let ms = t0.elapsed().as_millis() as u64;
-    match resp.extensions().get::<ErrorNote>() {
-        Some(ErrorNote(why)) => tracing::info!(%method, %path, status, ms, error = %why, "request"),
-        None => tracing::info!(%method, %path, status, ms, "request"),
-    }
-    resp
+    state
+        .metrics
+        .record_request(&endpoint, resp.status().as_u16());
+    let error = resp.extensions().get::<ErrorNote>().map(|n| n.0.clone());
+    log_on_drop(resp, method, path, error, t0)
 }
