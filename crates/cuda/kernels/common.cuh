@@ -82,14 +82,19 @@ __device__ __forceinline__ float wval(const u8* w, int ty, i64 i) {
 }
 
 // Programmatic dependent launch: wait for the previous kernel before reading its results
-// (every kernel run inside a step calls this first), and let the next one start early.
+// (every kernel run inside a step calls this before its trigger), and let the next one
+// start early. Before the wait a kernel reads only weights: no kernel of a step writes
+// them, and a step's first kernel (the embedding) reads nothing before its wait, so the
+// loader's kernels are complete by then.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 // Every block of the grid meets here, its earlier global writes visible to all blocks
-// after it. Only for grids that are resident at once (at most one block per SM: the host
-// checks). counter[0] counts arrivals and is zero between launches; counter[1] is a
-// generation the last block to arrive advances, which releases the others.
+// after it. Only for grids that can be resident at once: the host launches at most as
+// many blocks as the device has SMs (not a cooperative launch: a device shared with
+// another context's long kernels could delay the last blocks until those finish).
+// counter[0] counts arrivals and is zero between launches; counter[1] is a generation the
+// last block to arrive advances, which releases the others.
 __device__ __forceinline__ void grid_sync(u32* counter) {
     __syncthreads();
     if (threadIdx.x == 0) {

@@ -817,7 +817,7 @@ struct ReduceTail {
 template <int TY>
 __device__ __forceinline__ void experts_down_sum(const ExpertGemv& E, const ReduceTail& R) {
     __shared__ bool last;
-    __shared__ int order[32];
+    __shared__ int order[32];  // k ≤ 32 (moe_route_op refuses more)
     expert_body<TY, false>(E);
     __threadfence();
     __syncthreads();

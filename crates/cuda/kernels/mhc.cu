@@ -6,7 +6,7 @@
 #include "common.cuh"
 
 #define HC_MAX_N 8
-// Columns per thread whose loads are issued together (collapse, partial sums).
+// Columns per thread whose loads are issued together (collapse).
 #define HC_UNROLL 8
 
 // m[t, i] = Σ_c fn[i, c] · (x[t, c] · r_t) with r_t = 1/sqrt(mean(x_t²) + eps), by one
@@ -218,7 +218,7 @@ struct HcPostArgs {
 
 struct HcPreArgs {
     const float* fn;     // [(2+n)·n, n·d]
-    float* m;            // scratch [(2+n)·n]
+    float* m;            // scratch [(2+n)·n] (hc_pre_one)
     double* partials;    // scratch [blocks, 1 + (2+n)·n]
     u32* counter;        // [arrivals (zero between launches), generation]
     const float* base;
@@ -280,7 +280,8 @@ __device__ __forceinline__ void post_pre(const HcPostArgs& A, const HcPreArgs& B
 #pragma unroll
     for (int j = 0; j < N; ++j) nv[j] = 0.f;
     if (k < d) {
-        // post and comb loaded before the first store (which could alias them).
+        // post and comb loaded before the stores to x (the compiler cannot know that they
+        // do not alias).
         float pc[N + N * N], old[N];
 #pragma unroll
         for (int i = 0; i < N + N * N; ++i) pc[i] = i < n + n * n ? A.mix[i] : 0.f;

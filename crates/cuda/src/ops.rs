@@ -202,6 +202,10 @@ pub struct FloatSeg {
 impl FloatSeg {
     /// Blocks of [`FG_THREADS`] threads that take its rows.
     pub fn blocks(&self) -> u32 {
+        debug_assert!(
+            self.lanes >= 4 && self.lanes as u32 <= FG_THREADS && self.lanes.count_ones() == 1,
+            "lanes from float_lanes"
+        );
         (self.n_out as u32).div_ceil(FG_THREADS / self.lanes as u32)
     }
 
