@@ -307,6 +307,11 @@ struct FloatSeg {
     i32 ty, n_out, n_in, n_tok, rb, first, lanes;
 };
 
+// The row of the calling thread's group in block `b` of a product (`lanes` threads per row).
+__device__ __forceinline__ int float_row_index(int b, int lanes) {
+    return b * (FG_THREADS / lanes) + threadIdx.x / lanes;
+}
+
 // The 16-byte chunks c0, c0 + lanes, c0 + 2·lanes, c0 + 3·lanes of a row (those below
 // `chunks`), their loads issued together.
 __device__ __forceinline__ void chunk_loads(const u8* wr, int c0, int lanes, int chunks, uint4 (&raw)[4]) {

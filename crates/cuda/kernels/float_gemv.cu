@@ -23,7 +23,7 @@ struct FloatGemv {
 
 // `float_row` waits for the previous kernel.
 extern "C" __global__ void __launch_bounds__(FG_THREADS, 4) gemv_float(const FloatGemv P) {
-    const int r = blockIdx.x * (FG_THREADS / P.lanes) + threadIdx.x / P.lanes;
+    const int r = float_row_index(blockIdx.x, P.lanes);
     const int g = blockIdx.y;
     const int bytes = P.ty == T_F32 ? 4 : 2;
     float_row(P.w + (g * P.w_gstride + (i64)r * P.n_in) * bytes, P.ty, P.x + g * P.x_gstride, P.x_tstride, P.n_in,
@@ -42,7 +42,7 @@ extern "C" __global__ void __launch_bounds__(FG_THREADS, 4) gemv_float_multi(con
     int si = 0;
     while (si + 1 < P.n && (int)blockIdx.x >= P.s[si + 1].first) ++si;
     const FloatSeg& S = P.s[si];
-    const int r = (blockIdx.x - S.first) * (FG_THREADS / S.lanes) + threadIdx.x / S.lanes;
+    const int r = float_row_index(blockIdx.x - S.first, S.lanes);
     const int bytes = S.ty == T_F32 ? 4 : 2;
     float_row(S.w + (i64)r * S.n_in * bytes, S.ty, S.x, S.n_in, S.n_in, S.n_tok, S.out, S.n_out, S.bias, r, S.rb,
               S.lanes, r < S.n_out);

@@ -148,7 +148,7 @@ extern "C" __global__ void moe_route(const RouteParams P) {
 extern "C" __global__ void __launch_bounds__(FG_THREADS) router_route(const FloatSeg S, const RouteParams P,
                                                                       u32* counter) {
     __shared__ bool last;
-    const int r = blockIdx.x * (FG_THREADS / S.lanes) + threadIdx.x / S.lanes;
+    const int r = float_row_index(blockIdx.x, S.lanes);
     const int bytes = S.ty == T_F32 ? 4 : 2;
     float_row(S.w + (i64)r * S.n_in * bytes, S.ty, S.x, S.n_in, S.n_in, 1, S.out, S.n_out, S.bias, r, S.rb, S.lanes,
               r < S.n_out);

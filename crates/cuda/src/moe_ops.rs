@@ -28,7 +28,7 @@ use crate::gemm::Sgemm;
 use crate::layout::uses_q8k;
 use crate::ops::{
     ExpertGemv, FG_THREADS, FloatSeg, HC_COLS, HcPostArgs, HcPreArgs, KArgs, KernelOp, MatRef, Op,
-    ReduceTail, RouteParams, float_lanes,
+    ReduceTail, RouteParams, float_blocks, float_lanes,
 };
 use crate::weights::CudaWeight;
 
@@ -437,10 +437,9 @@ impl CudaBackend {
             rb: rb(p),
             lanes: float_lanes(n_in, ty.type_size()),
         };
-        let rows_per_block = FG_THREADS / prm.lanes as u32;
         self.launch_op(Launch {
             f: self.k.gemv_float,
-            grid: ((n_out as u32).div_ceil(rows_per_block), groups as u32, 1),
+            grid: (float_blocks(n_out, prm.lanes), groups as u32, 1),
             block: FG_THREADS,
             smem: 0,
             args: Self::args(prm),
@@ -1110,7 +1109,8 @@ impl CudaBackend {
                 return Err(bad("hc_pre: fn is not [(2 + N)·N, N·D]"));
             }
             let m = self.scratch_mem("hc_m", n_mix * 4)?;
-            // Arrivals and a generation: `hc_post_pre`'s grid barrier (kernels/common.cuh `grid_sync`).
+            // Arrivals and a generation: `hc_post_pre`'s grid barrier (kernels/common.cuh
+            // `grid_sync`).
             let counter = self.scratch_mem("hc_counter", 8)?;
             let partials =
                 self.scratch_mem("hc_partials", s.d.div_ceil(HC_COLS) * (n_mix + 1) * 8)?;

@@ -180,6 +180,15 @@ pub fn float_lanes(n_in: usize, bytes: usize) -> i32 {
         .clamp(4, FG_THREADS as usize) as i32
 }
 
+/// Blocks of [`FG_THREADS`] threads that take `n_out` rows of `lanes` threads each.
+pub fn float_blocks(n_out: usize, lanes: i32) -> u32 {
+    debug_assert!(
+        lanes >= 4 && lanes as u32 <= FG_THREADS && lanes.count_ones() == 1,
+        "lanes from float_lanes"
+    );
+    (n_out as u32).div_ceil(FG_THREADS / lanes as u32)
+}
+
 /// One float product as `gemv_float_multi` (kernels/float_gemv.cu) takes it: rows of
 /// `n_in` contiguous values, `n_tok` tokens, `lanes` threads per row ([`float_lanes`]);
 /// `first` is filled in by the lowering.
@@ -202,11 +211,7 @@ pub struct FloatSeg {
 impl FloatSeg {
     /// Blocks of [`FG_THREADS`] threads that take its rows.
     pub fn blocks(&self) -> u32 {
-        debug_assert!(
-            self.lanes >= 4 && self.lanes as u32 <= FG_THREADS && self.lanes.count_ones() == 1,
-            "lanes from float_lanes"
-        );
-        (self.n_out as u32).div_ceil(FG_THREADS / self.lanes as u32)
+        float_blocks(self.n_out as usize, self.lanes)
     }
 
     /// The bytes of `x` it reads and of `out` it writes.

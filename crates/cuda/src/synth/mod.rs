@@ -342,11 +342,9 @@ impl Spec {
     }
 }
 
-/// Every valid `SHAPE:QUANT`, for error messages.
-pub fn valid_names() -> String {
-    let dense: Vec<&str> = dense::SHAPES.iter().map(|s| s.name).collect();
-    let quants: Vec<&str> = dense::QUANTS.iter().map(|q| q.0).collect();
-    let moe: Vec<String> = glm5_next::SHAPES
+/// The `SHAPE:QUANT` names of the MoE shapes (each family has one quant mix).
+fn moe_names() -> impl Iterator<Item = String> {
+    glm5_next::SHAPES
         .iter()
         .map(|s| format!("{}:{}", s.name, glm5_next::QUANT))
         .chain(
@@ -354,7 +352,13 @@ pub fn valid_names() -> String {
                 .iter()
                 .map(|s| format!("{}:{}", s.name, deepseek4::QUANT)),
         )
-        .collect();
+}
+
+/// Every valid `SHAPE:QUANT`, for error messages.
+pub fn valid_names() -> String {
+    let dense: Vec<&str> = dense::SHAPES.iter().map(|s| s.name).collect();
+    let quants: Vec<&str> = dense::QUANTS.iter().map(|q| q.0).collect();
+    let moe: Vec<String> = moe_names().collect();
     format!(
         "a dense shape ({}) with a quant ({}), or {}",
         dense.join(", "),
@@ -412,15 +416,7 @@ mod tests {
 
     #[test]
     fn every_quantized_row_of_the_moe_shapes_is_whole_blocks() {
-        let names = glm5_next::SHAPES
-            .iter()
-            .map(|s| format!("{}:{}", s.name, glm5_next::QUANT))
-            .chain(
-                deepseek4::SHAPES
-                    .iter()
-                    .map(|s| format!("{}:{}", s.name, deepseek4::QUANT)),
-            );
-        for name in names {
+        for name in moe_names() {
             for t in Spec::parse(&name).unwrap().tensors() {
                 assert_eq!(
                     t.dims[0] % t.ty.block_size() as u64,
