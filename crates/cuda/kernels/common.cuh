@@ -128,6 +128,34 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// One step of `warp_sums`: a lane keeps the upper or lower half of its HALF·2 values (by
+// its lane bit O) and adds its partner's of the same indices.
+template <int HALF, int O, class T>
+__device__ __forceinline__ void warp_halve(T* v, int lane) {
+    const bool up = lane & O;
+#pragma unroll
+    for (int x = 0; x < HALF; ++x) {
+        const T send = up ? v[x] : v[x + HALF];
+        const T keep = up ? v[x + HALF] : v[x];
+        v[x] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+    if constexpr (HALF > 1) warp_halve<HALF / 2, O / 2>(v, lane);
+}
+
+// The warp sums of each of v[0 .. COUNT) (COUNT a power of two, 2 to 32) in one butterfly
+// of COUNT − 1 shuffles instead of 5·COUNT: every step adds the same two partials as
+// `warp_sum`'s, so each sum is warp_sum's, bit for bit. Returns the sum of value
+// lane / (32 / COUNT) (v is clobbered).
+template <int COUNT, class T>
+__device__ __forceinline__ T warp_sums(T (&v)[COUNT], int lane) {
+    static_assert(COUNT >= 2 && COUNT <= 32 && (COUNT & (COUNT - 1)) == 0, "a power of two up to 32");
+    warp_halve<COUNT / 2, 16>(v, lane);
+    T s = v[0];
+#pragma unroll
+    for (int o = 16 / COUNT; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -232,29 +232,41 @@ struct HcPreArgs {
 // Column k of every fn row for N streams known at compile time, in registers: loaded
 // before the kernel waits for the previous one (the weights do not depend on it).
 template <int N>
-__device__ __forceinline__ void hc_fn_col(const float* fn, int nd, int d, int k, float (&f)[(2 + N) * N][N]) {
+__device__ __forceinline__ void hc_fn_col(const float* fn, int d, int k, float (&f)[(2 + N) * N][N]) {
 #pragma unroll
     for (int i = 0; i < (2 + N) * N; ++i)
 #pragma unroll
-        for (int j = 0; j < N; ++j) f[i][j] = k < d ? __ldg(fn + (i64)i * nd + (i64)j * d + k) : 0.f;
+        for (int j = 0; j < N; ++j) f[i][j] = 0.f;
+    if (k >= d) return;
+    // Element (i, j·d + k) of fn [(2+N)·N, N·d]: a 32-bit offset (fn has fewer than 2³¹
+    // values), one multiply per load.
+    const float* p = fn + k;
+#pragma unroll
+    for (int i = 0; i < (2 + N) * N; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j) f[i][j] = __ldg(p + (i * N + j) * d);
 }
 
 // The warp's partial sums of Σ x² (slot 0) and of each fn row · x (slots 1..) over its
-// columns from `hc_fn_col`'s values. Same order of additions as the general loop.
+// columns from `hc_fn_col`'s values. Same order of additions as the general loop; the
+// warp's sums in one butterfly (`warp_sums`), lane s writing slot s.
 template <int N>
 __device__ __forceinline__ void hc_partials(const float (&f)[(2 + N) * N][N], const float* nv, int d, int k,
                                             int lane, double* slots) {
     constexpr int M = (2 + N) * N;
+    static_assert(M + 1 <= 32, "one slot per lane");
+    double v[32];
 #pragma unroll
-    for (int i = -1; i < M; ++i) {
-        double v = 0.0;
+    for (int i = -1; i < 31; ++i) {
+        double a = 0.0;
+        if (i < M)
 #pragma unroll
-        for (int j = 0; j < N; ++j)
-            v += i < 0 ? (double)nv[j] * (double)nv[j] : (k < d ? (double)f[i][j] * (double)nv[j] : 0.0);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) slots[i + 1] = v;
+            for (int j = 0; j < N; ++j)
+                a += i < 0 ? (double)nv[j] * (double)nv[j] : (k < d ? (double)f[i][j] * (double)nv[j] : 0.0);
+        v[i + 1] = a;
     }
+    const double s = warp_sums(v, lane);
+    if (lane <= M) slots[lane] = s;
 }
 
 // N: the streams, 4 (every index known at compile time, the fn column held in
@@ -271,7 +283,7 @@ __device__ __forceinline__ void post_pre(const HcPostArgs& A, const HcPreArgs& B
     const int k = blockIdx.x * HC_COLS + threadIdx.x;
     // Weights first: they do not depend on the previous kernel.
     float f[FN_REGS ? (2 + N) * N : 1][N];
-    if constexpr (FN_REGS) hc_fn_col<N>(B.fn, nd, d, k, f);
+    if constexpr (FN_REGS) hc_fn_col<N>(B.fn, d, k, f);
     if (threadIdx.x < n_mix) coef[threadIdx.x] = B.base[threadIdx.x];
     if (threadIdx.x < 3) coef[n_mix + threadIdx.x] = B.scale[threadIdx.x];
     pdl_wait();

@@ -448,12 +448,16 @@ __device__ __forceinline__ SinkRow sink_row(const SinkParams& P, int i) {
 #define SINK_HG 16
 #define SINK_KPW 4
 #define SINK_MAXC 16
+static_assert(SINK_HG == 16, "sink_scores' warp_sums leave head h in lanes 2h, 2h+1");
 
 // grid (rows, ceil(n_stride/(8·SINK_KPW)), ceil(heads/SINK_HG)), 256 threads, shared
-// memory SINK_HG·hd floats (the block's queries). Each warp scores SINK_KPW keys against
-// the block's heads: s = round(round(q·k)·scale) (−inf for a padded selection), each dot
+// memory SINK_HG·hd + 32 floats (the block's queries, the heads past the last zero, and a
+// zero tail that the lanes past hd read). Each warp scores SINK_KPW keys against the
+// block's heads: s = round(round(q·k)·scale) (−inf for a padded selection), each dot
 // summed lane-strided then across the warp, the key held in registers. A block whose keys
-// are all padding only writes −inf.
+// are all padding only writes −inf. The code is kept small (one key per iteration, no
+// per-head or per-column branches): unrolled over the keys and guarded per head and
+// column it was 69 KB, and the launch's time went to fetching it.
 extern "C" __global__ void sink_scores(const SinkParams P) {
     extern __shared__ float4 qs4[];
     pdl_wait();
@@ -476,7 +480,10 @@ extern "C" __global__ void sink_scores(const SinkParams P) {
     }
     float* qs = (float*)qs4;
     stage_rows(qs, P.hd, P.q + ((i64)i * P.heads + h0) * P.hd, hg, P.hd);
+    for (int x = hg * P.hd + threadIdx.x; x < SINK_HG * P.hd + 32; x += blockDim.x) qs[x] = 0.f;
     __syncthreads();
+    const int n_m = (P.hd + 31) >> 5;
+#pragma unroll 1
     for (int u = 0; u < SINK_KPW; ++u) {
         const int j = jw + u;
         if (j >= R.n) break;
@@ -487,25 +494,22 @@ extern "C" __global__ void sink_scores(const SinkParams P) {
         }
         float kr[SINK_MAXC];
 #pragma unroll
-        for (int m = 0; m < SINK_MAXC; ++m) kr[m] = lane + 32 * m < P.hd ? k[lane + 32 * m] : 0.f;
+        for (int m = 0; m < SINK_MAXC; ++m) kr[m] = m < n_m && lane + 32 * m < P.hd ? k[lane + 32 * m] : 0.f;
         float d[SINK_HG];
 #pragma unroll
         for (int h = 0; h < SINK_HG; ++h) d[h] = 0.f;
+        // A column past hd adds the product of a zero key value: the sums are unchanged.
 #pragma unroll
         for (int m = 0; m < SINK_MAXC; ++m) {
-            const int c = lane + 32 * m;
-            if (c < P.hd) {
+            if (m >= n_m) break;
+            const float* qc = qs + lane + 32 * m;
 #pragma unroll
-                for (int h = 0; h < SINK_HG; ++h)
-                    if (h < hg) d[h] = __fadd_rn(d[h], __fmul_rn(qs[h * P.hd + c], kr[m]));
-            }
+            for (int h = 0; h < SINK_HG; ++h) d[h] = __fadd_rn(d[h], __fmul_rn(qc[h * P.hd], kr[m]));
         }
-#pragma unroll
-        for (int h = 0; h < SINK_HG; ++h) {
-            if (h >= hg) break;
-            const float s = rnd(__fmul_rn(rnd(warp_sum(d[h]), P.rb), P.scale), P.rb);
-            if (lane == 0) score0[(i64)h * P.n_stride + j] = s;
-        }
+        // Lanes 2h and 2h+1 end with head h's sum.
+        const float dh = warp_sums(d, lane);
+        const int h = lane >> 1;
+        if (!(lane & 1) && h < hg) score0[(i64)h * P.n_stride + j] = rnd(__fmul_rn(rnd(dh, P.rb), P.scale), P.rb);
     }
 }
 

@@ -1730,7 +1730,7 @@ impl CudaBackend {
                 "sink_attention: head dim {hd} exceeds the kernel's {SINK_MAX_DIM}"
             )));
         }
-        let smem = SINK_HG.min(h) * hd * 4;
+        let smem = (SINK_HG * hd + 32) * 4;
         let n_stride = sh.window + n_ent;
         let scores = self.scratch_mem("sink_scores", rows * h * n_stride * 4)?;
         keep.push(&scores);
