@@ -476,40 +476,13 @@ fn bench(args: &[String]) -> Res<()> {
         let rows = profile_run(n);
         backend.set_graphs(true);
         println!("profile configuration: {label}");
-        let mut rows = rows?;
-        rows.sort_by(|a, b| b.ms.total_cmp(&a.ms));
-        let total: f64 = rows.iter().map(|r| r.ms).sum();
-        println!(
-            "profile of {n} eager decode steps (events around each kernel, no PDL): {:.3} ms/token in kernels",
-            total / n as f64
+        print_profile(
+            name,
+            "decode",
+            rows?,
+            n,
+            &format!("{n} eager decode steps (events around each kernel, no PDL)"),
         );
-        for r in &rows {
-            let bw = if r.bytes > 0 {
-                format!("{:.2} TB/s", r.bytes as f64 / (r.ms / 1e3) / 1e12)
-            } else {
-                String::new()
-            };
-            println!(
-                "  {:<22} {:<24} {:>6.1} launches/token {:>9.1} us/token {:>8.2} us/launch {bw}",
-                r.region,
-                r.label,
-                r.launches as f64 / n as f64,
-                1e3 * r.ms / n as f64,
-                1e3 * r.ms / r.launches as f64
-            );
-        }
-        // Per model part (the family's regions).
-        for p in ds4_cuda::by_part(&rows) {
-            let (region, us, launches) = (
-                p.region,
-                1e3 * p.ms / n as f64,
-                p.launches as f64 / n as f64,
-            );
-            println!("  part {region:<22} {us:>9.1} us/token {launches:>6.1} launches/token");
-            println!(
-                "RESULT {{\"kind\":\"part\",\"model\":\"{name}\",\"part\":{region:?},\"us_per_token\":{us:.2},\"launches\":{launches:.1}}}"
-            );
-        }
     }
     KernelConfig::DEFAULT.apply(&backend);
     if o.variants {
@@ -562,8 +535,66 @@ fn bench(args: &[String]) -> Res<()> {
             median(&v),
             round1(&v)
         );
+        if o.profile {
+            backend.set_profile(true);
+            backend.take_profile();
+            let done = run();
+            backend.set_profile(false);
+            let rows = backend.take_profile();
+            done?;
+            print_profile(
+                name,
+                &format!("prefill {n}"),
+                rows,
+                n,
+                &format!("a {n}-token prefill (events around each kernel), per token"),
+            );
+        }
     }
     Ok(())
+}
+
+/// A profile's kernels, slowest first, and its model parts, per token of `n`.
+fn print_profile(
+    name: &str,
+    phase: &str,
+    mut rows: Vec<ds4_cuda::ProfileRow>,
+    n: usize,
+    what: &str,
+) {
+    rows.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+    let total: f64 = rows.iter().map(|r| r.ms).sum();
+    println!(
+        "profile of {what}: {:.3} ms/token in kernels",
+        total / n as f64
+    );
+    for r in &rows {
+        let bw = if r.bytes > 0 {
+            format!("{:.2} TB/s", r.bytes as f64 / (r.ms / 1e3) / 1e12)
+        } else {
+            String::new()
+        };
+        println!(
+            "  {:<22} {:<24} {:>6.1} launches/token {:>9.1} us/token {:>8.2} us/launch {bw}",
+            r.region,
+            r.label,
+            r.launches as f64 / n as f64,
+            1e3 * r.ms / n as f64,
+            1e3 * r.ms / r.launches as f64
+        );
+    }
+    // Per model part (the family's regions).
+    for p in ds4_cuda::by_part(&rows) {
+        let (region, us, launches) = (
+            p.region,
+            1e3 * p.ms / n as f64,
+            p.launches as f64 / n as f64,
+        );
+        println!("  part {region:<22} {us:>9.1} us/token {launches:>6.1} launches/token");
+        println!(
+            "RESULT {{\"kind\":\"part\",\"model\":\"{name}\",\"phase\":\"{phase}\",\"part\":{region:?},\"us_per_token\":{us:.2},\"launches\":{launches:.1}}}"
+        );
+    }
 }
 
 /// A decode kernel configuration of the backend.
