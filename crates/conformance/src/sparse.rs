@@ -361,10 +361,12 @@ type Rows = Vec<Vec<f64>>;
 
 fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
     let (ha, dn, dv, rkv) = (64usize, 256usize, 256usize, 512usize);
-    // Few queries (decode and short calls) and many (prefill: GEMMs on CUDA); BF16
-    // k_b/v_b as llama.cpp keeps them, and Q8_0 as a plain q8_0 conversion writes them.
+    // Few queries (decode and short calls) and many (prefill: GEMMs on CUDA, with a
+    // selection as a masked softmax); BF16 k_b/v_b as llama.cpp keeps them, and Q8_0 as a
+    // plain q8_0 conversion writes them.
     let cases = [
         (true, 300usize, 3usize, GgmlType::BF16),
+        (true, 150, 24, GgmlType::BF16),
         (false, 50, 3, GgmlType::BF16),
         (false, 40, 24, GgmlType::BF16),
         (false, 50, 3, GgmlType::Q8_0),
@@ -593,6 +595,6 @@ fn sink_checks<B: Backend>(r: &mut Report<'_, B>) {
 pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
     compress_checks(r);
     select_checks(r);
-    mla_checks(r);
     sink_checks(r);
+    mla_checks(r);
 }

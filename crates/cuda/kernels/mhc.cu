@@ -26,12 +26,77 @@ __device__ __forceinline__ void mix_row(const float* x, const float* fn, float* 
     if (threadIdx.x == 0) m[(i64)t * n_mix + i] = (float)acc;
 }
 
-// One block per (token, mix row).
-extern "C" __global__ void hc_mixes(const float* x, const float* fn, float* m, int nd, int n_mix, float eps) {
-    __shared__ double red[32];
+// Tokens and mix rows per block of `hc_mixes`.
+#define HC_MT 8
+#define HC_MI 8
+static_assert(HC_MT == 8 && HC_MI == 8, "hc_mixes keeps its 64 sums as two warp_sums of 32");
+
+// Grid (ceil(rows/HC_MT), ceil(n_mix/HC_MI)), 256 threads: `mix_row`'s arithmetic for
+// HC_MT tokens and HC_MI mix rows at once, so each fn row is read once per HC_MT tokens
+// and each token's rms once per HC_MI rows (one block per (token, row) read the token
+// and the row for every pair). Each thread sums the same columns in the same order as
+// `mix_row`'s, the warps' sums are `warp_sums`' (warp_sum's, bit for bit) and the block's
+// the warps' in order (block_sum_d's): the mixes are mix_row's, bit for bit.
+extern "C" __global__ void __launch_bounds__(256) hc_mixes(const float* x, const float* fn, float* m, int rows,
+                                                          int nd, int n_mix, float eps) {
+    __shared__ double red[8][2 * 32];
+    __shared__ float rs[HC_MT];
     pdl_wait();
     pdl_trigger();
-    mix_row(x, fn, m, nd, n_mix, eps, blockIdx.x, blockIdx.y, red);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t0 = blockIdx.x * HC_MT, i0 = blockIdx.y * HC_MI;
+    const int nt = min(HC_MT, rows - t0), ni = min(HC_MI, n_mix - i0);
+    const float* xb = x + (i64)t0 * nd;
+    // 1 / rms of each token.
+    double ss[HC_MT];
+#pragma unroll
+    for (int u = 0; u < HC_MT; ++u) ss[u] = 0.0;
+    for (int c = threadIdx.x; c < nd; c += blockDim.x)
+#pragma unroll
+        for (int u = 0; u < HC_MT; ++u)
+            if (u < nt) {
+                const double v = (double)xb[(i64)u * nd + c];
+                ss[u] += v * v;
+            }
+    const double sw = warp_sums(ss, lane);  // token lane / 4
+    if ((lane & 3) == 0) red[warp][lane >> 2] = sw;
+    __syncthreads();
+    if (threadIdx.x < nt) {
+        double t = 0.0;
+        for (int k = 0; k < (int)(blockDim.x >> 5); ++k) t += red[k][threadIdx.x];
+        const float mean = (float)(t / (double)nd);
+        rs[threadIdx.x] = __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, eps)));
+    }
+    __syncthreads();
+    float r[HC_MT];
+#pragma unroll
+    for (int u = 0; u < HC_MT; ++u) r[u] = u < nt ? rs[u] : 0.f;
+    // acc[u / 4][(u % 4)·HC_MI + i]: token u, mix row i.
+    double acc[2][32];
+#pragma unroll
+    for (int v = 0; v < 32; ++v) acc[0][v] = acc[1][v] = 0.0;
+    for (int c = threadIdx.x; c < nd; c += blockDim.x) {
+        double xr[HC_MT];
+#pragma unroll
+        for (int u = 0; u < HC_MT; ++u) xr[u] = u < nt ? (double)__fmul_rn(xb[(i64)u * nd + c], r[u]) : 0.0;
+#pragma unroll
+        for (int i = 0; i < HC_MI; ++i) {
+            if (i >= ni) break;
+            const double f = (double)fn[(i64)(i0 + i) * nd + c];
+#pragma unroll
+            for (int u = 0; u < HC_MT; ++u) acc[u / 4][(u % 4) * HC_MI + i] += f * xr[u];
+        }
+    }
+    __syncthreads();
+    red[warp][lane] = warp_sums(acc[0], lane);
+    red[warp][32 + lane] = warp_sums(acc[1], lane);
+    __syncthreads();
+    if (threadIdx.x < 2 * 32) {
+        const int v = threadIdx.x, u = v / 32 * 4 + v % 32 / HC_MI, i = v % HC_MI;
+        double t = 0.0;
+        for (int k = 0; k < (int)(blockDim.x >> 5); ++k) t += red[k][v];
+        if (u < nt && i < ni) m[(i64)(t0 + u) * n_mix + i0 + i] = (float)t;
+    }
 }
 
 __device__ void softmax_row(float* v, int n) {

@@ -371,26 +371,49 @@ extern "C" __global__ void mla_expand(const StepInfo* step, const float* latent,
 }
 
 // The causal softmax of MLA's prefill scores in place: row r = (query i, head h) of
-// `s` [rows·heads, ld] holds the dots with keys 0 .. ld−1; key j is visible when
-// j ≤ pos + i. p_j = exp(s_j·scale − max) / Σ (f64 sum), 0 where not visible — the
-// arithmetic of `mla_attend`.
-extern "C" __global__ void mla_softmax(float* s, i32 heads, i32 ld, i32 pos, float scale) {
+// `s` [rows·heads, ld] holds the dots with keys 0 .. ld−1; key j is seen when j ≤ pos + i
+// and, with a selection (`sel` [rows, per_q] pool ids, ascending, −1-padded), when its
+// pool is selected or (with `tail`) it is in the incomplete pool [P·⌊(t+1)/P⌋, t] — the
+// tokens `mla_attend` attends. p_j = exp(s_j·scale − max) / Σ (f64 sum), 0 where not
+// seen. Dynamic shared memory: with a selection, one bit per pool of the ld keys.
+extern "C" __global__ void mla_softmax(float* s, i32 heads, i32 ld, i32 pos, float scale, const i32* sel,
+                                       i32 per_q, i32 pool, i32 tail) {
+    extern __shared__ u32 picked[];
     __shared__ float redf[32];
     __shared__ double redd[32];
     pdl_wait();
     pdl_trigger();
-    const int r = blockIdx.x, i = r / heads;
+    const int r = blockIdx.x, i = r / heads, t = pos + i;
     float* row = s + (i64)r * ld;
-    const int n = min(ld, pos + i + 1);
+    const int n = min(ld, t + 1);
+    if (sel) {
+        const int words = ld / pool / 32 + 1;
+        for (int w = threadIdx.x; w < words; w += blockDim.x) picked[w] = 0u;
+        __syncthreads();
+        for (int x = threadIdx.x; x < per_q; x += blockDim.x) {
+            const int id = sel[(i64)i * per_q + x];
+            if (id >= 0 && id < 32 * words) atomicOr(picked + (id >> 5), 1u << (id & 31));
+        }
+        __syncthreads();
+    }
+    const int tail0 = sel && tail ? pool * ((t + 1) / pool) : (sel ? n : 0);
+    auto seen = [&](int j) {
+        if (j >= n) return false;
+        if (!sel || j >= tail0) return true;
+        const int p = j / pool;
+        return ((picked[p >> 5] >> (p & 31)) & 1u) != 0u;
+    };
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, __fmul_rn(row[j], scale));
+    for (int j = threadIdx.x; j < n; j += blockDim.x)
+        if (seen(j)) mx = fmaxf(mx, __fmul_rn(row[j], scale));
     mx = block_max_f(mx, redf);
     double z = 0.0;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) z += (double)expf(__fsub_rn(__fmul_rn(row[j], scale), mx));
+    for (int j = threadIdx.x; j < n; j += blockDim.x)
+        if (seen(j)) z += (double)expf(__fsub_rn(__fmul_rn(row[j], scale), mx));
     z = block_sum_d(z, redd);
-    const float inv = (float)(1.0 / z);
+    const float inv = z > 0.0 ? (float)(1.0 / z) : 0.f;
     for (int j = threadIdx.x; j < ld; j += blockDim.x)
-        row[j] = j < n ? __fmul_rn(expf(__fsub_rn(__fmul_rn(row[j], scale), mx)), inv) : 0.f;
+        row[j] = seen(j) ? __fmul_rn(expf(__fsub_rn(__fmul_rn(row[j], scale), mx)), inv) : 0.f;
 }
 
 struct SinkParams {

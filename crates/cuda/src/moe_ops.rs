@@ -16,8 +16,8 @@ use std::sync::atomic::Ordering;
 
 use ds4_engine::backend::{
     CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaShape, DeltaState, DeltaWeights, Experts,
-    Gate, HcShape, HcWeights, MlaShape, OutGate, Prec, Rope, Routing, Scoring, SelectShape,
-    SinkAttnShape,
+    Gate, HcShape, HcWeights, MlaShape, OutGate, PoolSelect, Prec, Rope, Routing, Scoring,
+    SelectShape, SinkAttnShape,
 };
 use ds4_engine::{EngineError, Result};
 use ds4_gguf::GgmlType;
@@ -146,6 +146,14 @@ const MMA_MIN_ROWS: usize = 16;
 
 /// Float products of at least this many tokens (f32 policy) run as cuBLAS f32 GEMMs.
 const SGEMM_MIN_ROWS: usize = 16;
+/// `hc_mixes`' tokens and mix rows per block (kernels/mhc.cu: HC_MT, HC_MI).
+const HC_MIX_TOKENS: usize = 8;
+const HC_MIX_ROWS: usize = 8;
+/// MLA prefill with a selection runs as dense GEMMs with a masked softmax while the
+/// context is at most this many times the selected tokens (see `mla_op`).
+const MLA_DENSE_SELECTED: usize = 8;
+/// `mla_softmax`'s selection mask (one bit per pool) fits the default shared memory.
+const MLA_SOFTMAX_SMEM: usize = 48 * 1024;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -1070,12 +1078,17 @@ impl CudaBackend {
         a.push(self.buf_of(x, rows * nd, "hc")?)
             .push(fm.ptr())
             .push(m.ptr())
+            .push(rows as i32)
             .push(nd as i32)
             .push(n_mix as i32)
             .push(s.norm_eps);
         self.launch_op(Launch {
             f: self.k.hc_mixes,
-            grid: (rows as u32, n_mix as u32, 1),
+            grid: (
+                rows.div_ceil(HC_MIX_TOKENS) as u32,
+                n_mix.div_ceil(HC_MIX_ROWS) as u32,
+                1,
+            ),
             block: 256,
             smem: 0,
             args: a,
@@ -1966,8 +1979,18 @@ impl CudaBackend {
             len: rows * ha * rkv,
         };
         self.head_matmul(k_b, q, rows, ha, Prec::F32, &qt_buf)?;
-        if sel.is_none() && rows >= SGEMM_MIN_ROWS {
-            self.mla_dense_gemm(&qt, latent, &ctx, rows, pos0, sh)?;
+        // Many queries go through f32 GEMMs over every key they could see, a selection
+        // masking the softmax: while the context is at most MLA_DENSE_SELECTED times the
+        // selected tokens, that costs less than `mla_attend` reading each query's
+        // selected keys once per head.
+        let dense = match (sel, ps) {
+            (Some(_), Some(s)) => pos0 + rows <= MLA_DENSE_SELECTED * s.per_query * s.pool,
+            (Some(_), None) => false,
+            (None, _) => true,
+        };
+        if dense && rows >= SGEMM_MIN_ROWS {
+            let sel = sel.zip(ps);
+            self.mla_dense_gemm(&qt, latent, &ctx, rows, pos0, sh, sel)?;
             return self.head_matmul(v_b, &ctx_buf, rows, ha, p, out);
         }
         keep.extend([&qt, &ctx]);
@@ -1988,9 +2011,11 @@ impl CudaBackend {
         self.head_matmul(v_b, &ctx_buf, rows, ha, p, out)
     }
 
-    /// Dense MLA attention of many queries as f32 GEMMs: per chunk of queries the scores
-    /// `q̃ · Lᵀ` over the keys they can see, the causal softmax (`mla_softmax`), then
-    /// `P · L` into `ctx` (`[rows, heads, rank]`). The score block is kept under 1 GiB.
+    /// MLA attention of many queries as f32 GEMMs: per chunk of queries the scores
+    /// `q̃ · Lᵀ` over the keys they could see, the causal softmax (`mla_softmax`, masked
+    /// to the selected pools and the tail with a selection), then `P · L` into `ctx`
+    /// (`[rows, heads, rank]`). The score block is kept under 1 GiB.
+    #[allow(clippy::too_many_arguments)]
     fn mla_dense_gemm(
         &self,
         qt: &Arc<DevMem>,
@@ -1999,6 +2024,7 @@ impl CudaBackend {
         rows: usize,
         pos0: usize,
         sh: &MlaShape,
+        sel: Option<(&CudaBuf, PoolSelect)>,
     ) -> Result<()> {
         let (ha, rkv) = (sh.heads, sh.rank);
         let t_all = pos0 + rows;
@@ -2040,14 +2066,36 @@ impl CudaBackend {
                 .push(tk as i32)
                 .push((pos0 + q0) as i32)
                 .push(sh.scale);
+            let mut soft_keep = vec![&scores];
+            let smem = match sel {
+                Some((ids, ps)) => {
+                    soft_keep.push(&ids.mem);
+                    let ip = self.buf_of(ids, rows * ps.per_query, "mla_attention ids")?;
+                    a.push(ip + (q0 * ps.per_query * 4) as u64)
+                        .push(ps.per_query as i32)
+                        .push(ps.pool as i32)
+                        .push(ps.tail as i32);
+                    (tk / ps.pool / 32 + 1) * 4
+                }
+                None => {
+                    a.push(0u64).push(0i32).push(1i32).push(0i32);
+                    0
+                }
+            };
+            if smem > MLA_SOFTMAX_SMEM {
+                return Err(bad(format!(
+                    "mla_attention: {tk} keys in pools of {} exceed the selection mask's {MLA_SOFTMAX_SMEM} bytes",
+                    sel.map_or(1, |(_, ps)| ps.pool)
+                )));
+            }
             self.launch_op(Launch {
                 f: self.k.mla_softmax,
                 grid: ((nq * ha) as u32, 1, 1),
                 block: 256,
-                smem: 0,
+                smem: smem as u32,
                 args: a,
                 label: "mla_softmax",
-                keep: vec![&scores],
+                keep: soft_keep,
             });
             self.record(
                 Op::Sgemm(Sgemm {
