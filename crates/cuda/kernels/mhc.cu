@@ -51,6 +51,7 @@ extern "C" __global__ void __launch_bounds__(256) hc_mixes(const float* x, const
     double ss[HC_MT];
 #pragma unroll
     for (int u = 0; u < HC_MT; ++u) ss[u] = 0.0;
+#pragma unroll 4
     for (int c = threadIdx.x; c < nd; c += blockDim.x)
 #pragma unroll
         for (int u = 0; u < HC_MT; ++u)
@@ -75,6 +76,8 @@ extern "C" __global__ void __launch_bounds__(256) hc_mixes(const float* x, const
     double acc[2][32];
 #pragma unroll
     for (int v = 0; v < 32; ++v) acc[0][v] = acc[1][v] = 0.0;
+    // Two columns' loads in flight per thread (one block per SM: 172 registers).
+#pragma unroll 2
     for (int c = threadIdx.x; c < nd; c += blockDim.x) {
         double xr[HC_MT];
 #pragma unroll

@@ -97,7 +97,64 @@ __device__ __forceinline__ void load_w(int ty, const Planes& w, int n0, int rows
     for (int j = 0; j < 16; ++j) d[j] = pack_bf16(y[2 * j], y[2 * j + 1]);
 }
 
-template <bool PAIR>
+// The q2 mix's expert types (ggml's arithmetic, `dequant_chunk`'s, bit for bit) in
+// registers from vector loads: values [16·half, 16·half + 16) of chunk c (elements
+// 32c .. 32c+31) of block blk. `dequant_chunk` (any type) returns its 32 values through
+// memory and reads Q2_K's quants a byte at a time.
+template <int TY>
+__device__ __forceinline__ void dequant16(const Planes& w, i64 blk, int c, int half, float* y) {
+    if constexpr (TY == T_Q2_K) {
+        const int n = c >> 2, j = c & 3;
+        const u32 dd = ld_u32(w.p[2] + blk * 4);
+        const float d = h2f((u16)(dd & 0xFFFFu)), dmin = h2f((u16)(dd >> 16));
+        const u32 sc = w.p[0][blk * 16 + 8 * n + 2 * j + half];
+        const uint4 qv = *(const uint4*)(w.p[1] + blk * 64 + 32 * n + 16 * half);
+        const u32 qw[4] = {qv.x, qv.y, qv.z, qv.w};
+        const float dl = __fmul_rn(d, (float)(sc & 0xF)), ml = __fmul_rn(dmin, (float)(sc >> 4));
+#pragma unroll
+        for (int l = 0; l < 16; ++l)
+            y[l] = __fsub_rn(__fmul_rn(dl, (float)((qw[l >> 2] >> (8 * (l & 3) + 2 * j)) & 3)), ml);
+    } else {
+        static_assert(TY == T_IQ2_XXS, "typed tensor-core experts: Q2_K or IQ2_XXS");
+        const float d = h2f(ld_u16(w.p[0] + blk * 2));
+        const uint2 a = *(const uint2*)(w.p[1] + blk * 64 + c * 8);
+        const float db = __fmul_rn(__fmul_rn(d, __fadd_rn(0.5f, (float)(a.y >> 28))), 0.25f);
+#pragma unroll
+        for (int l2 = 0; l2 < 2; ++l2) {
+            const int l = 2 * half + l2;
+            const u64 grid = IQ2XXS_GRID[(a.x >> (8 * l)) & 0xFF];
+            const u32 signs = iq2_signs((a.y >> (7 * l)) & 127);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float g = (float)((grid >> (8 * j)) & 0xFF);
+                const float sg = (signs >> j) & 1 ? -1.f : 1.f;
+                y[8 * l2 + j] = __fmul_rn(__fmul_rn(db, g), sg);
+            }
+        }
+    }
+}
+
+// `load_w`'s half row for a typed kernel: values [16·half, 16·half + 16) of row n0 + i's
+// K chunk `kc` (both types have 256-value blocks).
+template <int TY>
+__device__ __forceinline__ void load_w16(const Planes& w, int n0, int rows, int n_in, int kc, int i, int half,
+                                         u16* dst) {
+    float y[16];
+    const int n = n0 + i;
+    if (n < rows) {
+        const int e0 = kc * MM_KC;
+        dequant16<TY>(w, (i64)n * (n_in / 256) + e0 / 256, (e0 % 256) / 32, half, y);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) y[j] = 0.f;
+    }
+    u32* d = (u32*)(dst + i * MM_LD + 16 * half);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) d[j] = pack_bf16(y[2 * j], y[2 * j + 1]);
+}
+
+// TY: the weights' ggml type for a typed kernel (`dequant16`), −1 for any (P.type).
+template <bool PAIR, int TY>
 __device__ __forceinline__ void mma_body(const MoeMma& P) {
     __shared__ __align__(16) u16 As[MM_TM * MM_LD];
     __shared__ __align__(16) u16 Bs[(PAIR ? 2 : 1) * MM_TN * MM_LD];
@@ -154,8 +211,21 @@ __device__ __forceinline__ void mma_body(const MoeMma& P) {
                 for (int j = 0; j < 8; ++j) d[j] = 0u;
             }
         }
-        if (tid < MM_TN) load_w(P.type, w0, n0, P.rows, P.n_in, kc, tid, Bs);
-        else if (PAIR) load_w(P.type2, w1, n0, P.rows, P.n_in, kc, tid - MM_TN, Bs + MM_TN * MM_LD);
+        if constexpr (TY < 0) {
+            if (tid < MM_TN) load_w(P.type, w0, n0, P.rows, P.n_in, kc, tid, Bs);
+            else if (PAIR) load_w(P.type2, w1, n0, P.rows, P.n_in, kc, tid - MM_TN, Bs + MM_TN * MM_LD);
+        } else if constexpr (PAIR) {
+            // Thread i < MM_TN: gate row i, else up row i − MM_TN.
+            Planes wp;
+#pragma unroll
+            for (int q = 0; q < MAX_PLANES; ++q) wp.p[q] = tid < MM_TN ? w0.p[q] : w1.p[q];
+            u16* dst = tid < MM_TN ? Bs : Bs + MM_TN * MM_LD;
+            load_w16<TY>(wp, n0, P.rows, P.n_in, kc, tid % MM_TN, 0, dst);
+            load_w16<TY>(wp, n0, P.rows, P.n_in, kc, tid % MM_TN, 1, dst);
+        } else {
+            // Two threads per row.
+            load_w16<TY>(w0, n0, P.rows, P.n_in, kc, tid >> 1, tid & 1, Bs);
+        }
         __syncthreads();
 #pragma unroll
         for (int ks = 0; ks < MM_KC; ks += 16) {
@@ -204,6 +274,18 @@ __device__ __forceinline__ void mma_body(const MoeMma& P) {
             }
 }
 
-extern "C" __global__ void __launch_bounds__(128) moe_mma_gate_up(const MoeMma P) { mma_body<true>(P); }
+extern "C" __global__ void __launch_bounds__(128) moe_mma_gate_up(const MoeMma P) { mma_body<true, -1>(P); }
 
-extern "C" __global__ void __launch_bounds__(128) moe_mma_down(const MoeMma P) { mma_body<false>(P); }
+extern "C" __global__ void __launch_bounds__(128) moe_mma_down(const MoeMma P) { mma_body<false, -1>(P); }
+
+// The q2 mix (routed gate/up IQ2_XXS, down Q2_K) and its neighbours.
+extern "C" __global__ void __launch_bounds__(128) moe_mma_gate_up_iq2_xxs(const MoeMma P) {
+    mma_body<true, T_IQ2_XXS>(P);
+}
+extern "C" __global__ void __launch_bounds__(128) moe_mma_down_iq2_xxs(const MoeMma P) {
+    mma_body<false, T_IQ2_XXS>(P);
+}
+extern "C" __global__ void __launch_bounds__(128) moe_mma_gate_up_q2_k(const MoeMma P) {
+    mma_body<true, T_Q2_K>(P);
+}
+extern "C" __global__ void __launch_bounds__(128) moe_mma_down_q2_k(const MoeMma P) { mma_body<false, T_Q2_K>(P); }

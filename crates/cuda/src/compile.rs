@@ -146,7 +146,15 @@ pub const SOURCES: &[Source] = &[
     Source {
         file: "moe_mma.cu",
         text: include_str!("../kernels/moe_mma.cu"),
-        kernels: &["moe_sort", "moe_mma_gate_up", "moe_mma_down"],
+        kernels: &[
+            "moe_sort",
+            "moe_mma_gate_up",
+            "moe_mma_down",
+            "moe_mma_gate_up_iq2_xxs",
+            "moe_mma_down_iq2_xxs",
+            "moe_mma_gate_up_q2_k",
+            "moe_mma_down_q2_k",
+        ],
     },
     Source {
         file: "mhc.cu",

@@ -62,6 +62,9 @@ pub struct Kernels {
     pub moe_sort: Func,
     pub moe_mma_gate_up: Func,
     pub moe_mma_down: Func,
+    /// `[gate_up, down]` tensor-core expert kernels for IQ2_XXS and Q2_K weights
+    /// (`MMA_TYPES`).
+    pub moe_mma_typed: [[Func; 2]; 2],
     pub hc_mixes: Func,
     pub hc_pre_finish: Func,
     pub hc_pre_one: Func,
@@ -115,6 +118,9 @@ pub const GEMV_TYPES: [(GgmlType, &str); 9] = [
     (GgmlType::Q2_K, "q2_k"),
 ];
 
+/// The weight types with typed tensor-core expert kernels (`moe_mma_typed`, the q2 mix).
+pub const MMA_TYPES: [GgmlType; 2] = [GgmlType::IQ2_XXS, GgmlType::Q2_K];
+
 /// Largest dynamic shared memory the GEMV may use (its activation: ~2.6 bytes per input).
 pub const GEMV_MAX_SMEM: u32 = 200 * 1024;
 
@@ -130,6 +136,16 @@ impl Kernels {
                 self.gemv_experts_down,
                 self.gemv_experts_down_sum,
             ],
+        }
+    }
+
+    /// The tensor-core expert kernel (`DOWN`: down, else the gate/up pair) for weights
+    /// of ggml type `ty`: the typed one when the type has one, else the one for any type.
+    pub fn moe_mma_for<const DOWN: bool>(&self, ty: u32) -> Func {
+        match MMA_TYPES.iter().position(|&g| g as u32 == ty) {
+            Some(t) => self.moe_mma_typed[t][DOWN as usize],
+            None if DOWN => self.moe_mma_down,
+            None => self.moe_mma_gate_up,
         }
     }
 
@@ -214,6 +230,13 @@ impl Kernels {
             moe_sort: get("moe_sort")?,
             moe_mma_gate_up: get("moe_mma_gate_up")?,
             moe_mma_down: get("moe_mma_down")?,
+            moe_mma_typed: [
+                [
+                    get("moe_mma_gate_up_iq2_xxs")?,
+                    get("moe_mma_down_iq2_xxs")?,
+                ],
+                [get("moe_mma_gate_up_q2_k")?, get("moe_mma_down_q2_k")?],
+            ],
             hc_mixes: get("hc_mixes")?,
             hc_pre_finish: get("hc_pre_finish")?,
             hc_pre_one: get("hc_pre_one")?,
@@ -325,6 +348,7 @@ impl Kernels {
             moe_sort: f(),
             moe_mma_gate_up: f(),
             moe_mma_down: f(),
+            moe_mma_typed: [[f(), f()], [f(), f()]],
             hc_mixes: f(),
             hc_pre_finish: f(),
             hc_pre_one: f(),

@@ -848,8 +848,10 @@ impl CudaBackend {
                         rb: rb(p),
                         lim,
                     };
+                    // The typed kernel when gate and up share a type that has one.
+                    let gate_up_ty = if g.ty == u.ty { g.ty as u32 } else { u32::MAX };
                     self.launch_op(Launch {
-                        f: self.k.moe_mma_gate_up,
+                        f: self.k.moe_mma_for::<false>(gate_up_ty),
                         grid: (ff.div_ceil(MM_TN) as u32, tiles, 1),
                         block: 128,
                         smem: 0,
@@ -858,7 +860,7 @@ impl CudaBackend {
                         keep: vec![gm, um, &x.mem, &sorted, &h],
                     });
                     self.launch_op(Launch {
-                        f: self.k.moe_mma_down,
+                        f: self.k.moe_mma_for::<true>(dmat.ty as u32),
                         grid: (d.div_ceil(MM_TN) as u32, tiles, 1),
                         block: 128,
                         smem: 0,
