@@ -152,8 +152,13 @@ const HC_MIX_ROWS: usize = 8;
 /// MLA prefill with a selection runs as dense GEMMs with a masked softmax while the
 /// context is at most this many times the selected tokens (see `mla_op`).
 const MLA_DENSE_SELECTED: usize = 8;
-/// `mla_softmax`'s selection mask (one bit per pool) fits the default shared memory.
+/// `mla_softmax`'s selection mask must fit the default shared memory.
 const MLA_SOFTMAX_SMEM: usize = 48 * 1024;
+
+/// Bytes of `mla_softmax`'s selection mask over `keys` keys: one bit per pool.
+fn mla_mask_bytes(keys: usize, pool: usize) -> usize {
+    (keys / pool / 32 + 1) * 4
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -1986,7 +1991,11 @@ impl CudaBackend {
         // selected tokens, that costs less than `mla_attend` reading each query's
         // selected keys once per head.
         let dense = match (sel, ps) {
-            (Some(_), Some(s)) => pos0 + rows <= MLA_DENSE_SELECTED * s.per_query * s.pool,
+            (Some(_), Some(s)) => {
+                let t_all = pos0 + rows;
+                t_all <= MLA_DENSE_SELECTED * s.per_query * s.pool
+                    && mla_mask_bytes(t_all, s.pool) <= MLA_SOFTMAX_SMEM
+            }
             (Some(_), None) => false,
             (None, _) => true,
         };
@@ -2077,19 +2086,13 @@ impl CudaBackend {
                         .push(ps.per_query as i32)
                         .push(ps.pool as i32)
                         .push(ps.tail as i32);
-                    (tk / ps.pool / 32 + 1) * 4
+                    mla_mask_bytes(tk, ps.pool)
                 }
                 None => {
                     a.push(0u64).push(0i32).push(1i32).push(0i32);
                     0
                 }
             };
-            if smem > MLA_SOFTMAX_SMEM {
-                return Err(bad(format!(
-                    "mla_attention: {tk} keys in pools of {} exceed the selection mask's {MLA_SOFTMAX_SMEM} bytes",
-                    sel.map_or(1, |(_, ps)| ps.pool)
-                )));
-            }
             self.launch_op(Launch {
                 f: self.k.mla_softmax,
                 grid: ((nq * ha) as u32, 1, 1),
