@@ -498,12 +498,15 @@ fn sink_checks<B: Backend>(r: &mut Report<'_, B>) {
             1e-5,
         ),
         ("sliding 128 only", 0, 0, Prec::F32, 1e-5),
+        // bf16 rounds each score (|q·k| up to ~90 before the scale) and probability: 7.9e-3
+        // … 1.5e-2 measured over seven draws of the inputs (the `seeds` example), twice the
+        // worst as the expert chain's.
         (
             "sliding 128 + CSA entries (rate 4, 16 selected), bf16",
             4,
             16,
             Prec::Bf16,
-            1e-2,
+            3e-2,
         ),
     ] {
         r.check(
@@ -595,6 +598,6 @@ fn sink_checks<B: Backend>(r: &mut Report<'_, B>) {
 pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
     compress_checks(r);
     select_checks(r);
-    sink_checks(r);
     mla_checks(r);
+    sink_checks(r);
 }
