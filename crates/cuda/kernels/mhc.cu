@@ -76,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(256) hc_mixes(const float* x, const
     double acc[2][32];
 #pragma unroll
     for (int v = 0; v < 32; ++v) acc[0][v] = acc[1][v] = 0.0;
-    // Two columns' loads in flight per thread (one block per SM: 172 registers).
+    // Two columns' loads in flight per thread (178 registers: one block per SM).
 #pragma unroll 2
     for (int c = threadIdx.x; c < nd; c += blockDim.x) {
         double xr[HC_MT];
