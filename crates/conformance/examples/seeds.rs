@@ -31,6 +31,16 @@ fn main() {
         .collect();
     let mut over = 0;
     for (i, first) in runs[0].iter().enumerate() {
+        // A draw that could not run (its error NaN) is reported, not folded into the range.
+        if let Some(e) = runs.iter().find_map(|r| r[i].failure.as_ref()) {
+            let failed = runs.iter().filter(|r| r[i].failure.is_some()).count();
+            over += failed;
+            println!(
+                "{:14} {:70} FAILED in {failed} of {seeds}: {e}",
+                first.op, first.case
+            );
+            continue;
+        }
         let errs: Vec<f64> = runs.iter().map(|r| r[i].err).collect();
         let lo = errs.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = errs.iter().copied().fold(0f64, f64::max);
