@@ -2046,6 +2046,13 @@ impl CudaBackend {
         }
         let qc = ((1usize << 30) / (ha * t_all * 4)).clamp(1, rows);
         let scores = self.scratch_mem("mla_gemm_scores", qc * ha * t_all * 4)?;
+        // The selection's ids, checked once before any chunk is recorded.
+        let ids = sel
+            .map(|(ids, ps)| {
+                let ip = self.buf_of(ids, rows * ps.per_query, "mla_attention ids")?;
+                Ok::<_, EngineError>((ip, ps, &ids.mem))
+            })
+            .transpose()?;
         for q0 in (0..rows).step_by(qc) {
             let nq = qc.min(rows - q0);
             let tk = pos0 + q0 + nq;
@@ -2078,10 +2085,9 @@ impl CudaBackend {
                 .push((pos0 + q0) as i32)
                 .push(sh.scale);
             let mut soft_keep = vec![&scores];
-            let smem = match sel {
-                Some((ids, ps)) => {
-                    soft_keep.push(&ids.mem);
-                    let ip = self.buf_of(ids, rows * ps.per_query, "mla_attention ids")?;
+            let smem = match ids {
+                Some((ip, ps, mem)) => {
+                    soft_keep.push(mem);
                     a.push(ip + (q0 * ps.per_query * 4) as u64)
                         .push(ps.per_query as i32)
                         .push(ps.pool as i32)
