@@ -197,6 +197,80 @@ fn journal<B: Backend>(b: &B, sh: &DeltaShape, cap: usize) -> ds4_engine::Result
     })
 }
 
+/// Runs `delta_net` over case `c` from its start state as a model would: the recurrent
+/// form with a value head per key head one call per token (decode), else one call.
+/// Returns the outputs and the final conv and recurrent states.
+fn run<B: Backend>(
+    b: &B,
+    c: &Case,
+    w: &Weights<B::Weight>,
+    sh: &DeltaShape,
+    form: DeltaForm,
+) -> ds4_engine::Result<(B::Buf, B::Buf, B::Buf)> {
+    let n = c.n;
+    let (q, k, v, g, beta) = (
+        upload(b, &c.q)?,
+        upload(b, &c.k)?,
+        upload(b, &c.v)?,
+        upload(b, &c.g)?,
+        upload(b, &c.beta)?,
+    );
+    let (mut conv, mut s) = (upload(b, &c.conv0)?, upload(b, &c.s0)?);
+    let mut out = b.buf(n * sh.v_len())?;
+    let step = b.step(&vec![0; n], 100)?;
+    let x = DeltaIn {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+    };
+    let dw = DeltaWeights {
+        conv: [&w.conv[0], &w.conv[1], &w.conv[2]],
+        dt_bias: &w.dt,
+        decay: &w.decay,
+    };
+    let mut st = DeltaState {
+        conv: &mut conv,
+        s: &mut s,
+    };
+    let per_token = form == DeltaForm::Recurrent && sh.k_heads == sh.v_heads;
+    let calls = if per_token { n } else { 1 };
+    for c in 0..calls {
+        let rows = if per_token { c..c + 1 } else { 0..n };
+        b.delta_net(
+            &step,
+            rows,
+            &x,
+            &dw,
+            &mut st,
+            None,
+            sh,
+            form,
+            Prec::F32,
+            &mut out,
+        )?;
+    }
+    Ok((out, conv, s))
+}
+
+/// The gated output norm of rows `o` with gate `z` and weight `w`, in f64.
+fn gated_reference(o: &[f64], z: &[f32], w: &[f64], sh: &DeltaShape) -> Vec<f64> {
+    let mut want = Vec::with_capacity(o.len());
+    for (orow, zrow) in o.chunks(sh.v_dim).zip(z.chunks(sh.v_dim)) {
+        let ms = orow.iter().map(|&v| v.powi(2)).sum::<f64>() / sh.v_dim as f64;
+        let r = 1.0 / (ms + sh.eps as f64).sqrt();
+        for j in 0..sh.v_dim {
+            let act = match sh.out_gate {
+                OutGate::Sigmoid => sigmoid(zrow[j] as f64),
+                OutGate::Silu => silu(zrow[j] as f64),
+            };
+            want.push(w[j] * orow[j] * r * act);
+        }
+    }
+    want
+}
+
 pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
     let kda = DeltaShape {
         k_heads: 64,
@@ -250,50 +324,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
         r.check("delta_net", what, |b, rng| {
             let w = weights(b, rng, &sh)?;
             let c = case(rng, &sh, n);
-            let (q, k, v, g, beta) = (
-                upload(b, &c.q)?,
-                upload(b, &c.k)?,
-                upload(b, &c.v)?,
-                upload(b, &c.g)?,
-                upload(b, &c.beta)?,
-            );
-            let (mut conv, mut s) = (upload(b, &c.conv0)?, upload(b, &c.s0)?);
-            let mut out = b.buf(n * sh.v_len())?;
-            let step = b.step(&vec![0; n], 100)?;
-            let x = DeltaIn {
-                q: &q,
-                k: &k,
-                v: &v,
-                g: &g,
-                beta: &beta,
-            };
-            let dw = DeltaWeights {
-                conv: [&w.conv[0], &w.conv[1], &w.conv[2]],
-                dt_bias: &w.dt,
-                decay: &w.decay,
-            };
-            let mut st = DeltaState {
-                conv: &mut conv,
-                s: &mut s,
-            };
-            // Decode calls the recurrent form once per token.
-            let per_token = form == DeltaForm::Recurrent && sh.k_heads == sh.v_heads;
-            let calls = if per_token { n } else { 1 };
-            for c in 0..calls {
-                let rows = if per_token { c..c + 1 } else { 0..n };
-                b.delta_net(
-                    &step,
-                    rows,
-                    &x,
-                    &dw,
-                    &mut st,
-                    None,
-                    &sh,
-                    form,
-                    Prec::F32,
-                    &mut out,
-                )?;
-            }
+            let (out, conv, s) = run(b, &c, &w, &sh, form)?;
             let cv = [&w.conv_v[0][..], &w.conv_v[1][..], &w.conv_v[2][..]];
             let (want, want_conv, want_s) = reference(&c, &sh, cv, &w.dt_v, &w.decay_v);
             let e_out = rel_err(&download(b, &out, n * sh.v_len())?, &want);
@@ -302,6 +333,30 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             Ok((e_out.max(e_conv).max(e_s), 1e-4))
         });
     }
+    // A decode step's output normalised right after it (the CUDA backend runs both in one
+    // launch): the norm sees the step's output, not the scratch's previous contents.
+    r.check(
+        "delta_net + gated_norm",
+        "KDA 64 × 128, one decode token, then the gated output norm of its output",
+        |b, rng| {
+            let sh = kda;
+            let w = weights(b, rng, &sh)?;
+            let c = case(rng, &sh, 1);
+            let z = rng.normal(sh.v_len(), 2.0);
+            let (nw, nwv) = weight(b, rng, "ssm_norm.weight", &[sh.v_dim], GgmlType::F32, 1.0)?;
+            let (out, _, s) = run(b, &c, &w, &sh, DeltaForm::Recurrent)?;
+            let mut normed = b.buf(sh.v_len())?;
+            b.gated_norm(&out, &upload(b, &z)?, &nw, 1, &sh, Prec::F32, &mut normed)?;
+            let cv = [&w.conv_v[0][..], &w.conv_v[1][..], &w.conv_v[2][..]];
+            let (want, _, want_s) = reference(&c, &sh, cv, &w.dt_v, &w.decay_v);
+            let e_norm = rel_err(
+                &download(b, &normed, sh.v_len())?,
+                &gated_reference(&want, &z, &nwv, &sh),
+            );
+            let e_s = rel_err(&download(b, &s, sh.state_len())?, &want_s);
+            Ok((e_norm.max(e_s), 1e-4))
+        },
+    );
     r.check(
         "delta_replay",
         "KDA 64 × 128: 5 journaled tokens replayed onto the start state",
@@ -387,19 +442,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
                     Prec::F32,
                     &mut out,
                 )?;
-                let mut want = Vec::with_capacity(n);
-                for (orow, zrow) in o.chunks(sh.v_dim).zip(z.chunks(sh.v_dim)) {
-                    let ms =
-                        orow.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / sh.v_dim as f64;
-                    let r = 1.0 / (ms + sh.eps as f64).sqrt();
-                    for j in 0..sh.v_dim {
-                        let act = match sh.out_gate {
-                            OutGate::Sigmoid => sigmoid(zrow[j] as f64),
-                            OutGate::Silu => silu(zrow[j] as f64),
-                        };
-                        want.push(wv[j] * orow[j] as f64 * r * act);
-                    }
-                }
+                let want = gated_reference(&wide(&o), &z, &wv, &sh);
                 Ok((rel_err(&download(b, &out, n)?, &want), 1e-6))
             },
         );

@@ -83,11 +83,24 @@ __device__ __forceinline__ float wval(const u8* w, int ty, i64 i) {
 
 // Programmatic dependent launch: wait for the previous kernel before reading its results
 // (every kernel run inside a step calls this before its trigger), and let the next one
-// start early. Before the wait a kernel reads only weights: no kernel of a step writes
-// them, and a step's first kernel (the embedding) reads nothing before its wait, so the
-// loader's kernels are complete by then.
+// start early. Before the wait a kernel reads only weights, or state that only it
+// writes (`delta_step`'s): no kernel of a step writes weights, a step's first kernel
+// (the embedding) reads nothing before its wait, and a kernel starts only after the one
+// before the previous one has completed, so the loader's kernels and every copy between
+// steps are complete by then.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+// Asynchronous copies from global to shared memory (sm_80 and later): issued at once,
+// complete for this thread after `cp_async_wait_all` (then a barrier for the block).
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // Every block of the grid meets here, its earlier global writes visible to all blocks
 // after it. Only for grids that can be resident at once: the host launches at most as
@@ -118,6 +131,26 @@ __device__ __forceinline__ float sigmoidf_ref(float x) { return __fdiv_rn(1.0f, 
 __device__ __forceinline__ float siluf_ref(float x) { return __fmul_rn(x, sigmoidf_ref(x)); }
 // PyTorch's softplus (threshold 20), as written (not log1p).
 __device__ __forceinline__ float softplusf_ref(float x) { return x > 20.f ? x : logf(__fadd_rn(1.0f, expf(x))); }
+
+// The gated output norm of one head (KDA's `o_norm`, Qwen3.5's gated RMSNorm): 1/rms of
+// its dv outputs `o` by one warp (lane L sums o[L], o[L+32], … in f64, then a butterfly:
+// every lane gets the same value), and one output from it.
+__device__ __forceinline__ float gated_inv_rms(const float* o, int dv, float eps) {
+    const int lane = threadIdx.x & 31;
+    double ss = 0.0;
+#pragma unroll 1
+    for (int j = lane; j < dv; j += 32) ss += (double)o[j] * (double)o[j];
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
+    const float mean = (float)(ss / (double)dv);
+    return __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, eps)));
+}
+
+__device__ __forceinline__ float gated_value(float o, float r, float w, float z, int silu, int rb) {
+    const float n = __fmul_rn(o, r);
+    return silu ? rnd(__fmul_rn(__fmul_rn(w, rnd(n, rb)), siluf_ref(z)), rb)
+                : rnd(__fmul_rn(__fmul_rn(w, n), sigmoidf_ref(z)), rb);
+}
 
 __device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
 __device__ __forceinline__ u32 ld_u32(const u8* p) { return *(const u32*)p; }

@@ -13,13 +13,19 @@
 //    S ← S·exp(g), δ = (v − kᵀS)·β, S ← S + k⊗δ, o = qᵀS. The same kernel replays the
 //    journal (no output). The chunked form of the references is not used: the
 //    recurrence computes the same up to f32 rounding (doc §4.6).
-// 5. `delta_step_<dk>`: one token with as many key as value heads (KDA's decode step)
-//    as one launch: 1-4 per value head in the same arithmetic, bit for bit.
+// 5. `delta_step`: one token with as many key as value heads (KDA's decode step) as one
+//    launch: 1-4 per value head in the same arithmetic, bit for bit, the state in shared
+//    memory; optionally followed by the gated output norm of the head (`gated_norm`).
 
 #include "common.cuh"
 
 #define GATE_LOWER_BOUND 0
 #define GATE_SOFTPLUS 1
+// The largest conv kernel and head size (the host checks them), and the largest conv
+// kernel of `delta_step` (its conv inputs live in registers).
+#define DELTA_KC 9
+#define DELTA_D 256
+#define STEP_KC 4
 
 struct DeltaParams {
     // Inputs of the call, rows row0 .. row0+n of: q, k [·, hk·dk], v [·, hv·dv],
@@ -49,10 +55,16 @@ struct DeltaParams {
     const StepInfo* step;
     float* out;  // [·, hv·dv], rows row0 .. (null: replay)
     float* S;    // [hv, dk, dv]
+    // `delta_step` with the gated output norm (null gz: none): gout = gated_norm(out, gz, gw).
+    const float* gz;
+    const float* gw;
+    float* gout;
     i32 row0, n, hk, hv, dk, dv, kc, gc, gate, rb, cap;
     // Replay: kernel inputs at journal slot (src_pos + t) mod cap; forward: src_cap 0.
     i32 src_cap, src_pos;
     float lb;
+    float geps;
+    i32 gsilu;
 };
 
 __device__ __forceinline__ int qk_len(const DeltaParams& P) { return P.hk * P.dk; }
@@ -72,6 +84,13 @@ __device__ __forceinline__ float conv_w(const DeltaParams& P, int c, int s) {
     if (c < qk) return P.conv_w[0][c * P.kc + s];
     if (c < 2 * qk) return P.conv_w[1][(c - qk) * P.kc + s];
     return P.conv_w[2][(c - 2 * qk) * P.kc + s];
+}
+
+// The log decay of gate channel ch (value head h) from the gate projection's value x0.
+__device__ __forceinline__ float delta_gate(const DeltaParams& P, float x0, int ch, int h) {
+    const float a = P.decay[h];
+    const float x = __fadd_rn(x0, P.dt_bias[ch]);
+    return P.gate == GATE_LOWER_BOUND ? __fmul_rn(P.lb, sigmoidf_ref(__fmul_rn(a, x))) : __fmul_rn(-a, softplusf_ref(x));
 }
 
 // grid (n, ceil(C/256)): mixed[t, c] = round(silu(Σ_s w[c, s]·full[t + s, c])) where full
@@ -128,10 +147,7 @@ extern "C" __global__ void delta_inputs(const DeltaParams P) {
     const int gl = P.hv * P.gc;
     if (j < P.gc) {
         const int ch = h * P.gc + j;
-        const float a = P.decay[h];
-        const float x = __fadd_rn(P.g0[(i64)(P.row0 + t) * gl + ch], P.dt_bias[ch]);
-        const float g = P.gate == GATE_LOWER_BOUND ? __fmul_rn(P.lb, sigmoidf_ref(__fmul_rn(a, x)))
-                                                   : __fmul_rn(-a, softplusf_ref(x));
+        const float g = delta_gate(P, P.g0[(i64)(P.row0 + t) * gl + ch], ch, h);
         P.kg[(i64)t * gl + ch] = g;
         if (P.jg) P.jg[(i64)slot * gl + ch] = g;
     }
@@ -151,7 +167,7 @@ extern "C" __global__ void delta_conv_state(const DeltaParams P) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const int hist = P.kc - 1;
-    float old[8];
+    float old[DELTA_KC - 1];
     for (int r = 0; r < hist; ++r) old[r] = P.conv_state[(i64)r * C + c];
     for (int r = 0; r < hist; ++r) {
         const int fr = P.n + r;  // row of full = (state, call rows)
@@ -218,39 +234,76 @@ extern "C" __global__ void delta_recurrent_32(const DeltaParams P) { recurrent_b
 extern "C" __global__ void delta_recurrent_64(const DeltaParams P) { recurrent_body<64>(P); }
 extern "C" __global__ void delta_recurrent_128(const DeltaParams P) { recurrent_body<128>(P); }
 
+// One channel's conv inputs that the previous kernel cannot have written: its kc−1 state
+// rows (written only by this kernel, one token earlier) and its kc weights.
+struct ConvIn {
+    float old[STEP_KC - 1];
+    float w[STEP_KC];
+};
+
+__device__ __forceinline__ void conv_load(const DeltaParams& P, int c, int C, ConvIn& in) {
+#pragma unroll
+    for (int r = 0; r < STEP_KC - 1; ++r) in.old[r] = r < P.kc - 1 ? P.conv_state[(i64)r * C + c] : 0.f;
+#pragma unroll
+    for (int s = 0; s < STEP_KC; ++s) in.w[s] = s < P.kc ? conv_w(P, c, s) : 0.f;
+}
+
 // The conv of channel c for the call's one token: the kc−1 state rows then the pre-conv
 // value; the state shifts by one row and the pre-conv value goes to the journal.
-__device__ __forceinline__ float conv_one(const DeltaParams& P, int c, int C, int slot) {
+__device__ __forceinline__ float conv_one(const DeltaParams& P, const ConvIn& in, int c, int C, int slot) {
     const int hist = P.kc - 1;
-    float old[8];
-    for (int r = 0; r < hist; ++r) old[r] = P.conv_state[(i64)r * C + c];
     const float cur = pre_val(P, 0, c);
     float acc = 0.f;
-    for (int s = 0; s < P.kc; ++s) acc = __fadd_rn(acc, __fmul_rn(conv_w(P, c, s), s < hist ? old[s] : cur));
-    for (int r = 0; r < hist; ++r) P.conv_state[(i64)r * C + c] = r + 1 < hist ? old[r + 1] : cur;
+#pragma unroll
+    for (int s = 0; s < STEP_KC; ++s)
+        if (s < P.kc) acc = __fadd_rn(acc, __fmul_rn(in.w[s], s < hist ? in.old[s] : cur));
+#pragma unroll
+    for (int r = 0; r < STEP_KC - 1; ++r)
+        if (r < hist) P.conv_state[(i64)r * C + c] = r + 1 < hist ? in.old[r + 1] : cur;
     if (P.jpre) P.jpre[(i64)slot * C + c] = cur;
     return rnd(siluf_ref(acc), P.rb);
 }
 
-// grid hv (= hk), blockDim as delta_inputs': the conv of the head's q, k and v channels
-// (this block owns them, so it may shift their state), the kernel inputs, the
-// recurrence for the one token, the journal.
-template <int DK>
-__device__ __forceinline__ void step_body(const DeltaParams& P) {
-    __shared__ float ks[DK], qs[DK], es[DK], gs[DK];
+// grid hv (= hk), blockDim ≥ max(dk, dv, gc) a multiple of 32, conv kernel ≤ STEP_KC,
+// dynamic shared memory dk·dv floats: one token with as many key as value heads (KDA's decode step) in one
+// launch — the conv of the head's q, k and v channels (this block owns them, so it may
+// shift their state), the kernel inputs, the recurrence, the journal, and with `P.gz` the
+// gated output norm (`gated_norm`'s arithmetic, into `P.gout`).
+//
+// Before waiting for the previous kernel it starts copying the head's state into shared
+// memory and loads the conv state and weights: the previous kernel cannot have written
+// them (a step's delta-rule state is written only by this kernel, one token earlier, and
+// by copies and replays between steps, which are complete before a step's third
+// kernel starts). Thread j < dv then runs column j's recurrence from shared memory in
+// `recurrent_body`'s order of operations: the same values bit for bit.
+extern "C" __global__ void delta_step(const DeltaParams P) {
+    extern __shared__ float st[];  // [dk, dv]
+    __shared__ float ks[DELTA_D], qs[DELTA_D], es[DELTA_D], gs[DELTA_D], os[DELTA_D];
     __shared__ double red[32];
-    __shared__ float beta_sh;
+    __shared__ float beta_sh, r_sh;
+    const int h = blockIdx.x, j = threadIdx.x, dk = P.dk, dv = P.dv;
+    const int qk = qk_len(P), vl = v_len(P), C = 2 * qk + vl, gl = P.hv * P.gc;
+    float* Sh = P.S + (i64)h * dk * dv;
+    const int ns = dk * dv;
+    if ((ns & 3) == 0)
+        for (int e = 4 * j; e < ns; e += 4 * blockDim.x) cp_async16(st + e, Sh + e);
+    else
+        for (int e = j; e < ns; e += blockDim.x) cp_async4(st + e, Sh + e);
+    ConvIn cq, ck, cv;
+    if (j < dk) {
+        conv_load(P, h * dk + j, C, cq);
+        conv_load(P, qk + h * dk + j, C, ck);
+    }
+    if (j < dv) conv_load(P, 2 * qk + h * dv + j, C, cv);
     pdl_wait();
     pdl_trigger();
-    const int h = blockIdx.x, j = threadIdx.x, dk = P.dk;
-    const int qk = qk_len(P), vl = v_len(P), C = 2 * qk + vl, gl = P.hv * P.gc;
     const int slot = P.cap ? (P.step->pos0 + P.row0) % P.cap : 0;
     float mq = 0.f, mk = 0.f, mv = 0.f;
     if (j < dk) {
-        mq = conv_one(P, h * dk + j, C, slot);
-        mk = conv_one(P, qk + h * dk + j, C, slot);
+        mq = conv_one(P, cq, h * dk + j, C, slot);
+        mk = conv_one(P, ck, qk + h * dk + j, C, slot);
     }
-    if (j < P.dv) mv = conv_one(P, 2 * qk + h * P.dv + j, C, slot);
+    if (j < dv) mv = conv_one(P, cv, 2 * qk + h * dv + j, C, slot);
     const double qn = block_sum_d((double)__fmul_rn(mq, mq), red);
     const double kn = block_sum_d((double)__fmul_rn(mk, mk), red);
     if (j < dk) {
@@ -260,16 +313,11 @@ __device__ __forceinline__ void step_body(const DeltaParams& P) {
         ks[j] = k;
         if (P.jk) P.jk[(i64)slot * qk + h * dk + j] = k;
     }
-    for (int i = dk + j; i < DK; i += blockDim.x) qs[i] = ks[i] = 0.f;
-    if (j < P.dv && P.jv) P.jv[(i64)slot * vl + h * P.dv + j] = mv;
+    if (j < dv && P.jv) P.jv[(i64)slot * vl + h * dv + j] = mv;
     if (j < P.gc) {
         const int ch = h * P.gc + j;
-        const float a = P.decay[h];
-        const float x = __fadd_rn(P.g0[(i64)P.row0 * gl + ch], P.dt_bias[ch]);
-        const float g = P.gate == GATE_LOWER_BOUND ? __fmul_rn(P.lb, sigmoidf_ref(__fmul_rn(a, x)))
-                                                   : __fmul_rn(-a, softplusf_ref(x));
-        gs[j] = g;
-        if (P.jg) P.jg[(i64)slot * gl + ch] = g;
+        gs[j] = delta_gate(P, P.g0[(i64)P.row0 * gl + ch], ch, h);
+        if (P.jg) P.jg[(i64)slot * gl + ch] = gs[j];
     }
     if (j == 0) {
         const float be = rnd(sigmoidf_ref(P.b[(i64)P.row0 * P.hv + h]), P.rb);
@@ -277,33 +325,38 @@ __device__ __forceinline__ void step_body(const DeltaParams& P) {
         if (P.jb) P.jb[(i64)slot * P.hv + h] = be;
     }
     __syncthreads();
-    for (int i = j; i < DK; i += blockDim.x) es[i] = i < dk ? expf(gs[P.gc == dk ? i : 0]) : 1.f;
+    if (j < dk) es[j] = expf(gs[P.gc == dk ? j : 0]);
+    cp_async_wait_all();
     __syncthreads();
-    if (j >= P.dv) return;
-    float* Sh = P.S + (i64)h * dk * P.dv;
-    float s[DK];
-#pragma unroll
-    for (int i = 0; i < DK; ++i) s[i] = i < dk ? Sh[(i64)i * P.dv + j] : 0.f;
-    float u = 0.f;
-#pragma unroll
-    for (int i = 0; i < DK; ++i) {
-        s[i] = __fmul_rn(s[i], es[i]);
-        u = __fadd_rn(u, __fmul_rn(ks[i], s[i]));
-    }
-    const float d = __fmul_rn(__fsub_rn(mv, u), beta_sh);
     float o = 0.f;
-#pragma unroll
-    for (int i = 0; i < DK; ++i) {
-        s[i] = __fadd_rn(s[i], __fmul_rn(ks[i], d));
-        o = __fadd_rn(o, __fmul_rn(qs[i], s[i]));
+    if (j < dv) {
+        float u = 0.f;
+#pragma unroll 8
+        for (int i = 0; i < dk; ++i) {
+            const float s = __fmul_rn(st[i * dv + j], es[i]);
+            st[i * dv + j] = s;
+            u = __fadd_rn(u, __fmul_rn(ks[i], s));
+        }
+        const float d = __fmul_rn(__fsub_rn(mv, u), beta_sh);
+#pragma unroll 8
+        for (int i = 0; i < dk; ++i) {
+            const float s = __fadd_rn(st[i * dv + j], __fmul_rn(ks[i], d));
+            Sh[(i64)i * dv + j] = s;
+            o = __fadd_rn(o, __fmul_rn(qs[i], s));
+        }
+        o = rnd(o, P.rb);
+        P.out[(i64)P.row0 * vl + h * dv + j] = o;
+        os[j] = o;
     }
-    P.out[(i64)P.row0 * vl + h * P.dv + j] = rnd(o, P.rb);
-#pragma unroll
-    for (int i = 0; i < DK; ++i)
-        if (i < dk) Sh[(i64)i * P.dv + j] = s[i];
+    if (!P.gz) return;
+    __syncthreads();
+    if (j < 32) {
+        const float r = gated_inv_rms(os, dv, P.geps);
+        if (j == 0) r_sh = r;
+    }
+    __syncthreads();
+    if (j < dv) {
+        const i64 e = (i64)P.row0 * vl + h * dv + j;
+        P.gout[e] = gated_value(o, r_sh, P.gw[j], P.gz[e], P.gsilu, P.rb);
+    }
 }
-
-extern "C" __global__ void delta_step_16(const DeltaParams P) { step_body<16>(P); }
-extern "C" __global__ void delta_step_32(const DeltaParams P) { step_body<32>(P); }
-extern "C" __global__ void delta_step_64(const DeltaParams P) { step_body<64>(P); }
-extern "C" __global__ void delta_step_128(const DeltaParams P) { step_body<128>(P); }

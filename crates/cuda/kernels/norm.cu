@@ -67,15 +67,6 @@ extern "C" __global__ void gated_norm(const float* o, const float* z, const floa
     const float* orow = o + hw * dv;
     const float* zrow = z + hw * dv;
     float* dst = out + hw * dv;
-    double ss = 0.0;
-    for (int j = lane; j < dv; j += 32) ss += (double)orow[j] * (double)orow[j];
-#pragma unroll
-    for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
-    const float mean = (float)(ss / (double)dv);
-    const float r = __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, eps)));
-    for (int j = lane; j < dv; j += 32) {
-        const float n = __fmul_rn(orow[j], r);
-        dst[j] = silu ? rnd(__fmul_rn(__fmul_rn(w[j], rnd(n, rb)), siluf_ref(zrow[j])), rb)
-                      : rnd(__fmul_rn(__fmul_rn(w[j], n), sigmoidf_ref(zrow[j])), rb);
-    }
+    const float r = gated_inv_rms(orow, dv, eps);
+    for (int j = lane; j < dv; j += 32) dst[j] = gated_value(orow[j], r, w[j], zrow[j], silu, rb);
 }

@@ -179,10 +179,7 @@ pub const SOURCES: &[Source] = &[
             "delta_recurrent_32",
             "delta_recurrent_64",
             "delta_recurrent_128",
-            "delta_step_16",
-            "delta_step_32",
-            "delta_step_64",
-            "delta_step_128",
+            "delta_step",
         ],
     },
     Source {

@@ -78,10 +78,7 @@ pub struct Kernels {
     pub delta_recurrent_32: Func,
     pub delta_recurrent_64: Func,
     pub delta_recurrent_128: Func,
-    pub delta_step_16: Func,
-    pub delta_step_32: Func,
-    pub delta_step_64: Func,
-    pub delta_step_128: Func,
+    pub delta_step: Func,
     pub store_rows: Func,
     pub compress_windows: Func,
     pub dsa_scores: Func,
@@ -121,7 +118,8 @@ pub const GEMV_TYPES: [(GgmlType, &str); 9] = [
 /// The weight types with typed tensor-core expert kernels (`moe_mma_typed`, the q2 mix).
 pub const MMA_TYPES: [GgmlType; 2] = [GgmlType::IQ2_XXS, GgmlType::Q2_K];
 
-/// Largest dynamic shared memory the GEMV may use (its activation: ~2.6 bytes per input).
+/// Largest dynamic shared memory the GEMV may use (its activation: ~2.6 bytes per input),
+/// and `delta_step` (a head's state).
 pub const GEMV_MAX_SMEM: u32 = 200 * 1024;
 
 impl Kernels {
@@ -250,10 +248,7 @@ impl Kernels {
             delta_recurrent_32: get("delta_recurrent_32")?,
             delta_recurrent_64: get("delta_recurrent_64")?,
             delta_recurrent_128: get("delta_recurrent_128")?,
-            delta_step_16: get("delta_step_16")?,
-            delta_step_32: get("delta_step_32")?,
-            delta_step_64: get("delta_step_64")?,
-            delta_step_128: get("delta_step_128")?,
+            delta_step: get("delta_step")?,
             store_rows: get("store_rows")?,
             compress_windows: get("compress_windows")?,
             dsa_scores: get("dsa_scores")?,
@@ -279,7 +274,8 @@ impl Kernels {
             &k.gemv_experts_down_sum,
         ];
         let experts_typed = k.experts_typed.iter().flatten();
-        for f in std::iter::once(&k.gemv)
+        for f in [&k.gemv, &k.delta_step]
+            .into_iter()
             .chain(typed)
             .chain(experts)
             .chain(experts_typed)
@@ -362,10 +358,7 @@ impl Kernels {
             delta_recurrent_32: f(),
             delta_recurrent_64: f(),
             delta_recurrent_128: f(),
-            delta_step_16: f(),
-            delta_step_32: f(),
-            delta_step_64: f(),
-            delta_step_128: f(),
+            delta_step: f(),
             store_rows: f(),
             compress_windows: f(),
             dsa_scores: f(),

@@ -23,8 +23,8 @@ use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
 use crate::kernels::{GEMV_TYPES, Kernels};
 use crate::layout::{gemv_smem_bytes, uses_q8k};
+use crate::ops::{DeltaParams, FG_THREADS, FloatSeg, HC_COLS, MatRef, Op, RopeArgs};
 use crate::ops::{ExpertGemv, ReduceTail};
-use crate::ops::{FG_THREADS, FloatSeg, HC_COLS, MatRef, Op, RopeArgs};
 
 /// A kernel launch.
 pub struct Launch {
@@ -272,6 +272,28 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         ));
         return Ok(used);
     }
+    // The gated output norm of a delta-rule step's output: in the step's launch, each
+    // block normalising its own head (in place too: a block reads only its head's o and z),
+    // unless the norm's output is one of the step's inputs, which other blocks still read.
+    if let (Op::DeltaStep { p, block }, Some(Op::GatedNorm(g))) = (ops[i], ops.get(i + 1))
+        && cx.fuse_decode
+        && g.o == p.out + 4 * (p.row0 as u64 * (p.hv * p.dv) as u64)
+        && g.heads == p.hv as i64
+        && g.dv == p.dv
+        && g.rb == p.rb
+        && ![p.q, p.k, p.v, p.g0, p.b, p.conv_state, p.s].contains(&g.out)
+    {
+        let p = DeltaParams {
+            gz: g.z,
+            gw: g.w,
+            gout: g.out,
+            geps: g.eps,
+            gsilu: g.silu,
+            ..p
+        };
+        cmds.push(delta_step(p, block, cx));
+        return Ok(2);
+    }
     if let Op::FloatGemv(_) = ops[i] {
         let (used, cmd) = float_group(ops, i, cx);
         cmds.push(cmd);
@@ -344,6 +366,22 @@ fn float_group(ops: &[Op], i: usize, cx: &Ctx) -> (usize, Cmd) {
             bytes: 0,
         }),
     )
+}
+
+/// One token's delta-rule step (`delta_step`): one block per head, the head's state in
+/// dynamic shared memory.
+fn delta_step(p: DeltaParams, block: u32, cx: &Ctx) -> Cmd {
+    let mut a = Args::new();
+    a.push(p);
+    Cmd::Launch(Launch {
+        f: cx.k.delta_step,
+        grid: (p.hv as u32, 1, 1),
+        block,
+        smem: 4 * (p.dk * p.dv) as u32,
+        args: a,
+        label: "delta_step",
+        bytes: 0,
+    })
 }
 
 /// One token's experts down products with their weighted sum (`gemv_experts_down_sum`).
@@ -1018,6 +1056,29 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         }
         Op::FloatGemv(_) => cmds.push(float_group(std::slice::from_ref(op), 0, cx).1),
         Op::Sgemm(g) => cmds.push(Cmd::Sgemm(g)),
+        Op::DeltaStep { p, block } => cmds.push(delta_step(p, block, cx)),
+        Op::GatedNorm(g) => {
+            let mut a = Args::new();
+            a.push(g.o)
+                .push(g.z)
+                .push(g.w)
+                .push(g.out)
+                .push(g.heads)
+                .push(g.dv)
+                .push(g.eps)
+                .push(g.silu)
+                .push(g.rb);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.gated_norm,
+                // One warp per head.
+                grid: ((g.heads as u64).div_ceil(8) as u32, 1, 1),
+                block: 256,
+                smem: 0,
+                args: a,
+                label: "gated_norm",
+                bytes: 0,
+            }));
+        }
         Op::ExpertsDown {
             e,
             tail,
@@ -1085,7 +1146,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::{HcPostArgs, HcPreArgs, float_lanes};
+    use crate::ops::{GatedNormArgs, HcPostArgs, HcPreArgs, float_lanes};
     use ds4_gguf::GgmlType;
 
     fn mat(id: u64, ty: GgmlType, rows: u32, cols: u32) -> MatRef {
@@ -1420,6 +1481,64 @@ mod tests {
             funcs(&lowered(&hc_pair(wide), 1, &k)),
             [k.hc_post, k.hc_pre_one]
         );
+    }
+
+    /// A KDA decode step's core (reading q at `q`) and its gated output norm, the norm
+    /// writing `out`.
+    fn delta_pair(q: u64, out: u64) -> [Op; 2] {
+        let (o, z) = (1u64 << 40, 2u64 << 40);
+        let p = DeltaParams {
+            q,
+            out: o,
+            n: 1,
+            hk: 64,
+            hv: 64,
+            dk: 128,
+            dv: 128,
+            kc: 4,
+            gc: 128,
+            ..DeltaParams::default()
+        };
+        let g = GatedNormArgs {
+            o,
+            z,
+            w: 3 << 40,
+            out,
+            heads: 64,
+            dv: 128,
+            eps: 1e-5,
+            silu: 0,
+            rb: 0,
+        };
+        [Op::DeltaStep { p, block: 128 }, Op::GatedNorm(g)]
+    }
+
+    #[test]
+    fn the_gated_norm_runs_in_the_delta_step_unless_it_overwrites_an_input() {
+        let k = Kernels::fake();
+        let (q, out) = (5u64 << 40, 4u64 << 40);
+        let fused = lowered(&delta_pair(q, out), 1, &k);
+        assert_eq!(funcs(&fused), [k.delta_step]);
+        let Cmd::Launch(l) = &fused[0] else {
+            unreachable!()
+        };
+        assert_eq!((l.grid, l.block, l.smem), ((64, 1, 1), 128, 4 * 128 * 128));
+        // In place over o: each block normalises the head it computed.
+        assert_eq!(
+            funcs(&lowered(&delta_pair(q, 1 << 40), 1, &k)),
+            [k.delta_step]
+        );
+        // Over the step's q: other heads' blocks may still be reading it.
+        assert_eq!(
+            funcs(&lowered(&delta_pair(q, q), 1, &k)),
+            [k.delta_step, k.gated_norm]
+        );
+    }
+
+    #[test]
+    fn delta_params_match_the_kernel_layout() {
+        // kernels/delta.cu: 28 pointers (conv_w three) + 16 4-byte fields.
+        assert_eq!(std::mem::size_of::<DeltaParams>(), 28 * 8 + 16 * 4);
     }
 
     #[test]

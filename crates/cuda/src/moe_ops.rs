@@ -25,10 +25,11 @@ use ds4_gguf::GgmlType;
 use crate::backend::{CudaBackend, CudaBuf, CudaStep};
 use crate::driver::{DPtr, DevMem, Func};
 use crate::gemm::Sgemm;
+use crate::kernels::GEMV_MAX_SMEM;
 use crate::layout::uses_q8k;
 use crate::ops::{
-    ExpertGemv, FG_THREADS, FloatSeg, HC_COLS, HcPostArgs, HcPreArgs, KArgs, KernelOp, MatRef, Op,
-    ReduceTail, RouteParams, float_blocks, float_lanes,
+    DeltaParams, ExpertGemv, FG_THREADS, FloatSeg, GatedNormArgs, HC_COLS, HcPostArgs, HcPreArgs,
+    KArgs, KernelOp, MatRef, Op, ReduceTail, RouteParams, float_blocks, float_lanes,
 };
 use crate::weights::CudaWeight;
 
@@ -152,54 +153,17 @@ const HC_MIX_ROWS: usize = 8;
 /// MLA prefill with a selection runs as dense GEMMs with a masked softmax while the
 /// context is at most this many times the selected tokens (see `mla_op`).
 const MLA_DENSE_SELECTED: usize = 8;
+/// `delta_step`'s largest conv kernel (kernels/delta.cu `STEP_KC`), and its static
+/// shared memory (at most) besides the head's state.
+const DELTA_STEP_KC: usize = 4;
+const DELTA_STEP_STATIC_SMEM: usize = 8 * 1024;
+
 /// `mla_softmax`'s selection mask must fit the default shared memory.
 const MLA_SOFTMAX_SMEM: usize = 48 * 1024;
 
 /// Bytes of `mla_softmax`'s selection mask over `keys` keys: one bit per pool.
 fn mla_mask_bytes(keys: usize, pool: usize) -> usize {
     (keys / pool / 32 + 1) * 4
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct DeltaParams {
-    q: DPtr,
-    k: DPtr,
-    v: DPtr,
-    g0: DPtr,
-    b: DPtr,
-    conv_w: [DPtr; 3],
-    dt_bias: DPtr,
-    decay: DPtr,
-    conv_state: DPtr,
-    mixed: DPtr,
-    kq: DPtr,
-    kk: DPtr,
-    kv: DPtr,
-    kg: DPtr,
-    kb: DPtr,
-    jpre: DPtr,
-    jk: DPtr,
-    jv: DPtr,
-    jg: DPtr,
-    jb: DPtr,
-    step: DPtr,
-    out: DPtr,
-    s: DPtr,
-    row0: i32,
-    n: i32,
-    hk: i32,
-    hv: i32,
-    dk: i32,
-    dv: i32,
-    kc: i32,
-    gc: i32,
-    gate: i32,
-    rb: i32,
-    cap: i32,
-    src_cap: i32,
-    src_pos: i32,
-    lb: f32,
 }
 
 #[repr(C)]
@@ -1276,31 +1240,16 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The recurrence (or, with `step`, the fused one-token step) for key heads of `dk`.
-    fn delta_fn(&self, dk: usize, step: bool) -> Result<Func> {
+    /// The recurrence for key heads of `dk`.
+    fn delta_fn(&self, dk: usize) -> Result<Func> {
         let k = &self.k;
-        let (f16, f32_, f64_, f128) = if step {
-            (
-                k.delta_step_16,
-                k.delta_step_32,
-                k.delta_step_64,
-                k.delta_step_128,
-            )
-        } else {
-            (
-                k.delta_recurrent_16,
-                k.delta_recurrent_32,
-                k.delta_recurrent_64,
-                k.delta_recurrent_128,
-            )
-        };
         // The smallest compiled size that holds dk (the kernels pad the rest).
         match dk {
             0 => Err(bad("delta_net: key heads of 0")),
-            1..=16 => Ok(f16),
-            17..=32 => Ok(f32_),
-            33..=64 => Ok(f64_),
-            65..=128 => Ok(f128),
+            1..=16 => Ok(k.delta_recurrent_16),
+            17..=32 => Ok(k.delta_recurrent_32),
+            33..=64 => Ok(k.delta_recurrent_64),
+            65..=128 => Ok(k.delta_recurrent_128),
             _ => Err(EngineError::Unsupported {
                 backend: "cuda",
                 what: format!("delta-rule key heads of {dk} (at most 128 are compiled)"),
@@ -1346,7 +1295,7 @@ impl CudaBackend {
         if sh.kernel > 9 || sh.v_dim > 256 || sh.k_dim > 256 {
             return Err(bad("delta_net: conv kernel ≤ 9, heads ≤ 256"));
         }
-        let recurrent = self.delta_fn(sh.k_dim, false)?;
+        let recurrent = self.delta_fn(sh.k_dim)?;
         let (qk, vl, gl) = (sh.qk_len(), sh.v_len(), sh.g_len());
         let c = 2 * qk + vl;
         let end = rows.end;
@@ -1419,17 +1368,22 @@ impl CudaBackend {
             .max(sh.v_dim)
             .max(sh.gate_channels)
             .next_multiple_of(32)) as u32;
-        // One token with a value head per key head: the whole step in one launch.
-        if n == 1 && sh.k_heads == sh.v_heads && sh.gate_channels <= sh.k_dim {
-            self.launch_op(Launch {
-                f: self.delta_fn(sh.k_dim, true)?,
-                grid: (sh.v_heads as u32, 1, 1),
-                block: threads,
-                smem: 0,
-                args: Self::args(prm),
-                label: "delta_step",
-                keep,
-            });
+        // One token with a value head per key head: the whole step in one launch, the
+        // head's state in shared memory.
+        if n == 1
+            && sh.k_heads == sh.v_heads
+            && sh.gate_channels <= sh.k_dim
+            && sh.kernel <= DELTA_STEP_KC
+            && 4 * sh.k_dim * sh.v_dim + DELTA_STEP_STATIC_SMEM
+                <= GEMV_MAX_SMEM.min(self.gpu.max_smem_optin) as usize
+        {
+            self.record(
+                Op::DeltaStep {
+                    p: prm,
+                    block: threads,
+                },
+                &keep,
+            );
             return Ok(());
         }
         let launches = [
@@ -1483,7 +1437,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let recurrent = self.delta_fn(sh.k_dim, false)?;
+        let recurrent = self.delta_fn(sh.k_dim)?;
         let (qk, vl, gl) = (sh.qk_len(), sh.v_len(), sh.g_len());
         let c = 2 * qk + vl;
         let prm = DeltaParams {
@@ -1547,26 +1501,20 @@ impl CudaBackend {
             return Err(bad("gated_norm: weight length"));
         }
         let n = rows * sh.v_len();
-        let heads = (rows * sh.v_heads) as i64;
-        let mut a = KArgs::default();
-        a.push(self.buf_of(o, n, "gated_norm")?)
-            .push(self.buf_of(z, n, "gated_norm")?)
-            .push(wm.ptr())
-            .push(self.buf_of(out, n, "gated_norm")?)
-            .push(heads)
-            .push(sh.v_dim as i32)
-            .push(sh.eps)
-            .push((sh.out_gate == OutGate::Silu) as i32)
-            .push(rb(p));
-        self.launch_op(Launch {
-            f: self.k.gated_norm,
-            grid: (blocks(heads as u64, 8), 1, 1),
-            block: 256,
-            smem: 0,
-            args: a,
-            label: "gated_norm",
-            keep: vec![&o.mem, &z.mem, wm, &out.mem],
-        });
+        self.record(
+            Op::GatedNorm(GatedNormArgs {
+                o: self.buf_of(o, n, "gated_norm")?,
+                z: self.buf_of(z, n, "gated_norm")?,
+                w: wm.ptr(),
+                out: self.buf_of(out, n, "gated_norm")?,
+                heads: (rows * sh.v_heads) as i64,
+                dv: sh.v_dim as i32,
+                eps: sh.eps,
+                silu: (sh.out_gate == OutGate::Silu) as i32,
+                rb: rb(p),
+            }),
+            &[&o.mem, &z.mem, wm, &out.mem],
+        );
         Ok(())
     }
 

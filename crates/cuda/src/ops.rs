@@ -127,8 +127,80 @@ pub enum Op {
     },
     /// An f32 cuBLAS product (multi-token float products, MLA's prefill attention).
     Sgemm(crate::gemm::Sgemm),
+    /// One token's delta-rule step (`delta_step`, `block` threads); an
+    /// [`Op::GatedNorm`] of its output right after it runs in the same launch.
+    DeltaStep {
+        p: DeltaParams,
+        block: u32,
+    },
+    GatedNorm(GatedNormArgs),
     /// A launch recorded as is (the MoE families' operations, `crate::moe_ops`).
     Kernel(KernelOp),
+}
+
+/// `DeltaParams` of kernels/delta.cu: a delta-rule call's inputs, state, journal and
+/// shape (see `CudaBackend::delta_net_op`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DeltaParams {
+    pub q: DPtr,
+    pub k: DPtr,
+    pub v: DPtr,
+    pub g0: DPtr,
+    pub b: DPtr,
+    pub conv_w: [DPtr; 3],
+    pub dt_bias: DPtr,
+    pub decay: DPtr,
+    pub conv_state: DPtr,
+    pub mixed: DPtr,
+    pub kq: DPtr,
+    pub kk: DPtr,
+    pub kv: DPtr,
+    pub kg: DPtr,
+    pub kb: DPtr,
+    pub jpre: DPtr,
+    pub jk: DPtr,
+    pub jv: DPtr,
+    pub jg: DPtr,
+    pub jb: DPtr,
+    pub step: DPtr,
+    pub out: DPtr,
+    pub s: DPtr,
+    /// `delta_step`'s gated output norm (zero `gz`: none), set by the lowering.
+    pub gz: DPtr,
+    pub gw: DPtr,
+    pub gout: DPtr,
+    pub row0: i32,
+    pub n: i32,
+    pub hk: i32,
+    pub hv: i32,
+    pub dk: i32,
+    pub dv: i32,
+    pub kc: i32,
+    pub gc: i32,
+    pub gate: i32,
+    pub rb: i32,
+    pub cap: i32,
+    pub src_cap: i32,
+    pub src_pos: i32,
+    pub lb: f32,
+    pub geps: f32,
+    pub gsilu: i32,
+}
+
+/// The gated output norm per head (`gated_norm` of kernels/norm.cu): `out` from `o` and
+/// the gate `z`, `heads` heads of `dv` values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GatedNormArgs {
+    pub o: DPtr,
+    pub z: DPtr,
+    pub w: DPtr,
+    pub out: DPtr,
+    pub heads: i64,
+    pub dv: i32,
+    pub eps: f32,
+    pub silu: i32,
+    pub rb: i32,
 }
 
 /// `HcPostArgs` of kernels/mhc.cu.
