@@ -293,6 +293,30 @@ impl Gpu {
         self.bind()?;
         result::mem_get_info().map_err(|e| CudaError::driver("cuMemGetInfo", e))
     }
+
+    /// Bytes of the device's default memory pool (the one [`Gpu::alloc`] draws from): in
+    /// live allocations, and reserved from the device (live plus freed blocks the pool
+    /// keeps).
+    pub fn pool_usage(&self) -> Result<(u64, u64)> {
+        self.bind()?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: an out-pointer to a local; the device is this context's.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()) }
+            .result()
+            .map_err(|e| CudaError::driver("cuDeviceGetDefaultMemPool", e))?;
+        let get = |a: sys::CUmemPool_attribute| -> Result<u64> {
+            let mut v = 0u64;
+            // SAFETY: both attributes are u64 values; the pool is the device's.
+            unsafe { sys::cuMemPoolGetAttribute(pool, a, (&mut v as *mut u64).cast()) }
+                .result()
+                .map_err(|e| CudaError::driver("cuMemPoolGetAttribute", e))?;
+            Ok(v)
+        };
+        Ok((
+            get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+        ))
+    }
 }
 
 impl Drop for Gpu {
