@@ -13,7 +13,7 @@
 //! gpu_check conformance [FILTER]      every backend operation vs its reference (ds4-conformance)
 //! gpu_check model FIXTURE GGUF [--bf16] a MoE family's golden master on CUDA and the CPU
 //! gpu_check same-file SPEC|GGUF       a quantized MoE model: CUDA vs CPU top-10 log-probs
-//! gpu_check soak SPEC [--minutes M] [--ctx N] [--every S]
+//! gpu_check soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB]
 //!                                     decode with rewinds, snapshots and resets for M
 //!                                     minutes, GPU memory sampled: its growth
 //! gpu_check nccl                      a one-rank NCCL communicator on GPU 0: all-reduce and
@@ -54,7 +54,7 @@ fn main() {
         Some("same-file") => families::same_file(&args[1..]),
         Some("soak") => soak::soak(&args[1..]),
         Some("nccl") => nccl_check(),
-        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | soak SPEC [--minutes M] [--ctx N] [--every S] | nccl".into()),
+        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB] | nccl".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");

@@ -1,11 +1,13 @@
-//! `gpu_check soak SPEC [--minutes M] [--ctx N] [--every S]`: a synthetic model decoding
+//! `gpu_check soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB]`: a
+//! synthetic model decoding
 //! without pause, with rewinds (inside and beyond the KDA rewind window), snapshots
 //! restored and the session reset near its context, while the GPU's memory is sampled
 //! every S seconds: the device's use, and the live allocations and reserved bytes of the
 //! memory pool the backend allocates from. Memory that grows with the work (a leaked
 //! scratch or graph, a snapshot never freed) shows as growth of the live allocations
 //! between the first sample after the first reset and the last; the command prints the
-//! samples and the growth, and exits 1 on a failed step.
+//! samples and the growth, and exits 1 on a failed step or (with `--max-growth`) when the
+//! live allocations grew by more than MIB.
 
 use std::time::{Duration, Instant};
 
@@ -38,6 +40,7 @@ struct Counts {
 pub(crate) fn soak(args: &[String]) -> Res<()> {
     let name = args.first().ok_or("soak needs a synthetic model name")?;
     let (mut minutes, mut ctx, mut every) = (30.0f64, 8192usize, 30.0f64);
+    let mut max_growth: Option<f64> = None;
     let mut i = 1;
     while i < args.len() {
         let v = args.get(i + 1).ok_or("an option without its value")?;
@@ -45,6 +48,7 @@ pub(crate) fn soak(args: &[String]) -> Res<()> {
             "--minutes" => minutes = v.parse()?,
             "--ctx" => ctx = v.parse()?,
             "--every" => every = v.parse()?,
+            "--max-growth" => max_growth = Some(v.parse()?),
             a => return Err(format!("unknown option {a}").into()),
         }
         i += 2;
@@ -178,5 +182,11 @@ pub(crate) fn soak(args: &[String]) -> Res<()> {
         last.live - warm.1.live,
         last.device - warm.1.device
     );
+    let growth = last.live - warm.1.live;
+    if let Some(bound) = max_growth
+        && growth > bound
+    {
+        return Err(format!("live allocations grew by {growth:.1} MiB (bound {bound} MiB)").into());
+    }
     Ok(())
 }
