@@ -266,7 +266,7 @@ impl Kernels {
             embed_streams: get("embed_streams")?,
             modules,
         };
-        let smem = GEMV_MAX_SMEM.min(gpu.max_smem_optin);
+        let optin = gpu.max_smem_optin as i32;
         let typed = k.gemv_typed.iter().flatten();
         let experts = [
             &k.gemv_experts_gate_up,
@@ -280,12 +280,23 @@ impl Kernels {
             .chain(experts)
             .chain(experts_typed)
         {
+            // SAFETY: a valid function handle.
+            let fixed = unsafe {
+                result::function::get_function_attribute(
+                    f.0,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                )
+            }
+            .map_err(|e| CudaError::driver("cuFuncGetAttribute", e))?;
+            // A block's static and dynamic shared memory together stay within the
+            // device's opt-in limit (below GEMV_MAX_SMEM on GPUs before Hopper).
+            let smem = (GEMV_MAX_SMEM as i32).min(optin - fixed);
             // SAFETY: a valid function handle; the value is within the device's limit.
             unsafe {
                 result::function::set_function_attribute(
                     f.0,
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
+                    smem,
                 )
             }
             .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
