@@ -344,9 +344,11 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             let c = case(rng, &sh, 1);
             let z = rng.normal(sh.v_len(), 2.0);
             let (nw, nwv) = weight(b, rng, "ssm_norm.weight", &[sh.v_dim], GgmlType::F32, 1.0)?;
+            // Everything uploaded first: an upload flushes the recorded ops, and the step
+            // and the norm must be recorded together for a backend to fuse them.
+            let (zb, mut normed) = (upload(b, &z)?, b.buf(sh.v_len())?);
             let (out, _, s) = run(b, &c, &w, &sh, DeltaForm::Recurrent)?;
-            let mut normed = b.buf(sh.v_len())?;
-            b.gated_norm(&out, &upload(b, &z)?, &nw, 1, &sh, Prec::F32, &mut normed)?;
+            b.gated_norm(&out, &zb, &nw, 1, &sh, Prec::F32, &mut normed)?;
             let cv = [&w.conv_v[0][..], &w.conv_v[1][..], &w.conv_v[2][..]];
             let (want, _, want_s) = reference(&c, &sh, cv, &w.dt_v, &w.decay_v);
             let e_norm = rel_err(

@@ -83,11 +83,11 @@ __device__ __forceinline__ float wval(const u8* w, int ty, i64 i) {
 
 // Programmatic dependent launch: wait for the previous kernel before reading its results
 // (every kernel run inside a step calls this before its trigger), and let the next one
-// start early. Before the wait a kernel reads only weights, or state that only it
-// writes (`delta_step`'s): no kernel of a step writes weights, a step's first kernel
-// (the embedding) reads nothing before its wait, and a kernel starts only after the one
-// before the previous one has completed, so the loader's kernels and every copy between
-// steps are complete by then.
+// start early. Before the wait a kernel reads only weights, or state the host knows the
+// previous kernel does not write (`delta_step`'s `early`): no kernel of a step writes
+// weights, a step's first kernel (the embedding) reads nothing before its wait, and a
+// kernel starts only after the one before the previous one has completed, so the
+// loader's kernels are complete by then.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 

@@ -65,6 +65,7 @@ struct DeltaParams {
     float lb;
     float geps;
     i32 gsilu;
+    i32 early;  // `delta_step`: load the state before the wait for the previous kernel
 };
 
 __device__ __forceinline__ int qk_len(const DeltaParams& P) { return P.hk * P.dk; }
@@ -270,12 +271,13 @@ __device__ __forceinline__ float conv_one(const DeltaParams& P, const ConvIn& in
 // shift their state), the kernel inputs, the recurrence, the journal, and with `P.gz` the
 // gated output norm (`gated_norm`'s arithmetic, into `P.gout`).
 //
-// Before waiting for the previous kernel it starts copying the head's state into shared
-// memory and loads the conv state and weights: the previous kernel cannot have written
-// them (a step's delta-rule state is written only by this kernel, one token earlier, and
-// by copies and replays between steps, which are complete before a step's third
-// kernel starts). Thread j < dv then runs column j's recurrence from shared memory in
-// `recurrent_body`'s order of operations: the same values bit for bit.
+// With `P.early` (set by the host when the launch before this one cannot write the
+// delta-rule state: in a model's step that is a projection) it starts copying the head's
+// state into shared memory and loads the conv state and weights before waiting for the
+// previous kernel; otherwise (another step of the same state right before, or a kernel
+// the host cannot see into) after the wait. Thread j < dv then runs column j's
+// recurrence from shared memory in `recurrent_body`'s order of operations: the same
+// values bit for bit.
 extern "C" __global__ void delta_step(const DeltaParams P) {
     extern __shared__ float st[];  // [dk, dv]
     __shared__ float ks[DELTA_D], qs[DELTA_D], es[DELTA_D], gs[DELTA_D], os[DELTA_D];
@@ -284,19 +286,23 @@ extern "C" __global__ void delta_step(const DeltaParams P) {
     const int h = blockIdx.x, j = threadIdx.x, dk = P.dk, dv = P.dv;
     const int qk = qk_len(P), vl = v_len(P), C = 2 * qk + vl, gl = P.hv * P.gc;
     float* Sh = P.S + (i64)h * dk * dv;
-    const int ns = dk * dv;
-    if ((ns & 3) == 0)
-        for (int e = 4 * j; e < ns; e += 4 * blockDim.x) cp_async16(st + e, Sh + e);
-    else
-        for (int e = j; e < ns; e += blockDim.x) cp_async4(st + e, Sh + e);
     ConvIn cq, ck, cv;
-    if (j < dk) {
-        conv_load(P, h * dk + j, C, cq);
-        conv_load(P, qk + h * dk + j, C, ck);
-    }
-    if (j < dv) conv_load(P, 2 * qk + h * dv + j, C, cv);
+    auto load_state = [&] {
+        const int ns = dk * dv;
+        if ((ns & 3) == 0)
+            for (int e = 4 * j; e < ns; e += 4 * blockDim.x) cp_async16(st + e, Sh + e);
+        else
+            for (int e = j; e < ns; e += blockDim.x) cp_async4(st + e, Sh + e);
+        if (j < dk) {
+            conv_load(P, h * dk + j, C, cq);
+            conv_load(P, qk + h * dk + j, C, ck);
+        }
+        if (j < dv) conv_load(P, 2 * qk + h * dv + j, C, cv);
+    };
+    if (P.early) load_state();
     pdl_wait();
     pdl_trigger();
+    if (!P.early) load_state();
     const int slot = P.cap ? (P.step->pos0 + P.row0) % P.cap : 0;
     float mq = 0.f, mk = 0.f, mv = 0.f;
     if (j < dk) {

@@ -272,27 +272,37 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         ));
         return Ok(used);
     }
-    // The gated output norm of a delta-rule step's output: in the step's launch, each
-    // block normalising its own head (in place too: a block reads only its head's o and z),
-    // unless the norm's output is one of the step's inputs, which other blocks still read.
-    if let (Op::DeltaStep { p, block }, Some(Op::GatedNorm(g))) = (ops[i], ops.get(i + 1))
-        && cx.fuse_decode
-        && g.o == p.out + 4 * (p.row0 as u64 * (p.hv * p.dv) as u64)
-        && g.heads == p.hv as i64
-        && g.dv == p.dv
-        && g.rb == p.rb
-        && ![p.q, p.k, p.v, p.g0, p.b, p.conv_state, p.s].contains(&g.out)
-    {
+    if let Op::DeltaStep { p, block } = ops[i] {
         let p = DeltaParams {
-            gz: g.z,
-            gw: g.w,
-            gout: g.out,
-            geps: g.eps,
-            gsilu: g.silu,
+            early: state_untouched_before(ops, i, &p) as i32,
             ..p
         };
+        // The gated output norm of the step's output: in the step's launch, each block
+        // normalising its own head (in place too: a block reads only its head's o and z),
+        // unless the norm's output is one of the step's inputs, which other blocks still
+        // read.
+        if let Some(Op::GatedNorm(g)) = ops.get(i + 1)
+            && cx.fuse_decode
+            && p.row0 == 0
+            && g.o == p.out
+            && g.heads == p.hv as i64
+            && g.dv == p.dv
+            && g.rb == p.rb
+            && ![p.q, p.k, p.v, p.g0, p.b, p.conv_state, p.s].contains(&g.out)
+        {
+            let p = DeltaParams {
+                gz: g.z,
+                gw: g.w,
+                gout: g.out,
+                geps: g.eps,
+                gsilu: g.silu,
+                ..p
+            };
+            cmds.push(delta_step(p, block, cx));
+            return Ok(2);
+        }
         cmds.push(delta_step(p, block, cx));
-        return Ok(2);
+        return Ok(1);
     }
     if let Op::FloatGemv(_) = ops[i] {
         let (used, cmd) = float_group(ops, i, cx);
@@ -366,6 +376,28 @@ fn float_group(ops: &[Op], i: usize, cx: &Ctx) -> (usize, Cmd) {
             bytes: 0,
         }),
     )
+}
+
+/// Whether the launch before the delta step at `ops[i]` cannot write its state (so that
+/// the step may load it before waiting for that launch): the ops before it that share
+/// one launch are norms and products whose outputs are not the state. Anything else —
+/// another step, a copy, a kernel the lowering cannot see into, the start of the
+/// recording — may be writing it.
+fn state_untouched_before(ops: &[Op], i: usize, p: &DeltaParams) -> bool {
+    let state = [p.s, p.conv_state];
+    let mut seen = false;
+    for op in ops[..i].iter().rev() {
+        let out = match *op {
+            Op::FloatGemv(seg) => seg.out,
+            Op::Matmul { out, .. } | Op::RmsNorm { out, .. } => out,
+            _ => break,
+        };
+        if state.contains(&out) {
+            return false;
+        }
+        seen = true;
+    }
+    seen
 }
 
 /// One token's delta-rule step (`delta_step`): one block per head, the head's state in
@@ -1056,6 +1088,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         }
         Op::FloatGemv(_) => cmds.push(float_group(std::slice::from_ref(op), 0, cx).1),
         Op::Sgemm(g) => cmds.push(Cmd::Sgemm(g)),
+        // (`lower_at` lowers delta steps itself; alone, one waits before loading its state.)
         Op::DeltaStep { p, block } => cmds.push(delta_step(p, block, cx)),
         Op::GatedNorm(g) => {
             let mut a = Args::new();
@@ -1536,9 +1569,47 @@ mod tests {
     }
 
     #[test]
+    fn a_delta_step_loads_its_state_early_only_after_projections() {
+        let [step, _] = delta_pair(5 << 40, 4 << 40);
+        let Op::DeltaStep { p, .. } = step else {
+            unreachable!()
+        };
+        let (s, conv) = (30u64 << 40, 31u64 << 40);
+        let p = DeltaParams {
+            s,
+            conv_state: conv,
+            ..p
+        };
+        let step = Op::DeltaStep { p, block: 128 };
+        let proj = |out| {
+            Op::FloatGemv(FloatSeg {
+                out,
+                ..FloatSeg::default()
+            })
+        };
+        // After the gate projections (KDA's decode step): early.
+        let ops = [proj(40 << 40), proj(41 << 40), step];
+        assert!(state_untouched_before(&ops, 2, &p));
+        // First in the recording, after another step, or after a product writing the
+        // state: after the wait.
+        assert!(!state_untouched_before(&[step], 0, &p));
+        assert!(!state_untouched_before(
+            &[proj(40 << 40), step, step],
+            2,
+            &p
+        ));
+        assert!(!state_untouched_before(&[proj(s), step], 1, &p));
+        assert!(!state_untouched_before(
+            &[proj(40 << 40), proj(conv), step],
+            2,
+            &p
+        ));
+    }
+
+    #[test]
     fn delta_params_match_the_kernel_layout() {
-        // kernels/delta.cu: 28 pointers (conv_w three) + 16 4-byte fields.
-        assert_eq!(std::mem::size_of::<DeltaParams>(), 28 * 8 + 16 * 4);
+        // kernels/delta.cu: 28 pointers (conv_w three) + 17 4-byte fields, padded to 8.
+        assert_eq!(std::mem::size_of::<DeltaParams>(), 28 * 8 + 17 * 4 + 4);
     }
 
     #[test]

@@ -186,6 +186,9 @@ pub struct DeltaParams {
     pub lb: f32,
     pub geps: f32,
     pub gsilu: i32,
+    /// `delta_step` loads the state before waiting for the previous kernel (set by the
+    /// lowering when that kernel cannot write it).
+    pub early: i32,
 }
 
 /// The gated output norm per head (`gated_norm` of kernels/norm.cu): `out` from `o` and
