@@ -6,22 +6,28 @@
 # replay and tok/s median. With --prefill SIZES (e.g. 512,4096): `bench SPEC --runs 3
 # --decode 4 --prefill SIZES`, each run's prefill tok/s medians, one per size.
 #
-#   scripts/gpu-ab.sh OLD_BIN NEW_BIN [--rounds N] [--log FILE] [--prefill SIZES] [SPEC ...]
+#   scripts/gpu-ab.sh OLD_BIN NEW_BIN [--rounds N] [--log FILE] [--prefill SIZES] [--fixtures] [SPEC ...]
+#
+# --fixtures first runs `gpu_check model` on the f32 golden masters that carry llama.cpp's
+# file (GLM-5.3 and DeepSeek-V4) with both binaries and prints, per fixture, whether the
+# two RESULT lines (errors against the reference and the CPU, greedy agreement, pieces,
+# rewind) are identical — a kernel change that keeps the arithmetic must keep them.
 #
 # SPECs default to glm53-flash:q2 deepseek4-flash:q2. Each bench's whole output goes to
 # the log (default gpu-ab.log), so nothing is lost when only the end of the output comes
 # back. Both binaries read their kernels from DS4_CUDA_CACHE when it is set (warm it here
 # with `gpu_check warm-cache sm_90a` for each binary and carry it).
 set -u
-[ $# -ge 2 ] || { sed -n '2,15p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,19p' "$0"; exit 2; }
 OLD="$1" NEW="$2"; shift 2
-ROUNDS=2 LOG=gpu-ab.log PREFILL= SPECS=()
+ROUNDS=2 LOG=gpu-ab.log PREFILL= FIXTURES=0 SPECS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) ROUNDS="$2"; shift 2 ;;
     --log) LOG="$2"; shift 2 ;;
     --prefill) PREFILL="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --fixtures) FIXTURES=1; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) SPECS+=("$1"); shift ;;
   esac
 done
@@ -51,6 +57,22 @@ bench() {  # bench BIN SPEC
   tps=$(sed -n 's/^decode [0-9]* tok: median \([0-9.]*\) tok\/s.*/\1/p' <<< "$out")
   if [ -n "$ms" ] && [ -n "$tps" ]; then echo "$ms $tps"; else echo "failed"; fi
 }
+
+if [ "$FIXTURES" = 1 ]; then
+  for fx in crates/engine/tests/fixtures/*/*_f32; do
+    [ -f "$fx/llamacpp.gguf" ] || continue
+    r=()
+    for b in "$OLD" "$NEW"; do
+      out=$(timeout "${MODEL_TIMEOUT:-300}" "$b" model "$fx" "$fx/llamacpp.gguf" 2>&1)
+      { echo "== $b model $fx"; echo "$out"; } >> "$LOG"
+      r+=("$(grep '^RESULT ' <<< "$out" | head -1)")
+    done
+    if [ -z "${r[0]}" ] || [ -z "${r[1]}" ]; then verdict="failed (see $LOG)"
+    elif [ "${r[0]}" = "${r[1]}" ]; then verdict="identical"
+    else verdict="DIFFERENT"; fi
+    echo "fixture $fx: $verdict"
+  done
+fi
 
 for spec in "${SPECS[@]}"; do
   old=() new=()
