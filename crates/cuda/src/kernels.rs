@@ -79,6 +79,8 @@ pub struct Kernels {
     pub delta_recurrent_64: Func,
     pub delta_recurrent_128: Func,
     pub delta_step: Func,
+    /// Dynamic shared memory `delta_step` may use (the limit [`Kernels::load`] sets).
+    pub delta_step_smem: usize,
     pub store_rows: Func,
     pub compress_windows: Func,
     pub dsa_scores: Func,
@@ -187,7 +189,7 @@ impl Kernels {
                 get(&format!("gemv_experts_down_sum_{stem}"))?,
             ];
         }
-        let k = Kernels {
+        let mut k = Kernels {
             gemv: get("gemv")?,
             gemv_typed,
             experts_typed,
@@ -249,6 +251,7 @@ impl Kernels {
             delta_recurrent_64: get("delta_recurrent_64")?,
             delta_recurrent_128: get("delta_recurrent_128")?,
             delta_step: get("delta_step")?,
+            delta_step_smem: 0,
             store_rows: get("store_rows")?,
             compress_windows: get("compress_windows")?,
             dsa_scores: get("dsa_scores")?,
@@ -267,19 +270,10 @@ impl Kernels {
             modules,
         };
         let optin = gpu.max_smem_optin as i32;
-        let typed = k.gemv_typed.iter().flatten();
-        let experts = [
-            &k.gemv_experts_gate_up,
-            &k.gemv_experts_down,
-            &k.gemv_experts_down_sum,
-        ];
-        let experts_typed = k.experts_typed.iter().flatten();
-        for f in [&k.gemv, &k.delta_step]
-            .into_iter()
-            .chain(typed)
-            .chain(experts)
-            .chain(experts_typed)
-        {
+        // Lets `f` use up to GEMV_MAX_SMEM of dynamic shared memory, less where its static
+        // and dynamic shared memory together would pass the device's opt-in limit (GPUs
+        // before Hopper); returns the limit set.
+        let allow = |f: Func| -> Result<i32> {
             // SAFETY: a valid function handle.
             let fixed = unsafe {
                 result::function::get_function_attribute(
@@ -288,8 +282,6 @@ impl Kernels {
                 )
             }
             .map_err(|e| CudaError::driver("cuFuncGetAttribute", e))?;
-            // A block's static and dynamic shared memory together stay within the
-            // device's opt-in limit (below GEMV_MAX_SMEM on GPUs before Hopper).
             let smem = (GEMV_MAX_SMEM as i32).min(optin - fixed);
             // SAFETY: a valid function handle; the value is within the device's limit.
             unsafe {
@@ -300,7 +292,23 @@ impl Kernels {
                 )
             }
             .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+            Ok(smem)
+        };
+        let typed = k.gemv_typed.iter().flatten();
+        let experts = [
+            &k.gemv_experts_gate_up,
+            &k.gemv_experts_down,
+            &k.gemv_experts_down_sum,
+        ];
+        let experts_typed = k.experts_typed.iter().flatten();
+        for f in std::iter::once(&k.gemv)
+            .chain(typed)
+            .chain(experts)
+            .chain(experts_typed)
+        {
+            allow(*f)?;
         }
+        k.delta_step_smem = allow(k.delta_step)?.max(0) as usize;
         Ok(k)
     }
 }
@@ -370,6 +378,7 @@ impl Kernels {
             delta_recurrent_64: f(),
             delta_recurrent_128: f(),
             delta_step: f(),
+            delta_step_smem: GEMV_MAX_SMEM as usize,
             store_rows: f(),
             compress_windows: f(),
             dsa_scores: f(),

@@ -25,7 +25,6 @@ use ds4_gguf::GgmlType;
 use crate::backend::{CudaBackend, CudaBuf, CudaStep};
 use crate::driver::{DPtr, DevMem, Func};
 use crate::gemm::Sgemm;
-use crate::kernels::GEMV_MAX_SMEM;
 use crate::layout::uses_q8k;
 use crate::ops::{
     DeltaParams, ExpertGemv, FG_THREADS, FloatSeg, GatedNormArgs, HC_COLS, HcPostArgs, HcPreArgs,
@@ -153,10 +152,8 @@ const HC_MIX_ROWS: usize = 8;
 /// MLA prefill with a selection runs as dense GEMMs with a masked softmax while the
 /// context is at most this many times the selected tokens (see `mla_op`).
 const MLA_DENSE_SELECTED: usize = 8;
-/// `delta_step`'s largest conv kernel (kernels/delta.cu `STEP_KC`), and its static
-/// shared memory (at most) besides the head's state.
+/// `delta_step`'s largest conv kernel (kernels/delta.cu `STEP_KC`).
 const DELTA_STEP_KC: usize = 4;
-const DELTA_STEP_STATIC_SMEM: usize = 8 * 1024;
 
 /// `mla_softmax`'s selection mask must fit the default shared memory.
 const MLA_SOFTMAX_SMEM: usize = 48 * 1024;
@@ -1374,8 +1371,7 @@ impl CudaBackend {
             && sh.k_heads == sh.v_heads
             && sh.gate_channels <= sh.k_dim
             && sh.kernel <= DELTA_STEP_KC
-            && 4 * sh.k_dim * sh.v_dim + DELTA_STEP_STATIC_SMEM
-                <= GEMV_MAX_SMEM.min(self.gpu.max_smem_optin) as usize
+            && 4 * sh.k_dim * sh.v_dim <= self.k.delta_step_smem
         {
             self.record(
                 Op::DeltaStep {
