@@ -235,8 +235,8 @@ extern "C" __global__ void delta_recurrent_32(const DeltaParams P) { recurrent_b
 extern "C" __global__ void delta_recurrent_64(const DeltaParams P) { recurrent_body<64>(P); }
 extern "C" __global__ void delta_recurrent_128(const DeltaParams P) { recurrent_body<128>(P); }
 
-// One channel's conv inputs that the previous kernel cannot have written: its kc−1 state
-// rows (written only by this kernel, one token earlier) and its kc weights.
+// One channel's conv inputs that `delta_step` may load before its wait (see there): its
+// kc−1 state rows and its kc weights.
 struct ConvIn {
     float old[STEP_KC - 1];
     float w[STEP_KC];
@@ -266,10 +266,11 @@ __device__ __forceinline__ float conv_one(const DeltaParams& P, const ConvIn& in
 }
 
 // grid hv (= hk), blockDim ≥ max(dk, dv, gc) a multiple of 32, conv kernel ≤ STEP_KC,
-// dynamic shared memory dk·dv floats: one token with as many key as value heads (KDA's decode step) in one
-// launch — the conv of the head's q, k and v channels (this block owns them, so it may
-// shift their state), the kernel inputs, the recurrence, the journal, and with `P.gz` the
-// gated output norm (`gated_norm`'s arithmetic, into `P.gout`).
+// dynamic shared memory dk·dv floats: one token with as many key as value heads (KDA's
+// decode step) in one launch — the conv of the head's q, k and v channels (this block
+// owns them, so it may shift their state), the kernel inputs, the recurrence, the
+// journal, and with `P.gz` the gated output norm (`gated_norm`'s arithmetic, into
+// `P.gout`).
 //
 // With `P.early` (set by the host when the launch before this one cannot write the
 // delta-rule state: in a model's step that is a projection) it starts copying the head's
