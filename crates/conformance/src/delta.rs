@@ -49,14 +49,9 @@ fn case(rng: &mut Rng, sh: &DeltaShape, n: usize) -> Case {
 }
 
 /// `(outputs [n, Hv·dv], final conv state, final recurrent state)` by the recurrent
-/// definition.
-fn reference(
-    c: &Case,
-    sh: &DeltaShape,
-    conv: [&[f64]; 3],
-    dt_bias: &[f64],
-    decay: &[f64],
-) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+/// definition, from the weights' values.
+fn reference<W>(c: &Case, sh: &DeltaShape, w: &Weights<W>) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (conv, dt_bias, decay) = (&w.conv_v, &w.dt_v, &w.decay_v);
     let (qk, vl, hk, hv, dk, dv, kc) = (
         sh.qk_len(),
         sh.v_len(),
@@ -325,8 +320,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             let w = weights(b, rng, &sh)?;
             let c = case(rng, &sh, n);
             let (out, conv, s) = run(b, &c, &w, &sh, form)?;
-            let cv = [&w.conv_v[0][..], &w.conv_v[1][..], &w.conv_v[2][..]];
-            let (want, want_conv, want_s) = reference(&c, &sh, cv, &w.dt_v, &w.decay_v);
+            let (want, want_conv, want_s) = reference(&c, &sh, &w);
             let e_out = rel_err(&download(b, &out, n * sh.v_len())?, &want);
             let e_conv = rel_err(&download(b, &conv, sh.conv_len())?, &want_conv);
             let e_s = rel_err(&download(b, &s, sh.state_len())?, &want_s);
@@ -349,8 +343,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             let (zb, mut normed) = (upload(b, &z)?, b.buf(sh.v_len())?);
             let (out, _, s) = run(b, &c, &w, &sh, DeltaForm::Recurrent)?;
             b.gated_norm(&out, &zb, &nw, 1, &sh, Prec::F32, &mut normed)?;
-            let cv = [&w.conv_v[0][..], &w.conv_v[1][..], &w.conv_v[2][..]];
-            let (want, _, want_s) = reference(&c, &sh, cv, &w.dt_v, &w.decay_v);
+            let (want, _, want_s) = reference(&c, &sh, &w);
             let e_norm = rel_err(
                 &download(b, &normed, sh.v_len())?,
                 &gated_reference(&want, &z, &nwv, &sh),
