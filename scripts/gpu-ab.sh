@@ -39,12 +39,9 @@ export LD_LIBRARY_PATH="${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}
 # One bench; prints "ms tok/s" (device ms per replay, decode median), with --prefill the
 # prefill medians ("512:1105 4096:1927"), or "failed".
 bench() {  # bench BIN SPEC
-  local out
-  if [ -n "$PREFILL" ]; then
-    out=$(timeout "${BENCH_TIMEOUT:-300}" "$1" bench "$2" --runs 3 --decode 4 --prefill "$PREFILL" 2>&1)
-  else
-    out=$(timeout "${BENCH_TIMEOUT:-300}" "$1" bench "$2" --runs 5 --decode 32 --prefill "" 2>&1)
-  fi
+  local out opts=(--runs 5 --decode 32 --prefill "")
+  [ -n "$PREFILL" ] && opts=(--runs 3 --decode 4 --prefill "$PREFILL")
+  out=$(timeout "${BENCH_TIMEOUT:-300}" "$1" bench "$2" "${opts[@]}" 2>&1)
   { echo "== $1 bench $2"; echo "$out"; } >> "$LOG"
   if [ -n "$PREFILL" ]; then
     local fig

@@ -1,13 +1,12 @@
 //! `gpu_check soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB]`: a
-//! synthetic model decoding
-//! without pause, with rewinds (inside and beyond the KDA rewind window), snapshots
-//! restored and the session reset near its context, while the GPU's memory is sampled
-//! every S seconds: the device's use, and the live allocations and reserved bytes of the
-//! memory pool the backend allocates from. Memory that grows with the work (a leaked
-//! scratch or graph, a snapshot never freed) shows as growth of the live allocations
-//! between the first sample after the first reset and the last; the command prints the
-//! samples and the growth, and exits 1 on a failed step or (with `--max-growth`) when the
-//! live allocations grew by more than MIB.
+//! synthetic model decoding without pause, with rewinds (inside and beyond the KDA rewind
+//! window), snapshots restored and the session reset near its context, while the GPU's
+//! memory is sampled every S seconds: the device's use, and the live allocations and
+//! reserved bytes of the memory pool the backend allocates from. Memory that grows with
+//! the work (a leaked scratch or graph, a snapshot never freed) shows as growth of the
+//! live allocations between the first sample after the first reset and the last; the
+//! command prints the samples and the growth, and exits 1 on a failed step or (with
+//! `--max-growth`) when the live allocations grew by more than MIB.
 
 use std::time::{Duration, Instant};
 
@@ -153,6 +152,7 @@ pub(crate) fn soak(args: &[String]) -> Res<()> {
         .ok_or("no memory sample")?;
     let last = samples.last().ok_or("no memory sample")?.1;
     let max = samples.iter().map(|s| s.1.device).fold(0.0, f64::max);
+    let (growth, device_growth) = (last.live - warm.1.live, last.device - warm.1.device);
     let st = backend.stats();
     println!(
         "soak done: {:.1} min, {} tokens decoded ({} graph replays), {} prompts, {} rewinds, {} restores, {} resets; from {:.0} s to the end: pool live {:.1} -> {:.1} MiB ({:+.1}), device {:.1} -> {:.1} MiB ({:+.1}, max {:.1})",
@@ -166,10 +166,10 @@ pub(crate) fn soak(args: &[String]) -> Res<()> {
         warm.0,
         warm.1.live,
         last.live,
-        last.live - warm.1.live,
+        growth,
         warm.1.device,
         last.device,
-        last.device - warm.1.device,
+        device_growth,
         max
     );
     println!(
@@ -179,10 +179,9 @@ pub(crate) fn soak(args: &[String]) -> Res<()> {
         c.rewinds,
         c.restores,
         c.resets,
-        last.live - warm.1.live,
-        last.device - warm.1.device
+        growth,
+        device_growth
     );
-    let growth = last.live - warm.1.live;
     if let Some(bound) = max_growth
         && growth > bound
     {
