@@ -27,6 +27,54 @@
 #define GEMV_WARPS 8
 #define NEED_A32 1
 #define NEED_AK 2
+#define NEED_IQ2 4
+
+// The dynamic shared memory of every GEMV launch: the IQ2_XXS tables first (when the
+// launch reads IQ2_XXS weights), then the activation.
+extern __shared__ __align__(16) u8 gemv_smem[];
+
+// IQ2_XXS decoding tables in shared memory: the grid's 256 entries and the 128 sign
+// patterns as byte masks (0xFF where the value is negated), 8 bytes each. Every entry is
+// stored 16 times side by side and lane l reads copy l % 16: the 16 lanes an 8-byte
+// gather serves at once always hit 16 different bank pairs, so a warp's gather of 32
+// random entries costs two shared-memory wavefronts. (The grid in global memory cost
+// about 18 L1 sectors per gather and kept the L1 busy; one copy in shared memory, bank
+// conflicts.)
+#define IQ2_COPIES 16
+#define IQ2_ENTRY (IQ2_COPIES * 8)
+#define IQ2_GRID_AT 0
+#define IQ2_SIGNS_AT (256 * IQ2_ENTRY)
+#define IQ2_TABLE_BYTES (IQ2_SIGNS_AT + 128 * IQ2_ENTRY)
+
+// Fills the tables (by the whole block; visible after the next block barrier). Reads
+// nothing an earlier kernel writes, so it runs before the programmatic wait.
+__device__ __forceinline__ void fill_iq2_tables() {
+    uint4* t = (uint4*)gemv_smem;
+    for (int j = threadIdx.x; j < IQ2_TABLE_BYTES / 16; j += blockDim.x) {
+        const int i = j / (IQ2_ENTRY / 16);
+        u32 lo, hi;
+        if (i < 256) {
+            const u64 g = IQ2XXS_GRID[i];
+            lo = (u32)g;
+            hi = (u32)(g >> 32);
+        } else {
+            const u32 signs = iq2_signs(i - 256);
+            lo = sign_mask4(signs);
+            hi = sign_mask4(signs >> 4);
+        }
+        t[j] = make_uint4(lo, hi, lo, hi);
+    }
+}
+
+// The table entry whose index is the bits of `shifted` under `mask` (the index already
+// shifted to IQ2_ENTRY · index), in this lane's copy: `base` is the table's offset plus
+// 8·(lane % 16). One mask-and-or gives the address.
+__device__ __forceinline__ uint2 iq2_entry(u32 shifted, u32 mask, u32 base) {
+    return *(const uint2*)(gemv_smem + ((shifted & mask) | base));
+}
+
+// `v` shifted left by `s` (right when negative).
+__device__ __forceinline__ u32 shl(u32 v, int s) { return s >= 0 ? v << s : v >> -s; }
 
 struct Seg {
     Planes w;
@@ -65,6 +113,7 @@ struct Act {
     const float* s32;
     const float* dk;
     const i32* bs;   // Q8_K sums of 16
+    u32 grid_at, signs_at;  // IQ2_XXS tables: offset + 8·(lane % 16), this lane's copy
 };
 
 
@@ -300,7 +349,9 @@ struct UQ2_K {
     }
 };
 
-// IQ2_XXS: unit = one 32-element sub-block (8 bytes of qs).
+// IQ2_XXS: unit = one 32-element sub-block (8 bytes of qs): four groups of 8 values,
+// each a grid entry (8 magnitudes) with its 7 sign bits (the eighth makes the parity
+// even), both decoded through the shared-memory tables.
 struct UIQ2_XXS {
     static constexpr int UPB = 8;
     u32 aux0, aux1; u16 d;
@@ -310,17 +361,16 @@ struct UIQ2_XXS {
         d = ld_u16(w.p[0] + gb * 2);
     }
     __device__ float dot(const Act& a, int b, int u) const {
-        const i8* x = a.qk + b * 256 + 32 * u;
+        const int4* x = (const int4*)(a.qk + b * 256 + 32 * u);
+        const int4 x0 = x[0], x1 = x[1];
+        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         int s = 0;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const u64 g = IQ2XXS_GRID[(aux0 >> (8 * l)) & 0xFF];
-            const u32 signs = iq2_signs((aux1 >> (7 * l)) & 127);
-            const u32 v0 = neg_bytes((u32)g, sign_mask4(signs));
-            const u32 v1 = neg_bytes((u32)(g >> 32), sign_mask4(signs >> 4));
-            const int2 xa = *(const int2*)(x + 8 * l);
-            s = __dp4a((int)v0, xa.x, s);
-            s = __dp4a((int)v1, xa.y, s);
+            const uint2 g = iq2_entry(shl(aux0, 7 - 8 * l), 0xFFu * IQ2_ENTRY, a.grid_at);
+            const uint2 m = iq2_entry(shl(aux1, 7 - 7 * l), 0x7Fu * IQ2_ENTRY, a.signs_at);
+            s = __dp4a((int)neg_bytes(g.x, m.x), xs[2 * l], s);
+            s = __dp4a((int)neg_bytes(g.y, m.y), xs[2 * l + 1], s);
         }
         const int ls = 2 * (int)(aux1 >> 28) + 1;
         return 0.125f * h2f(d) * a.dk[b] * (float)(s * ls);
@@ -452,11 +502,12 @@ __device__ void prefetch_global_row(const GemvParams& P, int gr, int n) {
     if (s.out3) prefetch_row(s.type2, s.w2, r, n);
 }
 
-// Shared-memory bytes for an input of n values (the host computes the same).
-__device__ __forceinline__ int act_smem_offsets(int n, int* o) {
-    o[0] = 0;                          // q32: n bytes
-    o[1] = n;                          // qk: n bytes
-    o[2] = 2 * n;                      // d32: n/32 floats
+// Shared-memory bytes for an input of n values (the host computes the same), after the
+// IQ2_XXS tables when the launch needs them.
+__device__ __forceinline__ int act_smem_offsets(int n, int need, int* o) {
+    o[0] = need & NEED_IQ2 ? IQ2_TABLE_BYTES : 0;  // q32: n bytes
+    o[1] = o[0] + n;                   // qk: n bytes
+    o[2] = o[0] + 2 * n;               // d32: n/32 floats
     o[3] = o[2] + 4 * (n / 32);        // s32: n/32 floats
     o[4] = o[3] + 4 * (n / 32);        // bs: n/16 ints (16-byte aligned when 256 | n)
     o[5] = o[4] + 4 * (n / 16);        // dk: n/256 (+1) floats
@@ -568,12 +619,15 @@ __device__ __forceinline__ void quantize_chunk(const GemvParams& P, const Act& a
 // CB chunks per warp before any is processed, so the prologue costs one or two
 // memory round trips. Ends with a block barrier.
 template <int CB = 4>
-__device__ __forceinline__ Act build_act(const GemvParams& P, u8* smem, double* red) {
+__device__ __forceinline__ Act build_act(const GemvParams& P, double* red) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = P.n_in;
+    u8* smem = gemv_smem;
     int off[6];
-    act_smem_offsets(n, off);
+    act_smem_offsets(n, P.need, off);
     Act a;
+    a.grid_at = IQ2_GRID_AT + 8 * (lane % IQ2_COPIES);
+    a.signs_at = IQ2_SIGNS_AT + 8 * (lane % IQ2_COPIES);
     a.q32 = (const i8*)(smem + off[0]);
     a.qk = (const i8*)(smem + off[1]);
     a.d32 = (const float*)(smem + off[2]);
@@ -637,7 +691,6 @@ __device__ __forceinline__ Act build_act(const GemvParams& P, u8* smem, double* 
 // to stay within those registers.
 template <int TY, bool PAIR, int GMAX, int CB>
 __device__ __forceinline__ void gemv_body(const GemvParams& P) {
-    extern __shared__ __align__(16) u8 smem[];
     __shared__ double red[GEMV_WARPS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wpb = blockDim.x >> 5;
@@ -648,10 +701,11 @@ __device__ __forceinline__ void gemv_body(const GemvParams& P) {
     // into L2 while the previous kernel finishes.
     if (lane == 0)
         for (int k = 0; k < max(1, P.prefetch); ++k) prefetch_global_row(P, gwarp + k * nwarps, n);
+    if (P.need & NEED_IQ2) fill_iq2_tables();
     pdl_wait();
     pdl_trigger();
 
-    const Act a = build_act<CB>(P, smem, red);
+    const Act a = build_act<CB>(P, red);
 
     for (int gr = gwarp; gr < P.total_rows; gr += nwarps) {
         if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + P.prefetch * nwarps, n);
@@ -738,8 +792,8 @@ __device__ __forceinline__ void expert_dot(int ty, const Planes& w0, const Plane
 
 template <int TY, bool PAIR>
 __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
-    extern __shared__ __align__(16) u8 smem[];
     __shared__ double red[GEMV_WARPS];
+    if (E.need & NEED_IQ2) fill_iq2_tables();
     pdl_wait();
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -764,7 +818,7 @@ __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
         if (PAIR) prefetch_row(E.type2, w1, r0, E.n_in);
         else if (r0 + stride < E.rows) prefetch_row(E.type, w0, r0 + stride, E.n_in);
     }
-    const Act a = build_act<4>(G, smem, red);
+    const Act a = build_act<4>(G, red);
     u32 rb_[4];
     if (!PAIR) plane_row_bytes(E.type, E.n_in, rb_);
     for (int r = r0; r < E.rows; r += PAIR ? stride : 2 * stride) {

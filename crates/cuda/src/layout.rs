@@ -76,19 +76,36 @@ pub fn plane_layout(ty: GgmlType, n_blocks: usize) -> Option<PlaneLayout> {
     Some(l)
 }
 
-/// Which int8 activation format the GEMV builds for a weight type: ggml's CPU
-/// `vec_dot_type` (Q8_0/Q8_1 blocks of 32, or Q8_K blocks of 256).
-pub fn uses_q8k(ty: GgmlType) -> bool {
-    !matches!(
-        ty,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0
-    )
+/// What a GEMV launch's shared memory holds for weights of type `ty` (`NEED_*` in
+/// `kernels/gemv.cu`): the int8 activation in ggml's CPU `vec_dot_type` (Q8_0/Q8_1
+/// blocks of 32, or Q8_K blocks of 256), and for IQ2_XXS its decoding tables.
+pub fn act_need(ty: GgmlType) -> i32 {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q4_1 | Q5_0 | Q8_0 => NEED_A32,
+        IQ2_XXS => NEED_AK | NEED_IQ2,
+        _ => NEED_AK,
+    }
 }
 
-/// Shared-memory bytes of the GEMV activation for `n` inputs (mirrors
-/// `act_smem_offsets` in `kernels/gemv.cu`).
-pub fn gemv_smem_bytes(n: usize) -> usize {
-    let d32 = 2 * n;
+/// `act_need` flags (kernels/gemv.cu).
+pub const NEED_A32: i32 = 1;
+pub const NEED_AK: i32 = 2;
+pub const NEED_IQ2: i32 = 4;
+
+/// Bytes of the IQ2_XXS tables (kernels/gemv.cu `IQ2_TABLE_BYTES`: 256 grid entries and
+/// 128 sign masks, 8 bytes each, 16 copies).
+const IQ2_TABLE_BYTES: usize = (256 + 128) * 16 * 8;
+
+/// Shared-memory bytes of a GEMV launch for `n` inputs and the `act_need` flags `need`
+/// (mirrors `act_smem_offsets` in `kernels/gemv.cu`).
+pub fn gemv_smem_bytes(n: usize, need: i32) -> usize {
+    let tables = if need & NEED_IQ2 != 0 {
+        IQ2_TABLE_BYTES
+    } else {
+        0
+    };
+    let d32 = tables + 2 * n;
     let s32 = d32 + 4 * (n / 32);
     let dk = s32 + 4 * (n / 32);
     let bs = dk + 4 * (n / 256 + 1);

@@ -22,7 +22,7 @@
 use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
 use crate::kernels::{GEMV_TYPES, Kernels};
-use crate::layout::{gemv_smem_bytes, uses_q8k};
+use crate::layout::{act_need, gemv_smem_bytes};
 use crate::ops::{DeltaParams, FG_THREADS, FloatSeg, HC_COLS, MatRef, Op, RopeArgs};
 use crate::ops::{ExpertGemv, ReduceTail};
 
@@ -483,7 +483,7 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
             out,
             ..Seg::default()
         };
-        need |= if uses_q8k(w.ty) { 2 } else { 1 };
+        need |= act_need(w.ty);
         // gate/up/swiglu
         if bias.is_none()
             && let Some(&Op::Matmul {
@@ -518,7 +518,7 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
             s.out3 = act;
             s.lim = lim;
             s.silu_ref = reference as i32;
-            need |= if uses_q8k(w2.ty) { 2 } else { 1 };
+            need |= act_need(w2.ty);
             seg_bytes.push(row_bytes(&w) + row_bytes(&w2));
             segs.push(s);
             row0 += w.rows as i32;
@@ -591,7 +591,7 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
     };
     let bytes = seg_bytes.iter().sum();
     let f = typed_gemv(&p, cx).unwrap_or(cx.k.gemv);
-    let smem = gemv_smem_bytes(inp.n as usize) as u32;
+    let smem = gemv_smem_bytes(inp.n as usize, need) as u32;
     let occ = (cx.gemv_occupancy)(f, GEMV_THREADS, smem);
     let grid = (row0 as u32).div_ceil(GEMV_WARPS).min(cx.n_sm * occ).max(1);
     let mut args = Args::new();

@@ -25,7 +25,7 @@ use ds4_gguf::GgmlType;
 use crate::backend::{CudaBackend, CudaBuf, CudaStep};
 use crate::driver::{DPtr, DevMem, Func};
 use crate::gemm::Sgemm;
-use crate::layout::uses_q8k;
+use crate::layout::{act_need, gemv_smem_bytes};
 use crate::ops::{
     DeltaParams, ExpertGemv, FG_THREADS, FloatSeg, GatedNormArgs, HC_COLS, HcPostArgs, HcPreArgs,
     KArgs, KernelOp, MatRef, Op, ReduceTail, RouteParams, float_blocks, float_lanes,
@@ -836,7 +836,6 @@ impl CudaBackend {
                     });
                     return self.moe_reduce(&y, ids, weights, rows, k, d, wp, p, out);
                 }
-                let need = |ty| if uses_q8k(ty) { 2 } else { 1 };
                 let gu = ExpertGemv {
                     w: g.planes,
                     w2: u.planes,
@@ -850,7 +849,7 @@ impl CudaBackend {
                     k: k as i32,
                     n_in: d as i32,
                     rows: ff as i32,
-                    need: need(g.ty) | need(u.ty),
+                    need: act_need(g.ty) | act_need(u.ty),
                     rb: rb(p),
                     lim,
                     out: h.ptr(),
@@ -858,7 +857,7 @@ impl CudaBackend {
                 let typed = self.gemv_typed.load(Ordering::Relaxed);
                 let [f_gate_up, ..] = self.k.experts_for(g.ty as u32, typed && g.ty == u.ty);
                 let [_, f_down, f_down_sum] = self.k.experts_for(dmat.ty as u32, typed);
-                let smem = crate::layout::gemv_smem_bytes(d) as u32;
+                let smem = gemv_smem_bytes(d, gu.need) as u32;
                 self.launch_op(Launch {
                     f: f_gate_up,
                     grid: (
@@ -885,12 +884,12 @@ impl CudaBackend {
                     k: k as i32,
                     n_in: ff as i32,
                     rows: d as i32,
-                    need: need(dmat.ty),
+                    need: act_need(dmat.ty),
                     rb: rb(p),
                     lim,
                     out: y.ptr(),
                 };
-                let smem = crate::layout::gemv_smem_bytes(ff) as u32;
+                let smem = gemv_smem_bytes(ff, dn.need) as u32;
                 if rows == 1 {
                     // Down products, weighted sum (and the add after it) in one launch.
                     let grid_x = self.expert_grid_x(f_down_sum, smem, d, pairs);
@@ -2108,7 +2107,7 @@ impl CudaBackend {
             k: heads as i32,
             n_in: n_in as i32,
             rows: n_out as i32,
-            need: if uses_q8k(m.ty) { 2 } else { 1 },
+            need: act_need(m.ty),
             rb: rb(p),
             lim: f32::INFINITY,
             out: self.buf_of(out, rows * heads * n_out, "per-head product")?,
@@ -2117,7 +2116,7 @@ impl CudaBackend {
             f: self.k.gemv_experts_down,
             grid: (blocks(n_out as u64, 64), (rows * heads) as u32, 1),
             block: 256,
-            smem: crate::layout::gemv_smem_bytes(n_in) as u32,
+            smem: gemv_smem_bytes(n_in, prm.need) as u32,
             args: Self::args(prm),
             label: "gemv_heads",
             keep: vec![mem, &x.mem, &out.mem],
