@@ -382,16 +382,24 @@ struct UIQ2_XXS {
 // blocks is the same at every step and its block advances by 32/UPB per step, so
 // addresses are a base plus constants. Each group of steps issues all its loads (of
 // every matrix) before the first dot: 4 steps while they last, then 2, then 1.
+// The loads of G steps of M matrices: unit u of blocks b, b + BS, … (BS = 32 / UPB
+// blocks per step) of the row starting at block g0.
+template <class U, int G, int M>
+__device__ __forceinline__ void load_group(U (&x)[M][G], const Planes& w0, const Planes& w1, i64 g0, int b, int u) {
+    constexpr int BS = 32 / U::UPB;
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int k = 0; k < G; ++k) x[m][k].load(m ? w1 : w0, g0 + b + BS * k, u);
+}
+
 template <class U, int G, int M>
 __device__ __forceinline__ void dot_group(const Planes& w0, const Planes& w1, i64 g0, const Act& a, int i, int u,
                                           float* acc) {
     constexpr int BS = 32 / U::UPB;  // blocks per step
     const int b = i / U::UPB;
     U x[M][G];
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int k = 0; k < G; ++k) x[m][k].load(m ? w1 : w0, g0 + b + BS * k, u);
+    load_group<U, G, M>(x, w0, w1, g0, b, u);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
         float s = x[m][0].dot(a, b, u);
@@ -790,6 +798,55 @@ __device__ __forceinline__ void expert_dot(int ty, const Planes& w0, const Plane
     else row_dot<M>(ty, w0, w1, row, n_in, a, lane, out);
 }
 
+// Rows r0, r0 + stride, … below `rows` of M matrices (w0, and w1 for a gate/up pair) for
+// one warp, each row's units in groups of G steps, with the loads of the next group issued
+// before the dots of the current one, across rows: the warp always has weight loads in
+// flight. Each row's per-lane sum runs over its units in step order, as `dot_group`'s over
+// one group. `emit(r, v)` gets row r's M sums (on every lane). The caller checks that a
+// row is whole groups: nb % (BS·G) == 0.
+template <class U, int G, int M, class Emit>
+__device__ __forceinline__ void pipelined_rows(const Planes& w0, const Planes& w1, int nb, int r0, int stride,
+                                               int rows, const Act& a, int lane, Emit emit) {
+    constexpr int BS = 32 / U::UPB;
+    const int u = lane % U::UPB, b0 = lane / U::UPB;
+    const int gpr = nb / (BS * G);  // groups per row
+    int lr = r0, lg = 0;            // the next group to load
+    int cr = r0, cg = 0;            // the next group to compute
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = 0.f;
+    U x0[M][G], x1[M][G];
+    auto load = [&](U (&x)[M][G]) {
+        load_group<U, G, M>(x, w0, w1, (i64)lr * nb, b0 + lg * BS * G, u);
+        if (++lg == gpr) { lg = 0; lr += stride; }
+    };
+    auto compute = [&](const U (&x)[M][G]) {
+        const int b = b0 + cg * BS * G;
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int k = 0; k < G; ++k) acc[m] += x[m][k].dot(a, b + BS * k, u);
+        if (++cg < gpr) return;
+        float v[M];
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            v[m] = warp_sum(acc[m]);
+            acc[m] = 0.f;
+        }
+        emit(cr, v);
+        cg = 0;
+        cr += stride;
+    };
+    if (lr < rows) load(x0);
+    while (cr < rows) {
+        if (lr < rows) load(x1);
+        compute(x0);
+        if (cr >= rows) break;
+        if (lr < rows) load(x0);
+        compute(x1);
+    }
+}
+
 template <int TY, bool PAIR>
 __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
     __shared__ double red[GEMV_WARPS];
@@ -819,6 +876,28 @@ __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
         else if (r0 + stride < E.rows) prefetch_row(E.type, w0, r0 + stride, E.n_in);
     }
     const Act a = build_act<4>(G, red);
+    // Row r's value: round(round(silu(min(g, lim)))·clamp(u)) of a pair, else the dot.
+    auto emit = [&](int r, const float* v) {
+        if (lane != 0) return;
+        float o;
+        if (PAIR) {
+            const float g = fminf(rnd(v[0], E.rb), E.lim);
+            const float u = fmaxf(fminf(rnd(v[1], E.rb), E.lim), -E.lim);
+            o = rnd(__fmul_rn(rnd(siluf_ref(g), E.rb), u), E.rb);
+        } else {
+            o = rnd(v[0], E.rb);
+        }
+        E.out[(i64)pair * E.rows + r] = o;
+    };
+    if constexpr (TY >= 0) {
+        using U = typename UnitOf<TY>::U;
+        constexpr int G = 2;
+        const int nb = E.n_in / UnitOf<TY>::BE;
+        if (nb % (32 / U::UPB * G) == 0) {
+            pipelined_rows<U, G, PAIR ? 2 : 1>(w0, w1, nb, r0, stride, E.rows, a, lane, emit);
+            return;
+        }
+    }
     u32 rb_[4];
     if (!PAIR) plane_row_bytes(E.type, E.n_in, rb_);
     for (int r = r0; r < E.rows; r += PAIR ? stride : 2 * stride) {
@@ -840,17 +919,7 @@ __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
         } else {
             expert_dot<TY, 1>(E.type, w0, w0, r, E.n_in, a, lane, v);
         }
-        if (lane == 0) {
-            float o;
-            if (PAIR) {
-                const float g = fminf(rnd(v[0], E.rb), E.lim);
-                const float u = fmaxf(fminf(rnd(v[1], E.rb), E.lim), -E.lim);
-                o = rnd(__fmul_rn(rnd(siluf_ref(g), E.rb), u), E.rb);
-            } else {
-                o = rnd(v[0], E.rb);
-            }
-            E.out[(i64)pair * E.rows + r] = o;
-        }
+        emit(r, v);
     }
 }
 
