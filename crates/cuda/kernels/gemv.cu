@@ -46,23 +46,24 @@ extern __shared__ __align__(16) u8 gemv_smem[];
 #define IQ2_SIGNS_AT (256 * IQ2_ENTRY)
 #define IQ2_TABLE_BYTES (IQ2_SIGNS_AT + 128 * IQ2_ENTRY)
 
-// Fills the tables (by the whole block; visible after the next block barrier). Reads
-// nothing an earlier kernel writes, so it runs before the programmatic wait.
+// Fills the tables (by the block of GEMV_WARPS·32 threads; visible after the next block
+// barrier), all of a thread's grid loads issued before its stores. Reads nothing an
+// earlier kernel writes, so it runs before the programmatic wait.
 __device__ __forceinline__ void fill_iq2_tables() {
+    constexpr int T = GEMV_WARPS * 32, PER = IQ2_ENTRY / 16;  // 16-byte chunks per entry
+    constexpr int GRID = 256 * PER / T, SIGNS = 128 * PER / T;  // chunks per thread
     uint4* t = (uint4*)gemv_smem;
-    for (int j = threadIdx.x; j < IQ2_TABLE_BYTES / 16; j += blockDim.x) {
-        const int i = j / (IQ2_ENTRY / 16);
-        u32 lo, hi;
-        if (i < 256) {
-            const u64 g = IQ2XXS_GRID[i];
-            lo = (u32)g;
-            hi = (u32)(g >> 32);
-        } else {
-            const u32 signs = iq2_signs(i - 256);
-            lo = sign_mask4(signs);
-            hi = sign_mask4(signs >> 4);
-        }
-        t[j] = make_uint4(lo, hi, lo, hi);
+    u64 g[GRID];
+#pragma unroll
+    for (int k = 0; k < GRID; ++k) g[k] = IQ2XXS_GRID[(threadIdx.x + k * T) / PER];
+#pragma unroll
+    for (int k = 0; k < GRID; ++k)
+        t[threadIdx.x + k * T] = make_uint4((u32)g[k], (u32)(g[k] >> 32), (u32)g[k], (u32)(g[k] >> 32));
+#pragma unroll
+    for (int k = 0; k < SIGNS; ++k) {
+        const int j = threadIdx.x + k * T;
+        const u32 signs = iq2_signs(j / PER), lo = sign_mask4(signs), hi = sign_mask4(signs >> 4);
+        t[IQ2_SIGNS_AT / 16 + j] = make_uint4(lo, hi, lo, hi);
     }
 }
 
@@ -643,33 +644,12 @@ __device__ __forceinline__ Act build_act(const GemvParams& P, double* red) {
     a.bs = (const i32*)(smem + off[4]);
     a.dk = (const float*)(smem + off[5]);
 
-    // RMSNorm scale (f64 sum of f32 squares, as the CPU backend).
-    float scale = 1.f;
-    if (P.norm_w) {
-        double ss = 0.0;
-        for (int i = 4 * tid; i < n; i += 4 * blockDim.x) {
-            const float4 v = *(const float4*)(P.x + i);
-            ss += (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
-                  (double)__fmul_rn(v.w, v.w);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (lane == 0) red[warp] = ss;
-        __syncthreads();
-        if (tid == 0) {
-            double t = 0.0;
-            for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += red[w];
-            red[0] = t;
-        }
-        __syncthreads();
-        const float mean = (float)(red[0] / (double)n);
-        scale = 1.0f / sqrtf(mean + P.eps);
-    }
     const bool write_h = P.h_out && blockIdx.x == 0;
     const int nch = (n + 255) / 256;
     const int nw = blockDim.x >> 5;
-    for (int base = warp; base < nch; base += CB * nw) {
-        float4 xa[CB][2], wa[CB][2];
+    // The input (and the norm weight) of chunks base, base + nw, … (CB of them; lane l
+    // holds elements 8l .. 8l+7 of each), loads issued together.
+    auto load = [&](int base, float4 (&xa)[CB][2], float4 (&wa)[CB][2]) {
 #pragma unroll
         for (int k = 0; k < CB; ++k) {
             const int i = (base + k * nw) * 256 + lane * 8;
@@ -683,6 +663,45 @@ __device__ __forceinline__ Act build_act(const GemvParams& P, double* red) {
                 }
             }
         }
+    };
+    float4 xa[CB][2], wa[CB][2];
+    load(warp, xa, wa);
+
+    // RMSNorm scale (f64 sum of f32 squares, as the CPU backend): the warp's first CB
+    // chunks from the registers the quantization then uses (the whole input when
+    // n ≤ 256·CB·warps), any further ones loaded for the sum alone.
+    float scale = 1.f;
+    if (P.norm_w) {
+        double ss = 0.0;
+        auto squares = [&](const float4 (&v)[CB][2]) {
+#pragma unroll
+            for (int k = 0; k < CB; ++k)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    ss += (double)__fmul_rn(v[k][h].x, v[k][h].x) + (double)__fmul_rn(v[k][h].y, v[k][h].y) +
+                          (double)__fmul_rn(v[k][h].z, v[k][h].z) + (double)__fmul_rn(v[k][h].w, v[k][h].w);
+        };
+        squares(xa);
+        for (int base = warp + CB * nw; base < nch; base += CB * nw) {
+            float4 ya[CB][2], yw[CB][2];
+            load(base, ya, yw);
+            squares(ya);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        if (tid == 0) {
+            double t = 0.0;
+            for (int w = 0; w < nw; ++w) t += red[w];
+            red[0] = t;
+        }
+        __syncthreads();
+        const float mean = (float)(red[0] / (double)n);
+        scale = 1.0f / sqrtf(mean + P.eps);
+    }
+    for (int base = warp; base < nch; base += CB * nw) {
+        if (base != warp) load(base, xa, wa);
 #pragma unroll
         for (int k = 0; k < CB; ++k)
             if (base + k * nw < nch) quantize_chunk(P, a, base + k * nw, lane, xa[k], wa[k], scale, write_h);
