@@ -106,23 +106,25 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // after it. Only for grids that can be resident at once: the host launches at most as
 // many blocks as the device has SMs (not a cooperative launch: a device shared with
 // another context's long kernels could delay the last blocks until those finish).
-// counter[0] counts arrivals and is zero between launches; counter[1] is a generation the
-// last block to arrive advances, which releases the others.
+// One word: arrivals in the low 16 bits (zero between launches), a generation above. Thread
+// 0 of each block arrives with a release-acquire add; the last to arrive takes the
+// arrivals back to zero and advances the generation in one release add, and the others
+// wait for the generation to change with acquire loads: two memory round trips after the
+// last arrival, no fences (a block's other threads are ordered by the block barriers).
 __device__ __forceinline__ void grid_sync(u32* counter) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        volatile u32* v = counter;
-        const u32 gen = v[1];
-        __threadfence();
-        if (atomicAdd(counter, 1u) == gridDim.x - 1) {
-            counter[0] = 0u;
-            __threadfence();
-            v[1] = gen + 1;
+        u32 old;
+        asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+        if ((old & 0xFFFFu) == gridDim.x - 1) {
+            asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(counter), "r"(0x10000u - gridDim.x)
+                         : "memory");
         } else {
-            while (v[1] == gen) {
-            }
+            u32 now;
+            do {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(counter) : "memory");
+            } while ((now ^ old) >> 16 == 0);
         }
-        __threadfence();
     }
     __syncthreads();
 }

@@ -288,7 +288,7 @@ struct HcPreArgs {
     const float* fn;     // [(2+n)·n, n·d]
     float* m;            // scratch [(2+n)·n] (hc_pre_one)
     double* partials;    // scratch [blocks, 1 + (2+n)·n]
-    u32* counter;        // [arrivals (zero between launches), generation]
+    u32* counter;        // grid_sync's word: arrivals (zero between launches), generation
     const float* base;
     const float* scale;
     float* out;
@@ -454,7 +454,9 @@ extern "C" __global__ void hc_pre_one(const float* x, const HcPreArgs B) {
     const int n_mix = (2 + B.n) * B.n;
     mix_row(x, B.fn, B.m, B.n * B.d, n_mix, B.norm_eps, 0, blockIdx.x, red);
     __threadfence();
-    if (threadIdx.x == 0) last = atomicAdd(B.counter, 1u) == (u32)n_mix - 1;
+    // The low 16 bits count arrivals (the word is `grid_sync`'s, whose generation may be
+    // set above them).
+    if (threadIdx.x == 0) last = (atomicAdd(B.counter, 1u) & 0xFFFFu) == (u32)n_mix - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();

@@ -1089,9 +1089,9 @@ impl CudaBackend {
                 return Err(bad("hc_pre: fn is not [(2 + N)·N, N·D]"));
             }
             let m = self.scratch_mem("hc_m", n_mix * 4)?;
-            // Arrivals and a generation: `hc_post_pre`'s grid barrier (kernels/common.cuh
-            // `grid_sync`).
-            let counter = self.scratch_mem("hc_counter", 8)?;
+            // Arrivals and a generation in one word: `hc_post_pre`'s grid barrier
+            // (kernels/common.cuh `grid_sync`), `hc_pre_one`'s arrivals.
+            let counter = self.scratch_mem("hc_counter", 4)?;
             let partials =
                 self.scratch_mem("hc_partials", s.d.div_ceil(HC_COLS) * (n_mix + 1) * 8)?;
             let args = HcPreArgs {
