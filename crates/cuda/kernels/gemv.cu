@@ -908,12 +908,14 @@ __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
         }
         E.out[(i64)pair * E.rows + r] = o;
     };
-    if constexpr (TY >= 0) {
+    // Typed gate/up pairs pipeline their rows (experts_gate_up 31.1 → 28.4 µs on the H200);
+    // the down products stay with two rows' loads at once below (pipelined, 20.5 → 21.6 µs).
+    if constexpr (TY >= 0 && PAIR) {
         using U = typename UnitOf<TY>::U;
         constexpr int G = 2;
         const int nb = E.n_in / UnitOf<TY>::BE;
         if (nb % (32 / U::UPB * G) == 0) {
-            pipelined_rows<U, G, PAIR ? 2 : 1>(w0, w1, nb, r0, stride, E.rows, a, lane, emit);
+            pipelined_rows<U, G, 2>(w0, w1, nb, r0, stride, E.rows, a, lane, emit);
             return;
         }
     }
