@@ -15,6 +15,11 @@
 // Epilogues: `+bias`; `acc[r] += value` (the residual add); and for a pair segment
 // (gate, up) `out3[r] = silu(gate)·up`.
 //
+// IQ2_XXS weights decode through tables the block copies into shared memory before its
+// wait (the grid and the sign masks, replicated so that gathers are free of bank
+// conflicts), and the typed expert gate/up kernels issue the next half-row's loads before
+// the current half-row's dots (`pipelined_rows`).
+//
 // One kernel, `gemv`: 8 warps, 2 blocks per SM. Variants that kept more loads in
 // flight (a ring or chunks of units per lane, TMA bulk copies into shared memory) and
 // other block shapes measured slower on the H200 and were removed (docs/benchmarks.md):
@@ -378,11 +383,6 @@ struct UIQ2_XXS {
     }
 };
 
-// Row dots of M matrices (one, or a gate/up pair read together) for one output row:
-// lane l takes units l, l+32, …; as 32 is a multiple of UPB, a lane's unit within its
-// blocks is the same at every step and its block advances by 32/UPB per step, so
-// addresses are a base plus constants. Each group of steps issues all its loads (of
-// every matrix) before the first dot: 4 steps while they last, then 2, then 1.
 // The loads of G steps of M matrices: unit u of blocks b, b + BS, … (BS = 32 / UPB
 // blocks per step) of the row starting at block g0.
 template <class U, int G, int M>
@@ -394,6 +394,11 @@ __device__ __forceinline__ void load_group(U (&x)[M][G], const Planes& w0, const
         for (int k = 0; k < G; ++k) x[m][k].load(m ? w1 : w0, g0 + b + BS * k, u);
 }
 
+// Row dots of M matrices (one, or a gate/up pair read together) for one output row:
+// lane l takes units l, l+32, …; as 32 is a multiple of UPB, a lane's unit within its
+// blocks is the same at every step and its block advances by 32/UPB per step, so
+// addresses are a base plus constants. Each group of steps issues all its loads (of
+// every matrix) before the first dot: 4 steps while they last, then 2, then 1.
 template <class U, int G, int M>
 __device__ __forceinline__ void dot_group(const Planes& w0, const Planes& w1, i64 g0, const Act& a, int i, int u,
                                           float* acc) {
@@ -909,7 +914,8 @@ __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
         E.out[(i64)pair * E.rows + r] = o;
     };
     // Typed gate/up pairs pipeline their rows (experts_gate_up 31.1 → 28.4 µs on the H200);
-    // the down products stay with two rows' loads at once below (pipelined, 20.5 → 21.6 µs).
+    // the down products keep two rows' loads at once below (pipelined they measured
+    // 21.3–21.8 µs against 19.7–20.5).
     if constexpr (TY >= 0 && PAIR) {
         using U = typename UnitOf<TY>::U;
         constexpr int G = 2;
