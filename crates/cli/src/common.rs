@@ -13,7 +13,7 @@ use ds4_cuda::CudaBackend;
 use ds4_engine::generate::GenerateStats;
 use ds4_engine::partition::{self, Attention, Budget, Layout, Plan};
 use ds4_engine::sampler::SamplerParams;
-use ds4_engine::{LoadedModel, human_bytes};
+use ds4_engine::{LoadedModel, Session, human_bytes};
 use ds4_gguf::GgufFile;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -201,7 +201,10 @@ pub fn load_on(args: &ModelArgs) -> Result<Loaded> {
     bar.finish_and_clear();
     // The loader's errors name the file.
     let lm = lm.context("loading the model")?;
-    eprintln!("{}", memory_report(&lm, args.n_ctx(&lm)));
+    // A `--ctx` the model cannot take is refused before the report prices it.
+    let n_ctx = args.n_ctx(&lm);
+    Session::check_ctx(lm.model.info(), n_ctx)?;
+    eprintln!("{}", memory_report(&lm, n_ctx));
     Ok(Loaded { lm, cuda })
 }
 

@@ -9,7 +9,7 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::model::{Cache, Logits, Model};
+use crate::model::{Cache, Logits, Model, ModelInfo};
 use crate::{EngineError, Result};
 
 /// Tokens per prefill call, unless the model prefers otherwise
@@ -71,19 +71,26 @@ pub struct SyncStats {
 }
 
 impl Session {
-    /// A new empty session holding up to `n_ctx` tokens.
-    ///
-    /// Errors: `n_ctx` is 0 or larger than the context the model was trained for
-    /// (`ModelInfo::n_ctx_train`; positions past it are not modelled, and the cache is
-    /// checked before it is allocated, so a mistyped `--ctx` cannot exhaust memory).
-    pub fn new(model: Arc<dyn Model>, n_ctx: usize) -> Result<Self> {
-        let train = model.info().n_ctx_train;
+    /// Whether a session of `n_ctx` tokens is allowed for a model: not 0 and not longer
+    /// than the context it was trained for (`ModelInfo::n_ctx_train`, when known).
+    pub fn check_ctx(info: &ModelInfo, n_ctx: usize) -> Result<()> {
+        let train = info.n_ctx_train;
         if n_ctx == 0 || (train > 0 && n_ctx > train) {
             return Err(EngineError::ContextSize {
                 n_ctx,
                 n_ctx_train: train,
             });
         }
+        Ok(())
+    }
+
+    /// A new empty session holding up to `n_ctx` tokens.
+    ///
+    /// Errors: `n_ctx` is 0 or larger than the context the model was trained for
+    /// (`ModelInfo::n_ctx_train`; positions past it are not modelled, and the cache is
+    /// checked before it is allocated, so a mistyped `--ctx` cannot exhaust memory).
+    pub fn new(model: Arc<dyn Model>, n_ctx: usize) -> Result<Self> {
+        Self::check_ctx(model.info(), n_ctx)?;
         let cache = model.new_cache(n_ctx)?;
         Ok(Session {
             model,

@@ -429,6 +429,8 @@ async fn prompt_over_the_context_and_huge_bodies() {
             .contains("context holds 64"),
         "{v}"
     );
+    // OpenAI's code for it, so that a client can tell it from other invalid requests.
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
     let (status, _, v) = post(
         &format!("{base}/v1/messages"),
         &json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x".repeat(100)}]}),
@@ -461,6 +463,40 @@ async fn prompt_over_the_context_and_huge_bodies() {
     .await;
     assert_eq!(v2["choices"][0]["finish_reason"], "length", "{v2}");
     assert_eq!(v["choices"][0]["message"]["content"], "Hello world");
+    s.shutdown().await.unwrap();
+}
+
+/// A reply that runs into the end of the context says so: `length` for OpenAI (it has no
+/// other reason), `model_context_window_exceeded` for Anthropic (not `max_tokens`, which
+/// would tell the client to raise a limit it did not reach).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reply_cut_by_the_context() {
+    let s = fake_server(
+        FakeConfig {
+            n_ctx: 64,
+            ..FakeConfig::replying(|_| "z".repeat(200))
+        },
+        ServerConfig::default(),
+    )
+    .await;
+    let base = s.base_url();
+    let (status, _, v) = post(
+        &format!("{base}/v1/messages"),
+        &json!({"max_tokens": 500, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["stop_reason"], "model_context_window_exceeded", "{v}");
+    // A reply that ends at max_tokens first is still `max_tokens`.
+    let (_, _, v) = post(
+        &format!("{base}/v1/messages"),
+        &json!({"max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(v["stop_reason"], "max_tokens", "{v}");
+    let (status, _, v) = post(&format!("{base}/v1/chat/completions"), &chat("hi")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
     s.shutdown().await.unwrap();
 }
 

@@ -350,7 +350,8 @@ fn input_object(arguments: &str) -> Value {
 fn stop_reason(r: &FinishReason, tool_use: bool) -> (&'static str, Value) {
     match r {
         FinishReason::StopSequence(s) => ("stop_sequence", json!(s)),
-        FinishReason::Length | FinishReason::ContextFull => ("max_tokens", Value::Null),
+        FinishReason::Length => ("max_tokens", Value::Null),
+        FinishReason::ContextFull => ("model_context_window_exceeded", Value::Null),
         _ if tool_use => ("tool_use", Value::Null),
         FinishReason::Eog | FinishReason::Cancelled => ("end_turn", Value::Null),
     }

@@ -51,6 +51,14 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, message)
     }
 
+    /// 400 for a prompt the context cannot hold (OpenAI's `context_length_exceeded`, so
+    /// that clients can tell it from other invalid requests and trim the conversation).
+    pub fn context_exceeded(message: impl Into<String>) -> Self {
+        let mut e = Self::bad_request(message);
+        e.code = Some("context_length_exceeded");
+        e
+    }
+
     /// 400 about field `param`.
     pub fn invalid_field(param: &str, message: impl Into<String>) -> Self {
         let mut e = Self::bad_request(message);
@@ -207,7 +215,7 @@ impl From<SubmitError> for ApiError {
 impl From<JobError> for ApiError {
     fn from(e: JobError) -> Self {
         match e {
-            JobError::ContextFull { .. } => ApiError::bad_request(e.to_string()),
+            JobError::ContextFull { .. } => ApiError::context_exceeded(e.to_string()),
             JobError::ShuttingDown => ApiError::shutting_down(),
             JobError::Engine(m) => ApiError::internal(m),
         }
