@@ -84,13 +84,15 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
         eps: 1e-6,
         norm_eps: 1e-6,
     };
-    let (n, d) = (s.n, s.d);
-    let (m, nd, ml) = ((2 + n) * n, n * d, s.mix_len());
-    // Three rows, and one (decode: one launch on CUDA).
-    for rows in [3, 1] {
+    // Three rows, and one (decode: one launch on CUDA); 37 rows span three of the CUDA
+    // mix kernel's 16-token tiles; 3 streams of 1001 (13 mix rows, a row length that is
+    // not a multiple of 4) take its unvectorised loads.
+    for (n, d, rows) in [(4, 4096, 3), (4, 4096, 1), (4, 4096, 37), (3, 1001, 20)] {
+        let s = HcShape { n, d, ..s };
+        let (m, nd, ml) = ((2 + n) * n, n * d, s.mix_len());
         r.check(
             "hc_pre",
-            format!("4 streams × 4096, 20 Sinkhorn iterations, {rows} rows"),
+            format!("{n} streams × {d}, 20 Sinkhorn iterations, {rows} rows"),
             |b, rng| {
                 let x = rng.normal(rows * nd, 1.0);
                 let (f, fv) = weight(b, rng, "hc_attn_fn.weight", &[nd, m], GgmlType::F32, 0.02)?;
@@ -120,6 +122,8 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             },
         );
     }
+    let (n, d) = (s.n, s.d);
+    let (nd, ml) = (n * d, s.mix_len());
     r.check("hc_post", "4 streams × 4096, 3 rows", |b, rng| {
         let x = rng.normal(3 * nd, 1.0);
         let y = rng.normal(3 * d, 1.0);

@@ -26,79 +26,176 @@ __device__ __forceinline__ void mix_row(const float* x, const float* fn, float* 
     if (threadIdx.x == 0) m[(i64)t * n_mix + i] = (float)acc;
 }
 
-// Tokens and mix rows per block of `hc_mixes`.
-#define HC_MT 8
-#define HC_MI 8
-static_assert(HC_MT == 8 && HC_MI == 8, "hc_mixes keeps its 64 sums as two warp_sums of 32");
+// `hc_mixes`' tokens and mix rows per block, the columns staged per step and the
+// shared-memory row length (one float of padding keeps column reads conflict-free).
+#define HC_MT 16
+#define HC_MI 24
+#define HC_KC 128
+#define HC_LD (HC_KC + 1)
+static_assert(HC_MT == 16 && HC_MI == 24 && HC_KC == 128,
+              "256 threads: 8 column groups of 16 columns x 32 tiles of 2 tokens x 6 mix rows");
 
-// Grid (ceil(rows/HC_MT), ceil(n_mix/HC_MI)), 256 threads: `mix_row`'s arithmetic for
-// HC_MT tokens and HC_MI mix rows at once, so each fn row is read once per HC_MT tokens
-// and each token's rms once per HC_MI rows (one block per (token, row) read the token
-// and the row for every pair). Each thread sums the same columns in the same order as
-// `mix_row`'s, the warps' sums are `warp_sums`' (warp_sum's, bit for bit) and the block's
-// the warps' in order (block_sum_d's): the mixes are mix_row's, bit for bit.
-extern "C" __global__ void __launch_bounds__(256) hc_mixes(const float* x, const float* fn, float* m, int rows,
-                                                          int nd, int n_mix, float eps) {
-    __shared__ double red[8][2 * 32];
-    __shared__ float rs[HC_MT];
+// r[t] = 1/sqrt(mean(x_t²) + eps) (the sum in double), one block per token.
+extern "C" __global__ void __launch_bounds__(256) hc_rms(const float* x, float* r, int nd, float eps) {
+    __shared__ double red[8];
     pdl_wait();
     pdl_trigger();
+    const float* xt = x + (i64)blockIdx.x * nd;
+    double ss = 0.0;
+    if ((nd & 3) == 0 && ((u64)xt & 15) == 0) {
+        const float4* x4 = reinterpret_cast<const float4*>(xt);
+#pragma unroll 8
+        for (int c = threadIdx.x; c < nd >> 2; c += blockDim.x) {
+            const float4 v = x4[c];
+            ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        }
+    } else {
+        for (int c = threadIdx.x; c < nd; c += blockDim.x) ss += (double)xt[c] * (double)xt[c];
+    }
+    ss = block_sum_d(ss, red);
+    if (threadIdx.x == 0) {
+        const float mean = (float)(ss / (double)nd);
+        r[blockIdx.x] = __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, eps)));
+    }
+}
+
+// Loads the HC_KC columns from c0 (below c1) of `rows` rows (ld floats apart) into
+// v[0..PER): thread slot s = threadIdx.x + 256·k holds row s / 32, columns 4·(s % 32)..+3;
+// rows at or past `rows` and columns at or past c1 read as zero.
+template <int PER>
+__device__ __forceinline__ void hc_chunk_load(float4 (&v)[PER], const float* base, int rows, int nd, int c0, int c1,
+                                              bool vec) {
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+        const int s = threadIdx.x + 256 * k, row = s >> 5, c = c0 + 4 * (s & 31);
+        float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (row < rows) {
+            const float* p = base + (i64)row * nd + c;
+            if (vec && c + 3 < c1)
+                t = *reinterpret_cast<const float4*>(p);
+            else {
+                if (c < c1) t.x = p[0];
+                if (c + 1 < c1) t.y = p[1];
+                if (c + 2 < c1) t.z = p[2];
+                if (c + 3 < c1) t.w = p[3];
+            }
+        }
+        v[k] = t;
+    }
+}
+
+// Grid (ceil(rows/HC_MT), ceil(n_mix/HC_MI), splits), 256 threads: m[t, i] = Σ_c fn[i, c]
+// · round(x[t, c] · r_t), the products summed in double — `mix_row`'s arithmetic in
+// another order of the double sums (the f32 mixes equal mix_row's unless the two double
+// sums round to different floats). Block z takes the columns of steps z·steps.. of its
+// token tile; x and fn pass through shared memory HC_KC columns at a time, the next
+// step's loads in flight while the current one multiplies. Warp g sums columns
+// 16g..16g+15 of each step; its lane holds two tokens × six mix rows; the eight warps'
+// sums are added in order. With several splits each writes its sums in double and the
+// last to arrive adds them in split order, so the result does not depend on the timing.
+// r: `hc_rms`'s; part: splits × rows × n_mix (splits > 1); count: per (token tile, mix
+// tile), the splits arrived (zero between launches); steps: HC_KC-column steps per split.
+extern "C" __global__ void __launch_bounds__(256) hc_mixes(const float* x, const float* r, const float* fn, float* m,
+                                                          double* part, u32* count, int rows, int nd, int n_mix,
+                                                          int steps) {
+    __shared__ float xs[HC_MT][HC_LD];
+    __shared__ float fs[HC_MI][HC_LD];
+    __shared__ float rs[HC_MT];
+    __shared__ double red[8][HC_MT * HC_MI];
+    __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int t0 = blockIdx.x * HC_MT, i0 = blockIdx.y * HC_MI;
     const int nt = min(HC_MT, rows - t0), ni = min(HC_MI, n_mix - i0);
+    const int c_lo = blockIdx.z * steps * HC_KC, c_hi = min(nd, c_lo + steps * HC_KC);
     const float* xb = x + (i64)t0 * nd;
-    // 1 / rms of each token.
-    double ss[HC_MT];
-#pragma unroll
-    for (int u = 0; u < HC_MT; ++u) ss[u] = 0.0;
-#pragma unroll 4
-    for (int c = threadIdx.x; c < nd; c += blockDim.x)
-#pragma unroll
-        for (int u = 0; u < HC_MT; ++u)
-            if (u < nt) {
-                const double v = (double)xb[(i64)u * nd + c];
-                ss[u] += v * v;
-            }
-    const double sw = warp_sums(ss, lane);  // token lane / 4
-    if ((lane & 3) == 0) red[warp][lane >> 2] = sw;
+    const float* fb = fn + (i64)i0 * nd;
+    const bool vec = (nd & 3) == 0 && ((u64)x & 15) == 0 && ((u64)fn & 15) == 0;
+    // fn is a weight: its first step is loaded before the wait for the previous kernel.
+    float4 fv[3], xv[2];
+    hc_chunk_load(fv, fb, ni, nd, c_lo, c_hi, vec);
+    pdl_wait();
+    pdl_trigger();
+    if (threadIdx.x < HC_MT) rs[threadIdx.x] = threadIdx.x < nt ? r[t0 + threadIdx.x] : 0.f;
+    hc_chunk_load(xv, xb, nt, nd, c_lo, c_hi, vec);
     __syncthreads();
-    if (threadIdx.x < nt) {
-        double t = 0.0;
-        for (int k = 0; k < (int)(blockDim.x >> 5); ++k) t += red[k][threadIdx.x];
-        const float mean = (float)(t / (double)nd);
-        rs[threadIdx.x] = __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, eps)));
-    }
-    __syncthreads();
-    float r[HC_MT];
+    const int tp = lane >> 2, mg = lane & 3;  // tokens 2·tp, 2·tp + 1; mix rows 6·mg..+5
+    double acc[2][6];
 #pragma unroll
-    for (int u = 0; u < HC_MT; ++u) r[u] = u < nt ? rs[u] : 0.f;
-    // acc[u / 4][(u % 4)·HC_MI + i]: token u, mix row i.
-    double acc[2][32];
+    for (int a = 0; a < 2; ++a)
 #pragma unroll
-    for (int v = 0; v < 32; ++v) acc[0][v] = acc[1][v] = 0.0;
-    // Two columns' loads in flight per thread (178 registers: one block per SM).
-#pragma unroll 2
-    for (int c = threadIdx.x; c < nd; c += blockDim.x) {
-        double xr[HC_MT];
+        for (int j = 0; j < 6; ++j) acc[a][j] = 0.0;
+    for (int c0 = c_lo; c0 < c_hi; c0 += HC_KC) {
+        // Store the loaded step (x scaled by its token's r, rounded as the reference's
+        // normalised input), then issue the next step's loads.
 #pragma unroll
-        for (int u = 0; u < HC_MT; ++u) xr[u] = u < nt ? (double)__fmul_rn(xb[(i64)u * nd + c], r[u]) : 0.0;
-#pragma unroll
-        for (int i = 0; i < HC_MI; ++i) {
-            if (i >= ni) break;
-            const double f = (double)fn[(i64)(i0 + i) * nd + c];
-#pragma unroll
-            for (int u = 0; u < HC_MT; ++u) acc[u / 4][(u % 4) * HC_MI + i] += f * xr[u];
+        for (int k = 0; k < 2; ++k) {
+            const int s = threadIdx.x + 256 * k, row = s >> 5, c = 4 * (s & 31);
+            const float rt = rs[row];
+            xs[row][c] = __fmul_rn(xv[k].x, rt);
+            xs[row][c + 1] = __fmul_rn(xv[k].y, rt);
+            xs[row][c + 2] = __fmul_rn(xv[k].z, rt);
+            xs[row][c + 3] = __fmul_rn(xv[k].w, rt);
         }
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            const int s = threadIdx.x + 256 * k, row = s >> 5, c = 4 * (s & 31);
+            fs[row][c] = fv[k].x;
+            fs[row][c + 1] = fv[k].y;
+            fs[row][c + 2] = fv[k].z;
+            fs[row][c + 3] = fv[k].w;
+        }
+        __syncthreads();
+        if (c0 + HC_KC < c_hi) {
+            hc_chunk_load(xv, xb, nt, nd, c0 + HC_KC, c_hi, vec);
+            hc_chunk_load(fv, fb, ni, nd, c0 + HC_KC, c_hi, vec);
+        }
+#pragma unroll 4
+        for (int cc = 0; cc < 16; ++cc) {
+            const int c = 16 * warp + cc;
+            const double x0 = (double)xs[2 * tp][c], x1 = (double)xs[2 * tp + 1][c];
+#pragma unroll
+            for (int j = 0; j < 6; ++j) {
+                const double f = (double)fs[6 * mg + j][c];
+                acc[0][j] += f * x0;
+                acc[1][j] += f * x1;
+            }
+        }
+        __syncthreads();
     }
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int j = 0; j < 6; ++j) red[warp][(2 * tp + a) * HC_MI + 6 * mg + j] = acc[a][j];
     __syncthreads();
-    red[warp][lane] = warp_sums(acc[0], lane);
-    red[warp][32 + lane] = warp_sums(acc[1], lane);
-    __syncthreads();
-    if (threadIdx.x < 2 * 32) {
-        const int v = threadIdx.x, u = v / 32 * 4 + v % 32 / HC_MI, i = v % HC_MI;
+    const int splits = gridDim.z;
+    for (int v = threadIdx.x; v < HC_MT * HC_MI; v += blockDim.x) {
+        const int u = v / HC_MI, i = v % HC_MI;
         double t = 0.0;
-        for (int k = 0; k < (int)(blockDim.x >> 5); ++k) t += red[k][v];
-        if (u < nt && i < ni) m[(i64)(t0 + u) * n_mix + i0 + i] = (float)t;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) t += red[k][v];
+        if (u >= nt || i >= ni) continue;
+        const i64 o = (i64)(t0 + u) * n_mix + i0 + i;
+        if (splits == 1)
+            m[o] = (float)t;
+        else
+            part[(i64)blockIdx.z * rows * n_mix + o] = t;
+    }
+    if (splits == 1) return;
+    __threadfence();
+    __syncthreads();
+    u32* cnt = count + blockIdx.x * gridDim.y + blockIdx.y;
+    if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == (u32)splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) *cnt = 0u;
+    for (int v = threadIdx.x; v < HC_MT * HC_MI; v += blockDim.x) {
+        const int u = v / HC_MI, i = v % HC_MI;
+        if (u >= nt || i >= ni) continue;
+        const i64 o = (i64)(t0 + u) * n_mix + i0 + i;
+        double t = 0.0;
+        for (int z = 0; z < splits; ++z) t += __ldcg(part + (i64)z * rows * n_mix + o);
+        m[o] = (float)t;
     }
 }
 
@@ -445,7 +542,7 @@ extern "C" __global__ void __launch_bounds__(HC_COLS) hc_post_pre(const HcPostAr
 }
 
 // One token's pre (decode) in one launch: block i computes mix row i; the last block to
-// finish runs `pre_finish`. The same arithmetic as `hc_mixes` + `hc_pre_finish`.
+// finish runs `pre_finish`. The arithmetic of `hc_mixes` + `hc_pre_finish`.
 extern "C" __global__ void hc_pre_one(const float* x, const HcPreArgs B) {
     __shared__ double red[32];
     __shared__ bool last;

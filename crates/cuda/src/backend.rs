@@ -546,7 +546,7 @@ impl CudaBackend {
         n_tok: usize,
     ) -> Result<()> {
         let profile = self.profile.load(Ordering::Relaxed);
-        let n_launch = cmds.iter().filter(|c| matches!(c, Cmd::Launch(_))).count();
+        let n_launch = cmds.len();
         if profile {
             while st.profile_events.len() < 2 * n_launch {
                 st.profile_events.push(self.gpu.event()?);
@@ -555,22 +555,20 @@ impl CudaBackend {
         let mut launches = 0;
         let mut timed = Vec::new();
         for (c, &region) in cmds.iter().zip(regions) {
-            match c {
+            if profile {
+                st.profile_events[2 * timed.len()].record()?;
+            }
+            let (label, bytes) = match c {
                 Cmd::Launch(l) => {
-                    if profile {
-                        st.profile_events[2 * timed.len()].record()?;
-                    }
                     self.gpu
                         .launch(l.f, l.grid, l.block, l.smem, &l.args, pdl && !profile)?;
-                    if profile {
-                        st.profile_events[2 * timed.len() + 1].record()?;
-                        timed.push((region, l.label, l.bytes));
-                    }
                     launches += 1;
+                    (l.label, l.bytes)
                 }
                 Cmd::Gemm { w, x, rows, out } => {
-                    self.gemm(st, w, *x, *rows as usize, *out, pdl)?;
+                    self.gemm(st, w, *x, *rows as usize, *out, pdl && !profile)?;
                     launches += 3;
+                    ("quantized_gemm", 0)
                 }
                 Cmd::Sgemm(g) => {
                     if st.blas.is_none() {
@@ -579,7 +577,12 @@ impl CudaBackend {
                     st.blas.as_ref().expect("created").sgemm(g)?;
                     st.stats.gemms += 1;
                     launches += 1;
+                    ("cublas_sgemm", 0)
                 }
+            };
+            if profile {
+                st.profile_events[2 * timed.len() + 1].record()?;
+                timed.push((region, label, bytes));
             }
         }
         if profile {

@@ -160,6 +160,7 @@ pub const SOURCES: &[Source] = &[
         file: "mhc.cu",
         text: include_str!("../kernels/mhc.cu"),
         kernels: &[
+            "hc_rms",
             "hc_mixes",
             "hc_pre_finish",
             "hc_pre_one",

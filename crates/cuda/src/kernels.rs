@@ -65,6 +65,7 @@ pub struct Kernels {
     /// `[gate_up, down]` tensor-core expert kernels for IQ2_XXS and Q2_K weights
     /// (`MMA_TYPES`).
     pub moe_mma_typed: [[Func; 2]; 2],
+    pub hc_rms: Func,
     pub hc_mixes: Func,
     pub hc_pre_finish: Func,
     pub hc_pre_one: Func,
@@ -237,6 +238,7 @@ impl Kernels {
                 ],
                 [get("moe_mma_gate_up_q2_k")?, get("moe_mma_down_q2_k")?],
             ],
+            hc_rms: get("hc_rms")?,
             hc_mixes: get("hc_mixes")?,
             hc_pre_finish: get("hc_pre_finish")?,
             hc_pre_one: get("hc_pre_one")?,
@@ -364,6 +366,7 @@ impl Kernels {
             moe_mma_gate_up: f(),
             moe_mma_down: f(),
             moe_mma_typed: [[f(), f()], [f(), f()]],
+            hc_rms: f(),
             hc_mixes: f(),
             hc_pre_finish: f(),
             hc_pre_one: f(),

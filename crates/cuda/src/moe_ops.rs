@@ -146,9 +146,11 @@ const MMA_MIN_ROWS: usize = 16;
 
 /// Float products of at least this many tokens (f32 policy) run as cuBLAS f32 GEMMs.
 const SGEMM_MIN_ROWS: usize = 16;
-/// `hc_mixes`' tokens and mix rows per block (kernels/mhc.cu: HC_MT, HC_MI).
-const HC_MIX_TOKENS: usize = 8;
-const HC_MIX_ROWS: usize = 8;
+/// `hc_mixes`' tokens and mix rows per block and columns per step (kernels/mhc.cu: HC_MT,
+/// HC_MI, HC_KC).
+const HC_MIX_TOKENS: usize = 16;
+const HC_MIX_ROWS: usize = 24;
+const HC_MIX_COLS: usize = 128;
 /// MLA prefill with a selection runs as dense GEMMs with a masked softmax while the
 /// context is at most this many times the selected tokens (see `mla_op`).
 const MLA_DENSE_SELECTED: usize = 8;
@@ -1025,7 +1027,10 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// `m = fn · (x / rms(x))` per token into scratch `key` (`[rows, m_rows]`).
+    /// `m = fn · (x / rms(x))` per token into scratch `key` (`[rows, m_rows]`): `hc_rms`,
+    /// then `hc_mixes` with its columns split over enough blocks for two per SM (the
+    /// splits' double sums are added in a fixed order: the result depends on the shape,
+    /// never on timing).
     fn hc_mixes(
         &self,
         x: &CudaBuf,
@@ -1041,26 +1046,45 @@ impl CudaBackend {
         }
         let n_mix = len / nd;
         let m = self.scratch_mem(key, rows * n_mix * 4)?;
+        let r = self.scratch_mem("hc_rms", rows * 4)?;
+        let xp = self.buf_of(x, rows * nd, "hc")?;
         let mut a = KArgs::default();
-        a.push(self.buf_of(x, rows * nd, "hc")?)
+        a.push(xp).push(r.ptr()).push(nd as i32).push(s.norm_eps);
+        self.launch_op(Launch {
+            f: self.k.hc_rms,
+            grid: (rows as u32, 1, 1),
+            block: 256,
+            smem: 0,
+            args: a,
+            label: "hc_rms",
+            keep: vec![&x.mem, &r],
+        });
+        let tiles = (rows.div_ceil(HC_MIX_TOKENS), n_mix.div_ceil(HC_MIX_ROWS));
+        let n_steps = nd.div_ceil(HC_MIX_COLS);
+        let want = (2 * self.gpu.n_sm as usize).div_ceil(tiles.0 * tiles.1);
+        let steps = n_steps.div_ceil(want.clamp(1, n_steps));
+        let splits = n_steps.div_ceil(steps);
+        let part = self.scratch_mem("hc_mix_part", splits * rows * n_mix * 8)?;
+        let count = self.scratch_mem("hc_mix_count", tiles.0 * tiles.1 * 4)?;
+        let mut a = KArgs::default();
+        a.push(xp)
+            .push(r.ptr())
             .push(fm.ptr())
             .push(m.ptr())
+            .push(part.ptr())
+            .push(count.ptr())
             .push(rows as i32)
             .push(nd as i32)
             .push(n_mix as i32)
-            .push(s.norm_eps);
+            .push(steps as i32);
         self.launch_op(Launch {
             f: self.k.hc_mixes,
-            grid: (
-                rows.div_ceil(HC_MIX_TOKENS) as u32,
-                n_mix.div_ceil(HC_MIX_ROWS) as u32,
-                1,
-            ),
+            grid: (tiles.0 as u32, tiles.1 as u32, splits as u32),
             block: 256,
             smem: 0,
             args: a,
             label: "hc_mixes",
-            keep: vec![&x.mem, fm, &m],
+            keep: vec![&x.mem, &r, fm, &m, &part, &count],
         });
         Ok((m, n_mix))
     }
