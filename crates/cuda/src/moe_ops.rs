@@ -135,9 +135,10 @@ struct MoeMma {
     lim: f32,
 }
 
-/// `moe_mma.cu`'s tile sizes (pairs × matrix rows) and its expert limit.
+/// `moe_mma.cu`'s tile sizes (pairs; gate/up and down matrix rows) and expert limit.
 const MM_TM: usize = 64;
-const MM_TN: usize = 64;
+const MM_TN_GATE_UP: usize = 64;
+const MM_TN_DOWN: usize = 128;
 const MM_MAX_E: usize = 1024;
 
 /// Steps of at least this many tokens run quantized experts on tensor cores, grouped by
@@ -791,6 +792,24 @@ impl CudaBackend {
                         label: "experts_sort",
                         keep: vec![&ids.mem, &sorted],
                     });
+                    // The tokens in bf16 once (the products' input precision) rather
+                    // than by every block that reads them.
+                    let xb = self.scratch_mem("moe_x_bf16", rows * d * 2)?;
+                    let mut a = KArgs::default();
+                    a.push(xp).push(xb.ptr()).push((rows * d) as i64);
+                    self.launch_op(Launch {
+                        f: self.k.f32_to_bf16,
+                        grid: (
+                            (rows * d).div_ceil(256).min(self.gpu.n_sm as usize * 16) as u32,
+                            1,
+                            1,
+                        ),
+                        block: 256,
+                        smem: 0,
+                        args: a,
+                        label: "experts_x_bf16",
+                        keep: vec![&x.mem, &xb],
+                    });
                     let tiles = (pairs.div_ceil(MM_TM) + n_expert) as u32;
                     let mm = |w: &MatRef,
                               ws: &[u64; 4],
@@ -820,17 +839,17 @@ impl CudaBackend {
                     let gate_up_ty = if g.ty == u.ty { g.ty as u32 } else { u32::MAX };
                     self.launch_op(Launch {
                         f: self.k.moe_mma_for::<false>(gate_up_ty),
-                        grid: (ff.div_ceil(MM_TN) as u32, tiles, 1),
+                        grid: (ff.div_ceil(MM_TN_GATE_UP) as u32, tiles, 1),
                         block: 128,
                         smem: 0,
-                        args: Self::args(mm(g, gs, u, us, xp, h.ptr(), d, ff)),
+                        args: Self::args(mm(g, gs, u, us, xb.ptr(), h.ptr(), d, ff)),
                         label: "experts_gate_up_mma",
-                        keep: vec![gm, um, &x.mem, &sorted, &h],
+                        keep: vec![gm, um, &xb, &sorted, &h],
                     });
                     self.launch_op(Launch {
                         f: self.k.moe_mma_for::<true>(dmat.ty as u32),
-                        grid: (d.div_ceil(MM_TN) as u32, tiles, 1),
-                        block: 128,
+                        grid: (d.div_ceil(MM_TN_DOWN) as u32, tiles, 1),
+                        block: 256,
                         smem: 0,
                         args: Self::args(mm(dmat, ds, dmat, ds, h.ptr(), y.ptr(), ff, d)),
                         label: "experts_down_mma",
