@@ -175,7 +175,8 @@ constexpr int mm_xv = MM_TM * MM_KC / mm_threads<PAIR>;
 
 // What one thread stages for one K step: mm_xv activations (zeros past the pairs) and,
 // for a typed kernel, the raw weights of its half rows (PAIR: both halves of one gate or
-// up row; else one half of a down row).
+// up row; else one half of a down row). A generic kernel (TY < 0) leaves `w` unused: it
+// dequantizes from global memory when it stores the step.
 template <bool PAIR, int TY>
 struct Stage {
     uint4 x[mm_xv<PAIR> / 8];
