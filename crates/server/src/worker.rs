@@ -88,10 +88,13 @@ pub enum FinishReason {
 }
 
 impl FinishReason {
-    /// Whether the answer was cut short (token limit or full context), possibly in
-    /// the middle of a tool call.
+    /// Whether the answer was cut short (token limit, full context or a stop sequence),
+    /// possibly in the middle of a tool call.
     pub fn is_cut(&self) -> bool {
-        matches!(self, FinishReason::Length | FinishReason::ContextFull)
+        matches!(
+            self,
+            FinishReason::Length | FinishReason::ContextFull | FinishReason::StopSequence(_)
+        )
     }
 }
 

@@ -189,3 +189,103 @@ async fn count_tokens_and_stop_sequences() {
     common::assert_anthropic_error(&v, "invalid_request_error");
     s.shutdown().await.unwrap();
 }
+
+/// A stop sequence that matches inside a tool call cuts the answer like `max_tokens`
+/// does: not streamed, the unfinished call comes back as text, never as a `tool_use`
+/// with invented input; streamed, its deltas have gone out, and the stop reason says
+/// `stop_sequence`, not `tool_use`. `disable_parallel_tool_use` keeps one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_sequence_inside_a_call_cuts_it() {
+    let s = fake_server(model(), ServerConfig::default()).await;
+    let url = format!("{}/v1/messages", s.base_url());
+    let tools = json!([{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let req = json!({"max_tokens": 200, "tools": tools, "stop_sequences": ["Paris"],
+                     "messages": [{"role": "user", "content": "Weather?"}]});
+    let (_, _, v) = post(&url, &req).await;
+    assert_eq!(v["stop_reason"], "stop_sequence", "{v}");
+    let blocks = v["content"].as_array().unwrap();
+    assert!(blocks.iter().all(|b| b["type"] != "tool_use"), "{v}");
+    let text = first_of_type(&v["content"], "text");
+    assert_eq!(
+        text["text"], "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"",
+        "{v}"
+    );
+    let mut streamed_req = req.clone();
+    streamed_req["stream"] = json!(true);
+    let (_, events, _) = post_sse(&url, &streamed_req).await;
+    let j: Vec<Value> = events.iter().map(|e| e.json()).collect();
+    assert_eq!(j[j.len() - 2]["delta"]["stop_reason"], "stop_sequence");
+
+    // One call at most: the toy model's answer is two calls.
+    let two = FakeConfig::replying(|_| format!("{CALL}\n{CALL}"));
+    let s2 = fake_server(two, ServerConfig::default()).await;
+    let url2 = format!("{}/v1/messages", s2.base_url());
+    let mut req = json!({"max_tokens": 200, "tools": tools, "messages": [{"role": "user", "content": "Weather?"}]});
+    let (_, _, v) = post(&url2, &req).await;
+    let calls = |v: &Value| {
+        v["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["type"] == "tool_use")
+            .count()
+    };
+    assert_eq!(calls(&v), 2, "{v}");
+    req["tool_choice"] = json!({"type": "auto", "disable_parallel_tool_use": true});
+    let (_, _, v) = post(&url2, &req).await;
+    assert_eq!(calls(&v), 1, "{v}");
+    s.shutdown().await.unwrap();
+    s2.shutdown().await.unwrap();
+}
+
+/// Server tools (web search, …) and content blocks the server cannot read are refused
+/// with a 400 naming them, not dropped; the client-executed bash and text_editor tools,
+/// which come without a schema, are described to the model with their inputs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_and_blocks_it_cannot_serve_are_refused() {
+    let s = fake_server(model(), ServerConfig::default()).await;
+    let base = s.base_url();
+    let msg = json!([{"role": "user", "content": "Hi"}]);
+    let (status, _, v) = post(
+        &format!("{base}/v1/messages"),
+        &json!({"max_tokens": 5, "messages": msg,
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}]}),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    common::assert_anthropic_error(&v, "invalid_request_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("'web_search_20250305'"),
+        "{v}"
+    );
+    let (status, _, v) = post(&format!("{base}/v1/messages"), &json!({"max_tokens": 5,
+        "messages": [{"role": "user", "content": [{"type": "search_result", "source": "x", "title": "t", "content": []}]}]})).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("'search_result'"),
+        "{v}"
+    );
+    let mut counts = Vec::new();
+    for tools in [
+        json!([]),
+        json!([{"type": "bash_20250124", "name": "bash"}]),
+        json!([{"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"}]),
+    ] {
+        let url = format!("{base}/v1/messages/count_tokens");
+        let (status, _, v) = post(&url, &json!({"messages": msg, "tools": tools})).await;
+        assert_eq!(status, 200, "{v}");
+        counts.push(v["input_tokens"].as_u64().unwrap());
+    }
+    let [bare, with_bash, with_editor] = counts[..] else {
+        unreachable!()
+    };
+    assert!(with_bash > bare + 20, "{bare} {with_bash}");
+    assert!(with_editor > with_bash, "{with_bash} {with_editor}");
+    s.shutdown().await.unwrap();
+}

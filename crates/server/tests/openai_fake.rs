@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{fake_server, first_of_type, pieces, post, post_sse, streamed};
+use common::{assert_openai_error, fake_server, first_of_type, pieces, post, post_sse, streamed};
 use ds4_http::ServerConfig;
 use ds4_http::fake::{FakeConfig, last_user_message};
 use serde_json::{Value, json};
@@ -425,11 +425,49 @@ async fn responses_answer_and_stream() {
     s.shutdown().await.unwrap();
 }
 
+/// A stop sequence that matches inside a tool call cuts the answer: not streamed, the
+/// unfinished call is text and the finish reason `stop`; streamed, its deltas have gone
+/// out, and the finish reason is still `stop`, never `tool_calls` for a broken call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_sequence_inside_a_call_cuts_it() {
+    let s = fake_server(tool_model(true), ServerConfig::default()).await;
+    let url = format!("{}/v1/chat/completions", s.base_url());
+    let body = json!({"messages": [{"role": "user", "content": "Weather?"}], "tools": weather_tools(), "stop": ["unit"]});
+    let (_, _, v) = post(&url, &body).await;
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{v}");
+    assert!(choice["message"]["tool_calls"].is_null(), "{v}");
+    assert_eq!(
+        choice["message"]["content"],
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"",
+        "{v}"
+    );
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let (_, events, _) = post_sse(&url, &streamed_body).await;
+    let finish = events.iter().rev().find_map(|e| {
+        e.json()["choices"][0]["finish_reason"]
+            .as_str()
+            .map(String::from)
+    });
+    assert_eq!(finish.as_deref(), Some("stop"));
+    s.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_function_calls() {
     let s = fake_server(tool_model(true), ServerConfig::default()).await;
     let url = format!("{}/v1/responses", s.base_url());
     let tools = json!([{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    // Tools other than functions (Codex's custom `apply_patch`, hosted tools) are refused.
+    for other in [
+        json!({"type": "custom", "name": "apply_patch", "description": "Patch files"}),
+        json!({"type": "web_search"}),
+    ] {
+        let (status, _, v) = post(&url, &json!({"input": "Hi", "tools": [other]})).await;
+        assert_eq!(status, 400, "{v}");
+        assert_openai_error(&v);
+    }
     let (_, _, v) = post(&url, &json!({"input": "Weather?", "tools": tools})).await;
     let call = first_of_type(&v["output"], "function_call");
     assert_eq!(call["name"], "get_weather");

@@ -422,14 +422,13 @@ async fn prompt_over_the_context_and_huge_bodies() {
     .await;
     assert_eq!(status, 400);
     assert_openai_error(&v);
+    // OpenAI's code and wording for it, so that a client can tell it from other invalid
+    // requests and trim the conversation.
+    let message = v["error"]["message"].as_str().unwrap();
     assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("context holds 64"),
+        message.starts_with("This model's maximum context length is 64 tokens"),
         "{v}"
     );
-    // OpenAI's code for it, so that a client can tell it from other invalid requests.
     assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
     let (status, _, v) = post(
         &format!("{base}/v1/messages"),
@@ -438,6 +437,10 @@ async fn prompt_over_the_context_and_huge_bodies() {
     .await;
     assert_eq!(status, 400);
     assert_anthropic_error(&v, "invalid_request_error");
+    // Anthropic's wording (what Claude Code and LiteLLM match).
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("prompt is too long: "), "{v}");
+    assert!(message.contains(" tokens > 63 maximum"), "{v}");
     // A 50 MB body (the default limit is 32 MiB).
     let big = format!(
         "{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}",

@@ -155,7 +155,14 @@ fn conversation_messages(
                     ..Default::default()
                 }),
                 kind @ ("image" | "document" | "audio") => return Err(unsupported(kind, &at)),
-                other => tracing::warn!("ignoring content block of type '{other}'"),
+                other => {
+                    return Err(ApiError::invalid_field(
+                        &format!("{at}.type"),
+                        format!(
+                            "content blocks of type '{other}' are not supported (text, thinking, redacted_thinking, tool_use and tool_result are)"
+                        ),
+                    ));
+                }
             }
         }
         if role == "assistant" {
@@ -177,23 +184,62 @@ fn conversation_messages(
     Ok(out)
 }
 
-/// Anthropic tools (`{name, description, input_schema}`) in chat form; server tools
-/// (no `input_schema`) are skipped.
+/// The input schema and description of Anthropic's client-executed tools that come
+/// without one (`bash_*`, `text_editor_*`: the client runs them, the model must be told
+/// their inputs), after Anthropic's documentation of their parameters.
+fn builtin_tool(ty: &str) -> Option<(Value, &'static str)> {
+    if ty.starts_with("bash_") {
+        return Some((
+            json!({"type": "object", "properties": {
+                "command": {"type": "string", "description": "The shell command to run."},
+                "restart": {"type": "boolean", "description": "Restart the shell session."}},
+            }),
+            "Runs a shell command in a persistent bash session and returns its output.",
+        ));
+    }
+    if ty.starts_with("text_editor_") {
+        return Some((
+            json!({"type": "object", "properties": {
+                "command": {"type": "string", "enum": ["view", "create", "str_replace", "insert", "undo_edit"]},
+                "path": {"type": "string", "description": "Absolute path of the file or directory."},
+                "file_text": {"type": "string", "description": "create: the new file's text."},
+                "old_str": {"type": "string", "description": "str_replace: the exact text to replace."},
+                "new_str": {"type": "string", "description": "str_replace, insert: the new text."},
+                "insert_line": {"type": "integer", "description": "insert: the line after which to insert."},
+                "view_range": {"type": "array", "items": {"type": "integer"}, "description": "view: [first, last] lines."}},
+              "required": ["command", "path"]}),
+            "Views, creates and edits text files.",
+        ));
+    }
+    None
+}
+
+/// Anthropic tools (`{name, description, input_schema}`) in chat form, and the
+/// client-executed `bash` and `text_editor` tools with their documented inputs. Server
+/// tools (web search, web fetch, code execution, …) are refused: this server runs no
+/// tools, and a request that relies on one must not get an answer made without it.
 fn chat_tools(tools: Option<Vec<Value>>) -> Result<Vec<Value>, ApiError> {
     let mut out = Vec::new();
     for (i, t) in tools.unwrap_or_default().into_iter().enumerate() {
-        let Some(schema) = t.get("input_schema") else {
-            tracing::warn!(
-                "ignoring tool {i}: only client tools with an input_schema are supported"
-            );
-            continue;
-        };
         let name = t.get("name").and_then(Value::as_str).ok_or_else(|| {
             ApiError::invalid_field(&format!("tools[{i}].name"), "a tool needs a `name`")
         })?;
+        let ty = t.get("type").and_then(Value::as_str).unwrap_or("custom");
+        let (schema, description) = match (t.get("input_schema"), builtin_tool(ty)) {
+            (Some(s), _) => (s.clone(), t.get("description").cloned()),
+            (None, Some((s, d))) => (s, Some(json!(d))),
+            (None, None) => {
+                return Err(ApiError::invalid_field(
+                    &format!("tools[{i}]"),
+                    format!(
+                        "tool '{name}' of type '{ty}' is not supported: this server runs no server tools; client tools need an `input_schema` (the bash and text_editor tools are known without one)"
+                    ),
+                ));
+            }
+        };
         let mut f = json!({"name": name, "parameters": schema});
-        if let Some(d) = t.get("description") {
-            f["description"] = d.clone();
+        if let Some(d) = description {
+            f["description"] = d;
         }
         out.push(json!({"type": "function", "function": f}));
     }
@@ -265,6 +311,14 @@ pub async fn messages(
     let Some(max_tokens) = max_tokens_field("max_tokens", req.max_tokens)? else {
         return Err(ApiError::invalid_field("max_tokens", "`max_tokens` is required").into());
     };
+    // Anthropic's own switch for one call at most.
+    let single_tool_call = single_tool_call
+        || req
+            .tool_choice
+            .as_ref()
+            .and_then(|c| c.get("disable_parallel_tool_use"))
+            .and_then(Value::as_bool)
+            == Some(true);
     let plan = render(&state, conversation(&mut req, single_tool_call)?).await?;
     let id = new_id("msg_");
     let parser = plan.parser();

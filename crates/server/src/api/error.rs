@@ -32,6 +32,8 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Seconds for the `Retry-After` header.
     pub retry_after: Option<u64>,
+    /// The message in Anthropic's wording, where it differs.
+    pub anthropic_message: Option<String>,
 }
 
 impl ApiError {
@@ -43,6 +45,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            anthropic_message: None,
         }
     }
 
@@ -51,11 +54,21 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, message)
     }
 
-    /// 400 for a prompt the context cannot hold (OpenAI's `context_length_exceeded`, so
-    /// that clients can tell it from other invalid requests and trim the conversation).
-    pub fn context_exceeded(message: impl Into<String>) -> Self {
-        let mut e = Self::bad_request(message);
+    /// 400 for a prompt of `prompt_tokens` that a context of `n_ctx` cannot hold (with
+    /// room for one generated token), in each API's wording — OpenAI's code
+    /// `context_length_exceeded` and "maximum context length", Anthropic's "prompt is too
+    /// long: N tokens > M maximum" — which clients (LiteLLM, Claude Code) match to tell
+    /// it from other invalid requests and trim the conversation.
+    pub fn context_exceeded(prompt_tokens: usize, n_ctx: usize) -> Self {
+        const HINT: &str = "shorten the conversation or restart the server with a larger --ctx";
+        let mut e = Self::bad_request(format!(
+            "This model's maximum context length is {n_ctx} tokens, but the prompt is {prompt_tokens} tokens and the answer needs at least one more; {HINT}"
+        ));
         e.code = Some("context_length_exceeded");
+        e.anthropic_message = Some(format!(
+            "prompt is too long: {prompt_tokens} tokens > {} maximum; {HINT}",
+            n_ctx.saturating_sub(1)
+        ));
         e
     }
 
@@ -178,7 +191,8 @@ impl ApiError {
             ErrorKind::Unavailable => "overloaded_error",
             ErrorKind::Internal => "api_error",
         };
-        json!({"type": "error", "error": {"type": ty, "message": self.message}})
+        let message = self.anthropic_message.as_ref().unwrap_or(&self.message);
+        json!({"type": "error", "error": {"type": ty, "message": message}})
     }
 
     /// The response in the given API's shape.
@@ -215,7 +229,9 @@ impl From<SubmitError> for ApiError {
 impl From<JobError> for ApiError {
     fn from(e: JobError) -> Self {
         match e {
-            JobError::ContextFull { .. } => ApiError::context_exceeded(e.to_string()),
+            JobError::ContextFull { needed, n_ctx } => {
+                ApiError::context_exceeded(needed.saturating_sub(1), n_ctx)
+            }
             JobError::ShuttingDown => ApiError::shutting_down(),
             JobError::Engine(m) => ApiError::internal(m),
         }

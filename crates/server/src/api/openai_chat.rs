@@ -300,11 +300,15 @@ pub async fn handler(
     Ok(axum::Json(response_body(&env, &done)).into_response())
 }
 
+/// `tool_calls` only when the model ended its turn after its calls: a stop sequence or
+/// a limit that cut the answer (perhaps inside a call, whose streamed deltas cannot be
+/// taken back) says so instead.
 fn finish_reason(reason: &FinishReason, tool_calls: bool) -> &'static str {
     match reason {
         FinishReason::Length | FinishReason::ContextFull => "length",
+        FinishReason::StopSequence(_) => "stop",
         _ if tool_calls => "tool_calls",
-        FinishReason::Eog | FinishReason::StopSequence(_) | FinishReason::Cancelled => "stop",
+        FinishReason::Eog | FinishReason::Cancelled => "stop",
     }
 }
 

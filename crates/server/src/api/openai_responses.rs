@@ -169,14 +169,18 @@ fn messages_from_input(
     Ok(out)
 }
 
-/// Responses function tools (`{type, name, parameters}`) in chat form; other tool
-/// types are skipped.
+/// Responses function tools (`{type, name, parameters}`) in chat form; other tool types
+/// (custom, hosted: web search, file search, shell, …) are refused, as on Chat
+/// Completions: a request that relies on one must not get an answer made without it.
 fn chat_tools(tools: Option<Vec<Value>>) -> Result<Vec<Value>, ApiError> {
     let mut out = Vec::new();
     for (i, t) in tools.unwrap_or_default().into_iter().enumerate() {
-        if t.get("type").and_then(Value::as_str) != Some("function") {
-            tracing::warn!("ignoring tool {i}: only function tools are supported");
-            continue;
+        let ty = t.get("type").and_then(Value::as_str).unwrap_or("(none)");
+        if ty != "function" {
+            return Err(ApiError::invalid_field(
+                &format!("tools[{i}].type"),
+                format!("tools of type '{ty}' are not supported: only function tools are"),
+            ));
         }
         let name = t.get("name").and_then(Value::as_str).ok_or_else(|| {
             ApiError::invalid_field(

@@ -67,10 +67,7 @@ pub fn submit(
         return Err(ApiError::bad_request("the prompt is empty"));
     }
     if prompt.len() >= n_ctx {
-        return Err(ApiError::context_exceeded(format!(
-            "the prompt is {} tokens but the context holds {n_ctx} (and needs room for at least one generated token); shorten the conversation or restart the server with a larger --ctx",
-            prompt.len()
-        )));
+        return Err(ApiError::context_exceeded(prompt.len(), n_ctx));
     }
     let settings = fields.settings(max_tokens.unwrap_or(n_ctx - prompt.len()), top_logprobs)?;
     let (tx, rx) = mpsc::unbounded_channel();
