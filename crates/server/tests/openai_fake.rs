@@ -451,6 +451,17 @@ async fn a_stop_sequence_inside_a_call_cuts_it() {
             .map(String::from)
     });
     assert_eq!(finish.as_deref(), Some("stop"));
+    // Responses, streamed: the call's item is incomplete.
+    let tools =
+        json!([{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]);
+    let (_, events, _) = post_sse(
+        &format!("{}/v1/responses", s.base_url()),
+        &json!({"input": "Weather?", "tools": tools, "stop": ["unit"], "stream": true}),
+    )
+    .await;
+    let last = events.last().unwrap().json();
+    let call = first_of_type(&last["response"]["output"], "function_call");
+    assert_eq!(call["status"], "incomplete", "{last}");
     s.shutdown().await.unwrap();
 }
 

@@ -601,7 +601,9 @@ impl StreamFormat for ResponseStream {
 
     fn finished(&mut self, fin: &Finished, reasoning_tokens: usize) -> Vec<Event> {
         let status = status_of(&fin.reason);
-        let mut events = self.close_as(status);
+        // A call still open was cut (by a stop sequence too): its item is incomplete.
+        let cut_call = matches!(self.open, Some(Open::Call { .. }));
+        let mut events = self.close_as(if cut_call { "incomplete" } else { status });
         if self.items.is_empty() {
             // An empty answer is still one (empty) message.
             events.extend(self.open_item(Open::Message {

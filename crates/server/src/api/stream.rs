@@ -213,11 +213,15 @@ pub fn sse<F: StreamFormat>(
                     )
                 }
                 Some(WorkerEvent::Done(fin)) => {
-                    let mut batch: Vec<Event> = parser
-                        .finish()
-                        .into_iter()
-                        .flat_map(|e| fmt.output(e))
-                        .collect();
+                    // A call the cut left open has sent its deltas: it is not ended here,
+                    // and the format closes it as cut.
+                    let events = if fin.reason.is_cut() {
+                        parser.finish_cut().0
+                    } else {
+                        parser.finish()
+                    };
+                    let mut batch: Vec<Event> =
+                        events.into_iter().flat_map(|e| fmt.output(e)).collect();
                     batch.extend(fmt.finished(&fin, reasoning_tokens));
                     (batch, true)
                 }
