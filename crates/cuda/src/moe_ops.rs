@@ -797,19 +797,13 @@ impl CudaBackend {
                     let xb = self.scratch_mem("moe_x_bf16", rows * d * 2)?;
                     let mut a = KArgs::default();
                     a.push(xp).push(xb.ptr()).push((rows * d) as i64);
-                    self.launch_op(Launch {
-                        f: self.k.f32_to_bf16,
-                        grid: (
-                            (rows * d).div_ceil(256).min(self.gpu.n_sm as usize * 16) as u32,
-                            1,
-                            1,
-                        ),
-                        block: 256,
-                        smem: 0,
-                        args: a,
-                        label: "experts_x_bf16",
-                        keep: vec![&x.mem, &xb],
-                    });
+                    self.elementwise(
+                        self.k.f32_to_bf16,
+                        (rows * d) as u64,
+                        a,
+                        "experts_x_bf16",
+                        vec![&x.mem, &xb],
+                    );
                     let tiles = (pairs.div_ceil(MM_TM) + n_expert) as u32;
                     let mm = |w: &MatRef,
                               ws: &[u64; 4],
