@@ -134,6 +134,13 @@ __device__ __forceinline__ float siluf_ref(float x) { return __fmul_rn(x, sigmoi
 // PyTorch's softplus (threshold 20), as written (not log1p).
 __device__ __forceinline__ float softplusf_ref(float x) { return x > 20.f ? x : logf(__fadd_rn(1.0f, expf(x))); }
 
+// 1/sqrt(mean + eps) from a double sum of n squares, the mean rounded to f32 first (the
+// reference's f32 RMSNorm).
+__device__ __forceinline__ float inv_rms(double ss, int n, float eps) {
+    const float mean = (float)(ss / (double)n);
+    return __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, eps)));
+}
+
 // The gated output norm of one head (KDA's `o_norm`, Qwen3.5's gated RMSNorm): 1/rms of
 // its dv outputs `o` by one warp (lane L sums o[L], o[L+32], … in f64, then a butterfly:
 // every lane gets the same value), and one output from it.
@@ -144,8 +151,7 @@ __device__ __forceinline__ float gated_inv_rms(const float* o, int dv, float eps
     for (int j = lane; j < dv; j += 32) ss += (double)o[j] * (double)o[j];
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
-    const float mean = (float)(ss / (double)dv);
-    return __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, eps)));
+    return inv_rms(ss, dv, eps);
 }
 
 __device__ __forceinline__ float gated_value(float o, float r, float w, float z, int silu, int rb) {

@@ -18,8 +18,7 @@ __device__ __forceinline__ void mix_row(const float* x, const float* fn, float* 
     double ss = 0.0;
     for (int c = threadIdx.x; c < nd; c += blockDim.x) ss += (double)xt[c] * (double)xt[c];
     ss = block_sum_d(ss, red);
-    const float mean = (float)(ss / (double)nd);
-    const float r = __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, eps)));
+    const float r = inv_rms(ss, nd, eps);
     double acc = 0.0;
     for (int c = threadIdx.x; c < nd; c += blockDim.x) acc += (double)f[c] * (double)__fmul_rn(xt[c], r);
     acc = block_sum_d(acc, red);
@@ -53,10 +52,7 @@ extern "C" __global__ void __launch_bounds__(256) hc_rms(const float* x, float* 
         for (int c = threadIdx.x; c < nd; c += blockDim.x) ss += (double)xt[c] * (double)xt[c];
     }
     ss = block_sum_d(ss, red);
-    if (threadIdx.x == 0) {
-        const float mean = (float)(ss / (double)nd);
-        r[blockIdx.x] = __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, eps)));
-    }
+    if (threadIdx.x == 0) r[blockIdx.x] = inv_rms(ss, nd, eps);
 }
 
 // Loads the HC_KC columns from c0 (below c1) of `rows` rows (ld floats apart) into
@@ -518,8 +514,7 @@ __device__ __forceinline__ void post_pre(const HcPostArgs& A, const HcPreArgs& B
     }
     __syncthreads();
     if (threadIdx.x < n_mix) {
-        const float mean = (float)(wred[0][0] / (double)nd);
-        const float r = __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, B.norm_eps)));
+        const float r = inv_rms(wred[0][0], nd, B.norm_eps);
         ms[threadIdx.x] = (float)((double)r * wred[0][threadIdx.x + 1]);
     }
     __syncthreads();

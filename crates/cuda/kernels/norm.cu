@@ -19,8 +19,7 @@ extern "C" __global__ void rms_norm_ref(const float* x, const float* w, float* o
     double ss = 0.0;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
     ss = block_sum_d(ss, red);
-    const float mean = (float)(ss / (double)cols);
-    const float r = __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, eps)));
+    const float r = inv_rms(ss, cols, eps);
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
         float v;
         if (!cast_once) {

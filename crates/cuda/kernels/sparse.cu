@@ -77,7 +77,7 @@ extern "C" __global__ void compress_windows(const CompressParams P) {
         double ss = 0.0;
         for (int d = threadIdx.x; d < P.c; d += blockDim.x) ss += (double)ent[d] * (double)ent[d];
         ss = block_sum_d(ss, red);
-        const float r = __fdiv_rn(1.0f, sqrtf(__fadd_rn((float)(ss / (double)P.c), P.eps)));
+        const float r = inv_rms(ss, P.c, P.eps);
         for (int d = threadIdx.x; d < P.c; d += blockDim.x) ent[d] = rnd(__fmul_rn(P.norm[d], __fmul_rn(ent[d], r)), P.rb);
         __syncthreads();
     }
