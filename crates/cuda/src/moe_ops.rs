@@ -166,6 +166,119 @@ fn mla_mask_bytes(keys: usize, pool: usize) -> usize {
     (keys / pool / 32 + 1) * 4
 }
 
+/// MLA prefill expands per-head keys and values (f32) while they take at most this many
+/// bytes (a context of 8192 tokens at GLM-5.3's 64 heads of 256 + 256).
+const MLA_EXPAND_BYTES: usize = 1 << 30;
+
+/// What the dense MLA GEMMs read and write (see `mla_dense_gemm`); device pointers with
+/// the allocations to keep alive.
+enum MlaIo<'a> {
+    /// Absorbed queries `q̃ [rows, Ha, rkv]` attend over the latents; the context
+    /// `ctx [rows, Ha, rkv]` stays in latent space.
+    Latent {
+        qt: &'a Arc<DevMem>,
+        ctx: &'a Arc<DevMem>,
+    },
+    /// Queries `[rows, Ha, dn]` attend over expanded keys `[t, Ha, dn]`, values
+    /// `[t, Ha, dv]` sum into `out [rows, Ha, dv]`.
+    Expanded {
+        q: (DPtr, &'a Arc<DevMem>),
+        keys: &'a Arc<DevMem>,
+        vals: &'a Arc<DevMem>,
+        out: (DPtr, &'a Arc<DevMem>),
+    },
+}
+
+impl<'a> MlaIo<'a> {
+    /// The score GEMM (`scores [nq, Ha, tk]`, column-major `[tk, nq·Ha]`) and the mix
+    /// GEMM of queries `q0..q0+nq` seeing `tk` keys, and what they read and write.
+    fn chunk(
+        &self,
+        latent: &'a CudaBuf,
+        scores: &'a Arc<DevMem>,
+        sh: &MlaShape,
+        q0: usize,
+        nq: usize,
+        tk: usize,
+    ) -> (Sgemm, Sgemm, Vec<&'a Arc<DevMem>>) {
+        let (ha, rkv, dn, dv) = (sh.heads, sh.rank, sh.qk_dim, sh.v_dim);
+        match *self {
+            MlaIo::Latent { qt, ctx } => {
+                let score = Sgemm {
+                    trans_a: true,
+                    m: tk as i32,
+                    n: (nq * ha) as i32,
+                    k: rkv as i32,
+                    a: latent.ptr(),
+                    lda: rkv as i32,
+                    stride_a: 0,
+                    b: qt.ptr() + (q0 * ha * rkv * 4) as u64,
+                    ldb: rkv as i32,
+                    stride_b: 0,
+                    c: scores.ptr(),
+                    ldc: tk as i32,
+                    stride_c: 0,
+                    batch: 1,
+                };
+                let mix = Sgemm {
+                    trans_a: false,
+                    m: rkv as i32,
+                    n: (nq * ha) as i32,
+                    k: tk as i32,
+                    a: latent.ptr(),
+                    lda: rkv as i32,
+                    stride_a: 0,
+                    b: scores.ptr(),
+                    ldb: tk as i32,
+                    stride_b: 0,
+                    c: ctx.ptr() + (q0 * ha * rkv * 4) as u64,
+                    ldc: rkv as i32,
+                    stride_c: 0,
+                    batch: 1,
+                };
+                (score, mix, vec![qt, &latent.mem, scores, ctx])
+            }
+            // One GEMM per head (batched): head h's scores of query j at
+            // (j·Ha + h)·tk, the same block layout as the latent form's.
+            MlaIo::Expanded { q, keys, vals, out } => {
+                let score = Sgemm {
+                    trans_a: true,
+                    m: tk as i32,
+                    n: nq as i32,
+                    k: dn as i32,
+                    a: keys.ptr(),
+                    lda: (ha * dn) as i32,
+                    stride_a: dn as i64,
+                    b: q.0 + (q0 * ha * dn * 4) as u64,
+                    ldb: (ha * dn) as i32,
+                    stride_b: dn as i64,
+                    c: scores.ptr(),
+                    ldc: (ha * tk) as i32,
+                    stride_c: tk as i64,
+                    batch: ha as i32,
+                };
+                let mix = Sgemm {
+                    trans_a: false,
+                    m: dv as i32,
+                    n: nq as i32,
+                    k: tk as i32,
+                    a: vals.ptr(),
+                    lda: (ha * dv) as i32,
+                    stride_a: dv as i64,
+                    b: scores.ptr(),
+                    ldb: (ha * tk) as i32,
+                    stride_b: tk as i64,
+                    c: out.0 + (q0 * ha * dv * 4) as u64,
+                    ldc: (ha * dv) as i32,
+                    stride_c: dv as i64,
+                    batch: ha as i32,
+                };
+                (score, mix, vec![q.1, keys, vals, scores, out.1])
+            }
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct CompressParams {
@@ -1838,8 +1951,11 @@ impl CudaBackend {
 
     /// Multi-head latent attention. F32 and ggml arithmetic absorb `k_b` into the query
     /// and `v_b` into the output (q̃_h = k_b[h] q_h, attention over the latents, then
-    /// v_b[h] ctx_h); the bf16 reference's arithmetic expands every cached latent into
-    /// rounded per-head keys and values first (`mla_expand`), as the CPU backend does.
+    /// v_b[h] ctx_h), except in many-query steps whose expanded keys and values fit
+    /// `MLA_EXPAND_BYTES`: those expand the latents into f32 per-head keys and values
+    /// (`mla_expand_f32`), half the products per (query, key); the bf16 reference's
+    /// arithmetic expands every cached latent into rounded per-head keys and values
+    /// first (`mla_expand`), as the CPU backend does.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn mla_op(
         &self,
@@ -1955,6 +2071,39 @@ impl CudaBackend {
             );
             return Ok(());
         }
+        // Many queries go through f32 GEMMs over every key they could see, a selection
+        // masking the softmax: while the context is at most MLA_DENSE_SELECTED times the
+        // selected tokens, that costs less than `mla_attend` reading each query's
+        // selected keys once per head.
+        let t_all = pos0 + rows;
+        let dense = rows >= SGEMM_MIN_ROWS
+            && match (sel, ps) {
+                (Some(_), Some(s)) => {
+                    t_all <= MLA_DENSE_SELECTED * s.per_query * s.pool
+                        && mla_mask_bytes(t_all, s.pool) <= MLA_SOFTMAX_SMEM
+                }
+                (Some(_), None) => false,
+                (None, _) => true,
+            };
+        let sel = sel.zip(ps);
+        // Per-head keys and values expanded from the latents once per call: the
+        // attention GEMMs then run over dn + dv values per (query, key, head) instead
+        // of 2·rkv, as the reference computes.
+        let expand = t_all * ha * (dn + dv) * 4 <= MLA_EXPAND_BYTES
+            && matches!(k_b, CudaWeight::Float { .. })
+            && matches!(v_b, CudaWeight::Float { .. });
+        if dense && expand {
+            let kv = self.mla_expand_f32(latent, k_b, v_b, t_all, sh)?;
+            let out_p = self.buf_of(out, rows * ha * dv, "mla_attention out")?;
+            let qp = self.buf_of(q, rows * ha * dn, "mla_attention q")?;
+            let io = MlaIo::Expanded {
+                q: (qp, &q.mem),
+                keys: &kv.0,
+                vals: &kv.1,
+                out: (out_p, &out.mem),
+            };
+            return self.mla_dense_gemm(io, latent, rows, pos0, sh, sel);
+        }
         let qt = self.scratch_mem("mla_qt", rows * ha * rkv * 4)?;
         let ctx = self.scratch_mem("mla_ctx", rows * ha * rkv * 4)?;
         let qt_buf = CudaBuf {
@@ -1966,22 +2115,8 @@ impl CudaBackend {
             len: rows * ha * rkv,
         };
         self.head_matmul(k_b, q, rows, ha, Prec::F32, &qt_buf)?;
-        // Many queries go through f32 GEMMs over every key they could see, a selection
-        // masking the softmax: while the context is at most MLA_DENSE_SELECTED times the
-        // selected tokens, that costs less than `mla_attend` reading each query's
-        // selected keys once per head.
-        let dense = match (sel, ps) {
-            (Some(_), Some(s)) => {
-                let t_all = pos0 + rows;
-                t_all <= MLA_DENSE_SELECTED * s.per_query * s.pool
-                    && mla_mask_bytes(t_all, s.pool) <= MLA_SOFTMAX_SMEM
-            }
-            (Some(_), None) => false,
-            (None, _) => true,
-        };
-        if dense && rows >= SGEMM_MIN_ROWS {
-            let sel = sel.zip(ps);
-            self.mla_dense_gemm(&qt, latent, &ctx, rows, pos0, sh, sel)?;
+        if dense {
+            self.mla_dense_gemm(MlaIo::Latent { qt: &qt, ctx: &ctx }, latent, rows, pos0, sh, sel)?;
             return self.head_matmul(v_b, &ctx_buf, rows, ha, p, out);
         }
         keep.extend([&qt, &ctx]);
@@ -2002,16 +2137,74 @@ impl CudaBackend {
         self.head_matmul(v_b, &ctx_buf, rows, ha, p, out)
     }
 
-    /// MLA attention of many queries as f32 GEMMs: per chunk of queries the scores
-    /// `q̃ · Lᵀ` over the keys they could see, the causal softmax (`mla_softmax`, masked
-    /// to the selected pools and the tail with a selection), then `P · L` into `ctx`
-    /// (`[rows, heads, rank]`). The score block is kept under 1 GiB.
-    #[allow(clippy::too_many_arguments)]
+    /// The per-head keys `[t_all, Ha, dn]` and values `[t_all, Ha, dv]` of the first
+    /// `t_all` cached latents, f32: `k[t, h] = k_b[h]ᵀ L[t]`, `v[t, h] = v_b[h] L[t]`
+    /// (two batched GEMMs on f32 copies of the weights).
+    fn mla_expand_f32(
+        &self,
+        latent: &CudaBuf,
+        k_b: &CudaWeight,
+        v_b: &CudaWeight,
+        t_all: usize,
+        sh: &MlaShape,
+    ) -> Result<(Arc<DevMem>, Arc<DevMem>)> {
+        let (ha, rkv, dn, dv) = (sh.heads, sh.rank, sh.qk_dim, sh.v_dim);
+        if latent.len < t_all * rkv {
+            return Err(bad(
+                "mla_attention: the latent cache is shorter than the context",
+            ));
+        }
+        let keys = self.scratch_mem("mla_keys", t_all * ha * dn * 4)?;
+        let vals = self.scratch_mem("mla_vals", t_all * ha * dv * 4)?;
+        // (weight, its [Ha, rows, cols] shape as (out rows, in cols), transposed?, out)
+        for (w, d, kb, out) in [(k_b, dn, true, &keys), (v_b, dv, false, &vals)] {
+            let (wm, ty, n_out, n_in, n) = float_mat(w)?;
+            let (want_out, want_in) = if kb { (rkv, dn) } else { (dv, rkv) };
+            if (n_out, n_in, n) != (want_out, want_in, ha) {
+                return Err(bad(format!(
+                    "mla_attention: a {n}×{n_out}×{n_in} projection for {ha} heads of {d} \
+                     over rank {rkv}"
+                )));
+            }
+            let wf = self.f32_weight(wm, ty, ha * n_out * n_in)?;
+            let mut keep = vec![wm, &latent.mem, out];
+            keep.extend(wf.as_ref());
+            // Column-major per head: out_hᵀ [d, t_all] = W_h' [d, rkv] · Lᵀ [rkv, t_all],
+            // W_h' being k_b[h]ᵀ (stored [rkv, dn]: no transpose) or v_b[h] (stored
+            // [dv, rkv]: transposed).
+            self.record(
+                Op::Sgemm(Sgemm {
+                    trans_a: !kb,
+                    m: d as i32,
+                    n: t_all as i32,
+                    k: rkv as i32,
+                    a: wf.as_ref().map_or(wm.ptr(), |f| f.ptr()),
+                    lda: if kb { dn } else { rkv } as i32,
+                    stride_a: (n_out * n_in) as i64,
+                    b: latent.ptr(),
+                    ldb: rkv as i32,
+                    stride_b: 0,
+                    c: out.ptr(),
+                    ldc: (ha * d) as i32,
+                    stride_c: d as i64,
+                    batch: ha as i32,
+                }),
+                &keep,
+            );
+        }
+        Ok((keys, vals))
+    }
+
+    /// MLA attention of many queries as f32 GEMMs: per chunk of queries the scores over
+    /// the keys they could see, the causal softmax (`mla_softmax`, masked to the selected
+    /// pools and the tail with a selection), then the probability-weighted sum — over
+    /// the latents (`q̃ · Lᵀ`, `P · L` into `ctx [rows, Ha, rkv]`) or over expanded
+    /// per-head keys and values (`q_h · K_hᵀ`, `P_h · V_h` into `out [rows, Ha, dv]`).
+    /// The score block is kept under 1 GiB.
     fn mla_dense_gemm(
         &self,
-        qt: &Arc<DevMem>,
+        io: MlaIo<'_>,
         latent: &CudaBuf,
-        ctx: &Arc<DevMem>,
         rows: usize,
         pos0: usize,
         sh: &MlaShape,
@@ -2036,28 +2229,8 @@ impl CudaBackend {
         for q0 in (0..rows).step_by(qc) {
             let nq = qc.min(rows - q0);
             let tk = pos0 + q0 + nq;
-            let qp = qt.ptr() + (q0 * ha * rkv * 4) as u64;
-            let cp = ctx.ptr() + (q0 * ha * rkv * 4) as u64;
-            let keep = [qt, &latent.mem, &scores, ctx];
-            self.record(
-                Op::Sgemm(Sgemm {
-                    trans_a: true,
-                    m: tk as i32,
-                    n: (nq * ha) as i32,
-                    k: rkv as i32,
-                    a: latent.ptr(),
-                    lda: rkv as i32,
-                    stride_a: 0,
-                    b: qp,
-                    ldb: rkv as i32,
-                    stride_b: 0,
-                    c: scores.ptr(),
-                    ldc: tk as i32,
-                    stride_c: 0,
-                    batch: 1,
-                }),
-                &keep,
-            );
+            let (score, mix, keep) = io.chunk(latent, &scores, sh, q0, nq, tk);
+            self.record(Op::Sgemm(score), &keep);
             let mut a = KArgs::default();
             a.push(scores.ptr())
                 .push(ha as i32)
@@ -2088,25 +2261,7 @@ impl CudaBackend {
                 label: "mla_softmax",
                 keep: soft_keep,
             });
-            self.record(
-                Op::Sgemm(Sgemm {
-                    trans_a: false,
-                    m: rkv as i32,
-                    n: (nq * ha) as i32,
-                    k: tk as i32,
-                    a: latent.ptr(),
-                    lda: rkv as i32,
-                    stride_a: 0,
-                    b: scores.ptr(),
-                    ldb: tk as i32,
-                    stride_b: 0,
-                    c: cp,
-                    ldc: rkv as i32,
-                    stride_c: 0,
-                    batch: 1,
-                }),
-                &keep,
-            );
+            self.record(Op::Sgemm(mix), &keep);
         }
         Ok(())
     }
