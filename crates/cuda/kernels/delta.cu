@@ -9,7 +9,8 @@
 //    into scratch and the journal.
 // 3. `delta_conv_state`: the conv state moves to the call's last Kc−1 pre-conv rows.
 // 4. `delta_recurrent_<dk>`: the recurrence token by token, one block per value head,
-//    thread j holding column j of the head's state `[dk, dv]` in registers:
+//    thread j holding column j of the head's state `[dk, dv]` in registers, the inputs
+//    staged in shared memory a chunk of tokens ahead:
 //    S ← S·exp(g), δ = (v − kᵀS)·β, S ← S + k⊗δ, o = qᵀS. The same kernel replays the
 //    journal (no output). The chunked form of the references is not used: the
 //    recurrence computes the same up to f32 rounding (doc §4.6).
@@ -180,11 +181,41 @@ extern "C" __global__ void delta_conv_state(const DeltaParams P) {
     }
 }
 
+// Tokens whose kernel inputs `recurrent_body` stages in shared memory at once.
+#define REC_TC 8
+
+// One staged chunk of tokens: k, q and the decays (copied as log decays, then replaced
+// by their exp) of the head's key head, v of its value head, beta.
+template <int DK>
+struct RecChunk {
+    float k[REC_TC][DK], q[REC_TC][DK], e[REC_TC][DK];
+    float v[REC_TC][DELTA_D];
+    float beta[REC_TC];
+};
+
+// The decay and u = kᵀS of one token on thread j's state column `s` (`s` ← s·e), adding
+// in row order.
+template <int DK>
+__device__ __forceinline__ float decay_dot(float (&s)[DK], const float* k, const float* e) {
+    float u = 0.f;
+#pragma unroll
+    for (int i = 0; i < DK; ++i) {
+        s[i] = __fmul_rn(s[i], e[i]);
+        u = __fadd_rn(u, __fmul_rn(k[i], s[i]));
+    }
+    return u;
+}
+
 // DK is the compiled size, P.dk ≤ DK the model's: rows i ≥ dk of the state are padding
-// with k = q = 0 (so they never reach u or o) and are never stored.
+// with k = q = 0 and decay 1 (so they never reach u or o) and are never stored.
+//
+// The kernel inputs arrive REC_TC tokens at a time by asynchronous copies into one of two
+// chunk buffers while the block computes the other, so a token waits on no global load
+// and on no barrier (one barrier per chunk). The order of operations per column is
+// `delta_step`'s: the same values bit for bit.
 template <int DK>
 __device__ __forceinline__ void recurrent_body(const DeltaParams& P) {
-    __shared__ float ks[DK], qs[DK], es[DK];
+    __shared__ RecChunk<DK> buf[2];
     pdl_wait();
     pdl_trigger();
     const int h = blockIdx.x, j = threadIdx.x, dk = P.dk;
@@ -192,37 +223,61 @@ __device__ __forceinline__ void recurrent_body(const DeltaParams& P) {
     const int kh = h / (P.hv / P.hk);
     const bool col = j < P.dv;
     float* Sh = P.S + (i64)h * dk * P.dv;
+    // What no copy writes: the padding rows and, in a replay, the queries.
+    for (int x = j; x < REC_TC * DK; x += blockDim.x) {
+        const int t = x / DK, i = x % DK;
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            if (i >= dk) {
+                buf[b].k[t][i] = 0.f;
+                buf[b].e[t][i] = 1.f;
+            }
+            if (i >= dk || !P.out) buf[b].q[t][i] = 0.f;
+        }
+    }
     float s[DK];
 #pragma unroll
     for (int i = 0; i < DK; ++i) s[i] = col && i < dk ? Sh[(i64)i * P.dv + j] : 0.f;
-    for (int t = 0; t < P.n; ++t) {
-        const i64 r = P.src_cap ? (P.src_pos + t) % P.src_cap : t;
-        __syncthreads();
-        for (int i = j; i < DK; i += blockDim.x) {
-            const bool in = i < dk;
-            ks[i] = in ? P.kk[r * qk + kh * dk + i] : 0.f;
-            qs[i] = in && P.out ? P.kq[r * qk + kh * dk + i] : 0.f;
-            const float g = in ? P.kg[r * gl + h * P.gc + (P.gc == dk ? i : 0)] : 0.f;
-            es[i] = expf(g);
+    auto row = [&](int t) -> i64 { return P.src_cap ? (P.src_pos + t) % P.src_cap : t; };
+    // Issues the copies of tokens t0 .. t0 + nt − 1 into B.
+    auto stage = [&](RecChunk<DK>& B, int t0, int nt) {
+        for (int x = j; x < nt * DK; x += blockDim.x) {
+            const int t = x / DK, i = x % DK;
+            if (i >= dk) continue;
+            const i64 r = row(t0 + t);
+            cp_async4(&B.k[t][i], P.kk + r * qk + kh * dk + i);
+            if (P.out) cp_async4(&B.q[t][i], P.kq + r * qk + kh * dk + i);
+            cp_async4(&B.e[t][i], P.kg + r * gl + h * P.gc + (P.gc == dk ? i : 0));
         }
+        if (col)
+            for (int t = 0; t < nt; ++t) cp_async4(&B.v[t][j], P.kv + row(t0 + t) * vl + h * P.dv + j);
+        if (j < nt) cp_async4(&B.beta[j], P.kb + row(t0 + j) * P.hv + h);
+    };
+    auto store_out = [&](int t, float o) { P.out[(i64)(P.row0 + t) * vl + h * P.dv + j] = rnd(o, P.rb); };
+    if (P.n > 0) stage(buf[0], 0, min(REC_TC, P.n));
+    for (int c0 = 0, c = 0; c0 < P.n; c0 += REC_TC, ++c) {
+        RecChunk<DK>& B = buf[c & 1];
+        const int nt = min(REC_TC, P.n - c0);
+        // This thread's copies have landed; it turns the decays it copied into exp.
+        cp_async_wait_all();
+        for (int x = j; x < nt * DK; x += blockDim.x)
+            if (x % DK < dk) B.e[x / DK][x % DK] = expf(B.e[x / DK][x % DK]);
+        // Every copy of this chunk is visible, and every thread is done with the other
+        // buffer (the chunk before), which now receives the next chunk.
         __syncthreads();
+        if (c0 + REC_TC < P.n) stage(buf[(c + 1) & 1], c0 + REC_TC, min(REC_TC, P.n - c0 - REC_TC));
         if (!col) continue;
-        const float beta = P.kb[r * P.hv + h];
-        const float v = P.kv[r * vl + h * P.dv + j];
-        float u = 0.f;
+        for (int t = 0; t < nt; ++t) {
+            float o = 0.f;
+            const float u = decay_dot<DK>(s, B.k[t], B.e[t]);
+            const float d = __fmul_rn(__fsub_rn(B.v[t][j], u), B.beta[t]);
 #pragma unroll
-        for (int i = 0; i < DK; ++i) {
-            s[i] = __fmul_rn(s[i], es[i]);
-            u = __fadd_rn(u, __fmul_rn(ks[i], s[i]));
+            for (int i = 0; i < DK; ++i) {
+                s[i] = __fadd_rn(s[i], __fmul_rn(B.k[t][i], d));
+                o = __fadd_rn(o, __fmul_rn(B.q[t][i], s[i]));
+            }
+            if (P.out) store_out(c0 + t, o);
         }
-        const float d = __fmul_rn(__fsub_rn(v, u), beta);
-        float o = 0.f;
-#pragma unroll
-        for (int i = 0; i < DK; ++i) {
-            s[i] = __fadd_rn(s[i], __fmul_rn(ks[i], d));
-            o = __fadd_rn(o, __fmul_rn(qs[i], s[i]));
-        }
-        if (P.out) P.out[(i64)(P.row0 + t) * vl + h * P.dv + j] = rnd(o, P.rb);
     }
     if (col)
 #pragma unroll
