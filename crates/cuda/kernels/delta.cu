@@ -181,33 +181,36 @@ extern "C" __global__ void delta_conv_state(const DeltaParams P) {
     }
 }
 
-// Tokens whose kernel inputs `recurrent_body` stages in shared memory at once.
+// Tokens whose kernel inputs `recurrent_body` stages in shared memory at once, and the
+// largest number of state columns per block (two threads each).
 #define REC_TC 8
+#define REC_COLS 64
+
+// Rows of a head's state are summed in two halves, [0, DK/2) and [DK/2, DK) of the
+// compiled size DK (the smallest of 16, 32, 64, 128 that holds dk): a chain per half,
+// then the two added. `recurrent_body` gives each half to its own thread; `delta_step`
+// runs the same chains one after the other.
+__device__ __forceinline__ int rec_half(int dk) { return dk <= 16 ? 8 : dk <= 32 ? 16 : dk <= 64 ? 32 : 64; }
+
+// Where row r of a staged k, q or decay vector lives: the second half 4 floats further,
+// so that the two halves' broadcast loads hit different banks.
+template <int DK>
+__device__ __forceinline__ int rec_at(int r) { return r + (r >= DK / 2 ? 4 : 0); }
 
 // One staged chunk of tokens: k, q and the decays (copied as log decays, then replaced
-// by their exp) of the head's key head, v of its value head, beta.
+// by their exp) of the head's key head, v of the block's columns, beta.
 template <int DK>
 struct RecChunk {
-    float k[REC_TC][DK], q[REC_TC][DK], e[REC_TC][DK];
-    float v[REC_TC][DELTA_D];
+    float k[REC_TC][DK + 4], q[REC_TC][DK + 4], e[REC_TC][DK + 4];
+    float v[REC_TC][REC_COLS];
     float beta[REC_TC];
 };
 
-// The decay and u = kᵀS of one token on thread j's state column `s` (`s` ← s·e), adding
-// in row order.
-template <int DK>
-__device__ __forceinline__ float decay_dot(float (&s)[DK], const float* k, const float* e) {
-    float u = 0.f;
-#pragma unroll
-    for (int i = 0; i < DK; ++i) {
-        s[i] = __fmul_rn(s[i], e[i]);
-        u = __fadd_rn(u, __fmul_rn(k[i], s[i]));
-    }
-    return u;
-}
-
-// DK is the compiled size, P.dk ≤ DK the model's: rows i ≥ dk of the state are padding
-// with k = q = 0 and decay 1 (so they never reach u or o) and are never stored.
+// grid (hv, ⌈dv / cols⌉), 2·cols threads (cols ≤ REC_COLS columns per block): thread
+// pair (2c, 2c + 1) holds column blockIdx.y·cols + c of the head's state `[dk, dv]`, one
+// half of its rows each in registers. DK is the compiled size, P.dk ≤ DK the model's:
+// rows i ≥ dk are padding with k = q = 0 and decay 1 (so they never reach u or o) and
+// are never stored.
 //
 // The kernel inputs arrive REC_TC tokens at a time by asynchronous copies into one of two
 // chunk buffers while the block computes the other, so a token waits on no global load
@@ -215,74 +218,88 @@ __device__ __forceinline__ float decay_dot(float (&s)[DK], const float* k, const
 // `delta_step`'s: the same values bit for bit.
 template <int DK>
 __device__ __forceinline__ void recurrent_body(const DeltaParams& P) {
+    constexpr int DH = DK / 2;
     __shared__ RecChunk<DK> buf[2];
     pdl_wait();
     pdl_trigger();
-    const int h = blockIdx.x, j = threadIdx.x, dk = P.dk;
+    const int h = blockIdx.x, tid = threadIdx.x, dk = P.dk;
     const int qk = qk_len(P), vl = v_len(P), gl = P.hv * P.gc;
     const int kh = h / (P.hv / P.hk);
+    const int jl = tid >> 1, i0 = (tid & 1) * DH, j = blockIdx.y * (blockDim.x >> 1) + jl;
     const bool col = j < P.dv;
     float* Sh = P.S + (i64)h * dk * P.dv;
     // What no copy writes: the padding rows and, in a replay, the queries.
-    for (int x = j; x < REC_TC * DK; x += blockDim.x) {
-        const int t = x / DK, i = x % DK;
+    for (int x = tid; x < REC_TC * DK; x += blockDim.x) {
+        const int t = x / DK, i = x % DK, a = rec_at<DK>(i);
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
             if (i >= dk) {
-                buf[b].k[t][i] = 0.f;
-                buf[b].e[t][i] = 1.f;
+                buf[b].k[t][a] = 0.f;
+                buf[b].e[t][a] = 1.f;
             }
-            if (i >= dk || !P.out) buf[b].q[t][i] = 0.f;
+            if (i >= dk || !P.out) buf[b].q[t][a] = 0.f;
         }
     }
-    float s[DK];
+    float s[DH];
 #pragma unroll
-    for (int i = 0; i < DK; ++i) s[i] = col && i < dk ? Sh[(i64)i * P.dv + j] : 0.f;
+    for (int i = 0; i < DH; ++i) s[i] = col && i0 + i < dk ? Sh[(i64)(i0 + i) * P.dv + j] : 0.f;
     auto row = [&](int t) -> i64 { return P.src_cap ? (P.src_pos + t) % P.src_cap : t; };
     // Issues the copies of tokens t0 .. t0 + nt − 1 into B.
     auto stage = [&](RecChunk<DK>& B, int t0, int nt) {
-        for (int x = j; x < nt * DK; x += blockDim.x) {
-            const int t = x / DK, i = x % DK;
+        for (int x = tid; x < nt * DK; x += blockDim.x) {
+            const int t = x / DK, i = x % DK, a = rec_at<DK>(i);
             if (i >= dk) continue;
             const i64 r = row(t0 + t);
-            cp_async4(&B.k[t][i], P.kk + r * qk + kh * dk + i);
-            if (P.out) cp_async4(&B.q[t][i], P.kq + r * qk + kh * dk + i);
-            cp_async4(&B.e[t][i], P.kg + r * gl + h * P.gc + (P.gc == dk ? i : 0));
+            cp_async4(&B.k[t][a], P.kk + r * qk + kh * dk + i);
+            if (P.out) cp_async4(&B.q[t][a], P.kq + r * qk + kh * dk + i);
+            cp_async4(&B.e[t][a], P.kg + r * gl + h * P.gc + (P.gc == dk ? i : 0));
         }
-        if (col)
-            for (int t = 0; t < nt; ++t) cp_async4(&B.v[t][j], P.kv + row(t0 + t) * vl + h * P.dv + j);
-        if (j < nt) cp_async4(&B.beta[j], P.kb + row(t0 + j) * P.hv + h);
+        if (col && i0 == 0)
+            for (int t = 0; t < nt; ++t) cp_async4(&B.v[t][jl], P.kv + row(t0 + t) * vl + h * P.dv + j);
+        if (tid < nt) cp_async4(&B.beta[tid], P.kb + row(t0 + tid) * P.hv + h);
     };
-    auto store_out = [&](int t, float o) { P.out[(i64)(P.row0 + t) * vl + h * P.dv + j] = rnd(o, P.rb); };
     if (P.n > 0) stage(buf[0], 0, min(REC_TC, P.n));
+    const int ia = rec_at<DK>(i0);  // this thread's rows in a staged vector
     for (int c0 = 0, c = 0; c0 < P.n; c0 += REC_TC, ++c) {
         RecChunk<DK>& B = buf[c & 1];
         const int nt = min(REC_TC, P.n - c0);
         // This thread's copies have landed; it turns the decays it copied into exp.
         cp_async_wait_all();
-        for (int x = j; x < nt * DK; x += blockDim.x)
-            if (x % DK < dk) B.e[x / DK][x % DK] = expf(B.e[x / DK][x % DK]);
+        for (int x = tid; x < nt * DK; x += blockDim.x)
+            if (x % DK < dk) {
+                float& e = B.e[x / DK][rec_at<DK>(x % DK)];
+                e = expf(e);
+            }
         // Every copy of this chunk is visible, and every thread is done with the other
         // buffer (the chunk before), which now receives the next chunk.
         __syncthreads();
         if (c0 + REC_TC < P.n) stage(buf[(c + 1) & 1], c0 + REC_TC, min(REC_TC, P.n - c0 - REC_TC));
-        if (!col) continue;
+        // Every thread of a pair runs (the pair's sums meet by shuffle); a pair past dv
+        // computes on zeros and stores nothing.
         for (int t = 0; t < nt; ++t) {
-            float o = 0.f;
-            const float u = decay_dot<DK>(s, B.k[t], B.e[t]);
-            const float d = __fmul_rn(__fsub_rn(B.v[t][j], u), B.beta[t]);
+            const float *k = B.k[t] + ia, *e = B.e[t] + ia, *q = B.q[t] + ia;
+            float u = 0.f;
 #pragma unroll
-            for (int i = 0; i < DK; ++i) {
-                s[i] = __fadd_rn(s[i], __fmul_rn(B.k[t][i], d));
-                o = __fadd_rn(o, __fmul_rn(B.q[t][i], s[i]));
+            for (int i = 0; i < DH; ++i) {
+                s[i] = __fmul_rn(s[i], e[i]);
+                u = __fadd_rn(u, __fmul_rn(k[i], s[i]));
             }
-            if (P.out) store_out(c0 + t, o);
+            u = __fadd_rn(u, __shfl_xor_sync(0xFFFFFFFFu, u, 1));
+            const float d = __fmul_rn(__fsub_rn(B.v[t][jl], u), B.beta[t]);
+            float o = 0.f;
+#pragma unroll
+            for (int i = 0; i < DH; ++i) {
+                s[i] = __fadd_rn(s[i], __fmul_rn(k[i], d));
+                o = __fadd_rn(o, __fmul_rn(q[i], s[i]));
+            }
+            o = __fadd_rn(o, __shfl_xor_sync(0xFFFFFFFFu, o, 1));
+            if (P.out && col && i0 == 0) P.out[(i64)(P.row0 + c0 + t) * vl + h * P.dv + j] = rnd(o, P.rb);
         }
     }
     if (col)
 #pragma unroll
-        for (int i = 0; i < DK; ++i)
-            if (i < dk) Sh[(i64)i * P.dv + j] = s[i];
+        for (int i = 0; i < DH; ++i)
+            if (i0 + i < dk) Sh[(i64)(i0 + i) * P.dv + j] = s[i];
 }
 
 extern "C" __global__ void delta_recurrent_16(const DeltaParams P) { recurrent_body<16>(P); }
@@ -392,21 +409,31 @@ extern "C" __global__ void delta_step(const DeltaParams P) {
     __syncthreads();
     float o = 0.f;
     if (j < dv) {
-        float u = 0.f;
+        // Rows in `recurrent_body`'s two halves: a chain each, then their sum.
+        const int dh = min(rec_half(dk), dk);
+        auto decay = [&](int a, int b) {
+            float u = 0.f;
 #pragma unroll 8
-        for (int i = 0; i < dk; ++i) {
-            const float s = __fmul_rn(st[i * dv + j], es[i]);
-            st[i * dv + j] = s;
-            u = __fadd_rn(u, __fmul_rn(ks[i], s));
-        }
+            for (int i = a; i < b; ++i) {
+                const float s = __fmul_rn(st[i * dv + j], es[i]);
+                st[i * dv + j] = s;
+                u = __fadd_rn(u, __fmul_rn(ks[i], s));
+            }
+            return u;
+        };
+        const float u = __fadd_rn(decay(0, dh), decay(dh, dk));
         const float d = __fmul_rn(__fsub_rn(mv, u), beta_sh);
+        auto update = [&](int a, int b) {
+            float oh = 0.f;
 #pragma unroll 8
-        for (int i = 0; i < dk; ++i) {
-            const float s = __fadd_rn(st[i * dv + j], __fmul_rn(ks[i], d));
-            Sh[(i64)i * dv + j] = s;
-            o = __fadd_rn(o, __fmul_rn(qs[i], s));
-        }
-        o = rnd(o, P.rb);
+            for (int i = a; i < b; ++i) {
+                const float s = __fadd_rn(st[i * dv + j], __fmul_rn(ks[i], d));
+                Sh[(i64)i * dv + j] = s;
+                oh = __fadd_rn(oh, __fmul_rn(qs[i], s));
+            }
+            return oh;
+        };
+        o = rnd(__fadd_rn(update(0, dh), update(dh, dk)), P.rb);
         P.out[(i64)P.row0 * vl + h * dv + j] = o;
         os[j] = o;
     }

@@ -155,6 +155,24 @@ const HC_MIX_COLS: usize = 128;
 /// MLA prefill with a selection runs as dense GEMMs with a masked softmax while the
 /// context is at most this many times the selected tokens (see `mla_op`).
 const MLA_DENSE_SELECTED: usize = 8;
+/// `delta_recurrent`'s largest number of state columns per block (kernels/delta.cu
+/// `REC_COLS`), two threads each.
+const REC_COLS: usize = 64;
+
+/// State columns per `delta_recurrent` block for value heads of `dv`: a multiple of 16,
+/// so that the block is whole warps.
+fn rec_cols(dv: usize) -> usize {
+    dv.min(REC_COLS).next_multiple_of(16)
+}
+
+fn rec_blocks(dv: usize) -> u32 {
+    dv.div_ceil(rec_cols(dv)) as u32
+}
+
+fn rec_threads(dv: usize) -> u32 {
+    2 * rec_cols(dv) as u32
+}
+
 /// `delta_step`'s largest conv kernel (kernels/delta.cu `STEP_KC`).
 const DELTA_STEP_KC: usize = 4;
 
@@ -1552,8 +1570,8 @@ impl CudaBackend {
             ),
             (
                 recurrent,
-                (sh.v_heads as u32, 1, 1),
-                sh.v_dim.next_multiple_of(32) as u32,
+                (sh.v_heads as u32, rec_blocks(sh.v_dim), 1),
+                rec_threads(sh.v_dim),
                 "delta_recurrent",
             ),
         ];
@@ -1620,8 +1638,8 @@ impl CudaBackend {
         });
         self.launch_op(Launch {
             f: recurrent,
-            grid: (sh.v_heads as u32, 1, 1),
-            block: sh.v_dim.next_multiple_of(32) as u32,
+            grid: (sh.v_heads as u32, rec_blocks(sh.v_dim), 1),
+            block: rec_threads(sh.v_dim),
             smem: 0,
             args: Self::args(prm),
             label: "delta_recurrent",
@@ -2116,7 +2134,14 @@ impl CudaBackend {
         };
         self.head_matmul(k_b, q, rows, ha, Prec::F32, &qt_buf)?;
         if dense {
-            self.mla_dense_gemm(MlaIo::Latent { qt: &qt, ctx: &ctx }, latent, rows, pos0, sh, sel)?;
+            self.mla_dense_gemm(
+                MlaIo::Latent { qt: &qt, ctx: &ctx },
+                latent,
+                rows,
+                pos0,
+                sh,
+                sel,
+            )?;
             return self.head_matmul(v_b, &ctx_buf, rows, ha, p, out);
         }
         keep.extend([&qt, &ctx]);
