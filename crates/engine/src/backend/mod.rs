@@ -603,8 +603,9 @@ pub trait Backend: Buffers + Send + Sync + 'static {
     /// `shape.scale`, writing `out [rows, Ha·dv]` (rounded). Query `t` attends to every
     /// token `≤ t`, or with `sel` (pool ids from [`Backend::dsa_select`]) to the tokens of
     /// its selected pools plus, when `shape.select.tail`, the incomplete pool
-    /// `[P·⌊(t+1)/P⌋, t]`. `Prec::F32` absorbs `k_b` into the query (the same math); the
-    /// bf16 reference expands keys and values (rounded) as PyTorch does.
+    /// `[P·⌊(t+1)/P⌋, t]`. `Prec::F32` may absorb `k_b` into the query and `v_b` into the
+    /// output or expand the keys and values (the same math, another order); the bf16
+    /// reference expands keys and values (rounded) as PyTorch does.
     #[allow(clippy::too_many_arguments)]
     fn mla_attention(
         &self,
