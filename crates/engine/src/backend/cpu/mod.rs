@@ -102,6 +102,14 @@ struct Spinners {
 /// Looks for work (about 10 µs) before a spinner starts yielding its core.
 const SPIN_ROUNDS: u32 = 64;
 
+/// A spinner that has found no work for this long returns to rayon, which parks it
+/// until work comes. Besides giving long gaps' cores back, this ends a spin that holds
+/// the step's own work below it: a worker that took part of a step's parallel work from
+/// its own loop (not while spinning) may pick up the spin job while it waits inside that
+/// work; the step then waits for the part this worker holds, and the worker would spin
+/// until the step ends (a CI run hung so in `qwen25_teacher_forced_matches_llamacpp`).
+const SPIN_IDLE_LIMIT: std::time::Duration = std::time::Duration::from_millis(2);
+
 thread_local! {
     /// Whether this thread runs a step or spins for one: a spinner asked for while
     /// waiting inside a step (rayon runs queued jobs there) must not spin, as the step
@@ -137,14 +145,19 @@ impl Spinners {
             return;
         }
         let mut idle = 0;
+        let mut since = None;
         while self.active.load(Ordering::Acquire) > 0 {
             if rayon::yield_now() == Some(rayon::Yield::Executed) {
                 idle = 0;
+                since = None;
             } else if idle < SPIN_ROUNDS {
                 idle += 1;
                 std::hint::spin_loop();
-            } else {
+            } else if since.get_or_insert_with(std::time::Instant::now).elapsed() < SPIN_IDLE_LIMIT
+            {
                 std::thread::yield_now();
+            } else {
+                break;
             }
         }
         IN_STEP.set(false);
@@ -1045,5 +1058,35 @@ impl Backend for CpuBackend {
         sink::attention(
             step.pos0, q, kv, window, cap, entries, sinks, rows, shape, p, out,
         )
+    }
+}
+
+#[cfg(test)]
+mod spin_tests {
+    use super::*;
+
+    /// A spinner asked for outside a step while a step runs elsewhere and no work comes
+    /// (the worker of the hang above, inside the step's work it took) returns within its
+    /// idle limit instead of spinning until the step ends.
+    #[test]
+    fn a_spinner_without_work_returns() {
+        use std::sync::atomic::Ordering;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let spinners = Arc::new(Spinners::default());
+        // A step that never ends while the spinner runs.
+        spinners.active.fetch_add(1, Ordering::AcqRel);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let me = spinners.clone();
+        pool.spawn(move || {
+            me.spin();
+            let _ = tx.send(());
+        });
+        // Generous for a loaded machine: the limit is 2 ms of finding nothing.
+        let returned = rx.recv_timeout(std::time::Duration::from_secs(20)).is_ok();
+        spinners.active.fetch_sub(1, Ordering::AcqRel);
+        assert!(returned, "the spinner was still spinning after 20 s");
     }
 }
