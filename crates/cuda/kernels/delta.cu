@@ -214,7 +214,8 @@ struct RecChunk {
 //
 // The kernel inputs arrive REC_TC tokens at a time by asynchronous copies into one of two
 // chunk buffers while the block computes the other, so a token waits on no global load
-// and on no barrier (one barrier per chunk). The order of operations per column is
+// and on no barrier (one barrier per chunk). The chains' products and the state update
+// are fused multiply-adds (one rounding each). The order of operations per column is
 // `delta_step`'s: the same values bit for bit.
 template <int DK>
 __device__ __forceinline__ void recurrent_body(const DeltaParams& P) {
@@ -282,15 +283,15 @@ __device__ __forceinline__ void recurrent_body(const DeltaParams& P) {
 #pragma unroll
             for (int i = 0; i < DH; ++i) {
                 s[i] = __fmul_rn(s[i], e[i]);
-                u = __fadd_rn(u, __fmul_rn(k[i], s[i]));
+                u = __fmaf_rn(k[i], s[i], u);
             }
             u = __fadd_rn(u, __shfl_xor_sync(0xFFFFFFFFu, u, 1));
             const float d = __fmul_rn(__fsub_rn(B.v[t][jl], u), B.beta[t]);
             float o = 0.f;
 #pragma unroll
             for (int i = 0; i < DH; ++i) {
-                s[i] = __fadd_rn(s[i], __fmul_rn(k[i], d));
-                o = __fadd_rn(o, __fmul_rn(q[i], s[i]));
+                s[i] = __fmaf_rn(k[i], d, s[i]);
+                o = __fmaf_rn(q[i], s[i], o);
             }
             o = __fadd_rn(o, __shfl_xor_sync(0xFFFFFFFFu, o, 1));
             if (P.out && col && i0 == 0) P.out[(i64)(P.row0 + c0 + t) * vl + h * P.dv + j] = rnd(o, P.rb);
@@ -417,7 +418,7 @@ extern "C" __global__ void delta_step(const DeltaParams P) {
             for (int i = a; i < b; ++i) {
                 const float s = __fmul_rn(st[i * dv + j], es[i]);
                 st[i * dv + j] = s;
-                u = __fadd_rn(u, __fmul_rn(ks[i], s));
+                u = __fmaf_rn(ks[i], s, u);
             }
             return u;
         };
@@ -427,9 +428,9 @@ extern "C" __global__ void delta_step(const DeltaParams P) {
             float oh = 0.f;
 #pragma unroll 8
             for (int i = a; i < b; ++i) {
-                const float s = __fadd_rn(st[i * dv + j], __fmul_rn(ks[i], d));
+                const float s = __fmaf_rn(ks[i], d, st[i * dv + j]);
                 Sh[(i64)i * dv + j] = s;
-                oh = __fadd_rn(oh, __fmul_rn(qs[i], s));
+                oh = __fmaf_rn(qs[i], s, oh);
             }
             return oh;
         };
