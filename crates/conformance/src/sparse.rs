@@ -156,9 +156,17 @@ fn compress_checks<B: Backend>(r: &mut Report<'_, B>) {
             "compress",
             format!("{what}, {n} tokens at {pos0}"),
             |b, rng| {
+                // Rings of older rows, and the step's rows, which go into its slots.
                 let rl = sh.row_len();
-                let kv = rng.normal(cap * rl, 1.0);
-                let gate = rng.normal(cap * rl, 1.0);
+                let ring = [rng.normal(cap * rl, 1.0), rng.normal(cap * rl, 1.0)];
+                let rows = [rng.normal(n * rl, 1.0), rng.normal(n * rl, 1.0)];
+                let [mut kv, mut gate] = ring.clone();
+                for i in 0..n {
+                    let slot = (pos0 + i) % cap;
+                    kv[slot * rl..(slot + 1) * rl].copy_from_slice(&rows[0][i * rl..(i + 1) * rl]);
+                    gate[slot * rl..(slot + 1) * rl]
+                        .copy_from_slice(&rows[1][i * rl..(i + 1) * rl]);
+                }
                 let (ape, apev) = weight(b, rng, "ape", &[rl, sh.rate], GgmlType::F32, 0.5)?;
                 let (norm, normv) =
                     weight(b, rng, "kv_norm.weight", &[sh.dim], GgmlType::F32, 1.0)?;
@@ -166,10 +174,11 @@ fn compress_checks<B: Backend>(r: &mut Report<'_, B>) {
                 let step = b.step(&vec![0; n], pos0)?;
                 let n_win = (pos0 + n) / sh.rate;
                 let mut entries = b.buf((n_win + 1) * sh.dim)?;
+                let [mut ring_kv, mut ring_gate] = [upload(b, &ring[0])?, upload(b, &ring[1])?];
                 b.compress(
                     &step,
-                    &upload(b, &kv)?,
-                    &upload(b, &gate)?,
+                    [&upload(b, &rows[0])?, &upload(b, &rows[1])?],
+                    [&mut ring_kv, &mut ring_gate],
                     cap,
                     &ape,
                     extra.then_some(&norm),
@@ -197,6 +206,14 @@ fn compress_checks<B: Backend>(r: &mut Report<'_, B>) {
                 }
                 if ours.is_empty() {
                     return Err(ds4_engine::EngineError::Backend("no window closes".into()));
+                }
+                // The rings after the step hold its rows exactly.
+                let stored = download(b, &ring_kv, cap * rl)? == kv
+                    && download(b, &ring_gate, cap * rl)? == gate;
+                if !stored {
+                    return Err(ds4_engine::EngineError::Backend(
+                        "the rings after the step differ from the stored rows".into(),
+                    ));
                 }
                 Ok((rel_err(&ours, &want), 1e-5))
             },

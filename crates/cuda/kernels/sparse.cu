@@ -20,8 +20,10 @@ extern "C" __global__ void store_rows(const StepInfo* step, const float* src, fl
 
 struct CompressParams {
     const StepInfo* step;
-    const float* kv;    // [cap, row_len] source rows, slot pos mod cap
-    const float* gate;  // same
+    const float* src_kv;    // [n_tok, row_len] the step's source rows
+    const float* src_gate;  // same
+    float* kv;              // [cap, row_len] source rows, slot pos mod cap
+    float* gate;            // same
     const float* ape;   // [m, row_len]
     const float* norm;  // optional [c]
     float* entries;     // [·, c]
@@ -30,19 +32,31 @@ struct CompressParams {
     float eps, mscale;
 };
 
-// One block per window that may close in this step (blockIdx.x counts from pos0/m):
+// The step's source rows go into the rings (`store_rows`, over the whole grid); then one
+// block per window that may close in this step (blockIdx.x counts from pos0/m):
 // entries[w][d] = round(Σ_slots round(round(softmax(gate + ape)) · kv)), then the
 // optional RMS norm (f32 weight, one rounding) and RoPE at position w·m on the trailing
-// rope_dims (interleaved pairs).
+// rope_dims (interleaved pairs). A window reads the step's rows from the source (the
+// values the rings get) and older ones from the rings, whose slots this step does not
+// write (the rings hold the step and a window's span).
 extern "C" __global__ void compress_windows(const CompressParams P) {
     extern __shared__ float ent[];  // c values
     __shared__ double red[32];
     pdl_wait();
     pdl_trigger();
     const int pos0 = P.step->pos0, n = P.step->n_tok;
+    const int rl = P.overlap ? 2 * P.c : P.c;
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < (i64)n * rl; i += (i64)gridDim.x * blockDim.x) {
+        const i64 r = i / rl, slot = ((pos0 + r) % P.cap) * rl + (i - r * rl);
+        P.kv[slot] = P.src_kv[i];
+        P.gate[slot] = P.src_gate[i];
+    }
+    // Source value `col` of position pos.
+    auto at = [&](const float* ring, const float* src, int pos, int col) {
+        return pos >= pos0 ? src[(i64)(pos - pos0) * rl + col] : ring[(i64)(pos % P.cap) * rl + col];
+    };
     const int w = pos0 / P.m + blockIdx.x;
     if (w >= (pos0 + n) / P.m) return;
-    const int rl = P.overlap ? 2 * P.c : P.c;
     for (int d = threadIdx.x; d < P.c; d += blockDim.x) {
         // Slots: (position, ape row, column).
         const int n_slots = P.overlap ? (w > 0 ? 2 * P.m : P.m) : P.m;
@@ -52,8 +66,7 @@ extern "C" __global__ void compress_windows(const CompressParams P) {
             int pos, j, col;
             if (P.overlap && w > 0 && s < P.m) { pos = (w - 1) * P.m + s; j = s; col = d; }
             else { const int ss = (P.overlap && w > 0) ? s - P.m : s; pos = w * P.m + ss; j = ss; col = P.overlap ? P.c + d : d; }
-            const i64 slot = (i64)(pos % P.cap) * rl + col;
-            logit[s & 255] = __fadd_rn(P.gate[slot], P.ape[(i64)j * rl + col]);
+            logit[s & 255] = __fadd_rn(at(P.gate, P.src_gate, pos, col), P.ape[(i64)j * rl + col]);
             mx = fmaxf(mx, logit[s & 255]);
         }
         double z = 0.0;
@@ -68,7 +81,7 @@ extern "C" __global__ void compress_windows(const CompressParams P) {
             if (P.overlap && w > 0 && s < P.m) { pos = (w - 1) * P.m + s; col = d; }
             else { const int ss = (P.overlap && w > 0) ? s - P.m : s; pos = w * P.m + ss; col = P.overlap ? P.c + d : d; }
             const float a = rnd(__fmul_rn(logit[s & 255], inv), P.rb);
-            acc = __fadd_rn(acc, rnd(__fmul_rn(a, P.kv[(i64)(pos % P.cap) * rl + col]), P.rb));
+            acc = __fadd_rn(acc, rnd(__fmul_rn(a, at(P.kv, P.src_kv, pos, col)), P.rb));
         }
         ent[d] = rnd(acc, P.rb);
     }

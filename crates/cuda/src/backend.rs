@@ -1374,8 +1374,8 @@ impl Backend for CudaBackend {
     fn compress(
         &self,
         step: &CudaStep,
-        kv: &CudaBuf,
-        gate: &CudaBuf,
+        rows: [&CudaBuf; 2],
+        ring: [&mut CudaBuf; 2],
         cap: usize,
         ape: &CudaWeight,
         norm: Option<&CudaWeight>,
@@ -1384,7 +1384,19 @@ impl Backend for CudaBackend {
         p: Prec,
         entries: &mut CudaBuf,
     ) -> EngineResult<()> {
-        self.compress_op(step, kv, gate, cap, ape, norm, rope, shape, p, entries)
+        let [kv, gate] = ring;
+        self.compress_op(
+            step,
+            rows,
+            [&*kv, &*gate],
+            cap,
+            ape,
+            norm,
+            rope,
+            shape,
+            p,
+            entries,
+        )
     }
 
     fn dsa_select(

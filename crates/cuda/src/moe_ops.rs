@@ -305,6 +305,8 @@ impl<'a> MlaIo<'a> {
 #[derive(Clone, Copy)]
 struct CompressParams {
     step: DPtr,
+    src_kv: DPtr,
+    src_gate: DPtr,
     kv: DPtr,
     gate: DPtr,
     ape: DPtr,
@@ -1717,8 +1719,8 @@ impl CudaBackend {
     pub(crate) fn compress_op(
         &self,
         step: &CudaStep,
-        kv: &CudaBuf,
-        gate: &CudaBuf,
+        rows: [&CudaBuf; 2],
+        ring: [&CudaBuf; 2],
         cap: usize,
         ape: &CudaWeight,
         norm: Option<&CudaWeight>,
@@ -1731,11 +1733,22 @@ impl CudaBackend {
         if sh.rate > 256 || (sh.overlap && sh.rate > 128) {
             return Err(bad("compress: windows of at most 256 slots"));
         }
+        if step.n_tok > cap {
+            return Err(bad("compress: more rows than ring slots"));
+        }
+        let ([src_kv, src_gate], [kv, gate]) = (rows, ring);
         let (am, al) = ape.values().map_err(weight_err)?;
         if al != sh.rate * rl {
             return Err(bad("compress: ape shape"));
         }
-        let mut keep = vec![&kv.mem, &gate.mem, am, &entries.mem];
+        let mut keep = vec![
+            &src_kv.mem,
+            &src_gate.mem,
+            &kv.mem,
+            &gate.mem,
+            am,
+            &entries.mem,
+        ];
         let np = opt_values(norm, sh.dim, "compress: norm", &mut keep)?;
         let inv = rope.map(|r| self.rope_table(r)).transpose()?;
         if let Some(m) = &inv {
@@ -1743,6 +1756,8 @@ impl CudaBackend {
         }
         let prm = CompressParams {
             step: self.step_ptr(),
+            src_kv: self.buf_of(src_kv, step.n_tok * rl, "compress kv rows")?,
+            src_gate: self.buf_of(src_gate, step.n_tok * rl, "compress gate rows")?,
             kv: self.buf_of(kv, cap * rl, "compress kv")?,
             gate: self.buf_of(gate, cap * rl, "compress gate")?,
             ape: am.ptr(),
@@ -1760,7 +1775,13 @@ impl CudaBackend {
         };
         self.launch_op(Launch {
             f: self.k.compress_windows,
-            grid: ((step.n_tok / sh.rate + 2) as u32, 1, 1),
+            // A block per window that may close, and enough for the stores (about 8
+            // values per thread).
+            grid: (
+                (step.n_tok / sh.rate + 2).max((step.n_tok * rl).div_ceil(1024)) as u32,
+                1,
+                1,
+            ),
             block: 128,
             smem: (sh.dim * 4) as u32,
             args: Self::args(prm),

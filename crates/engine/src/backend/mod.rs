@@ -555,22 +555,24 @@ pub trait Backend: Buffers + Send + Sync + 'static {
 
     // ---- compressed and sparse attention ----
 
-    /// Softmax-gated window compression: for each window `w` completed by this step's
-    /// tokens (its last source position in `pos0..pos0+n`), writes
-    /// `entries[w] = round(Σⱼ round(round(softmax_j(gate_j + ape_j)) · kv_j))` per
-    /// channel over the window's `m` source rows (with `shape.overlap`: the first halves
-    /// of window `w−1`'s rows and the second halves of window `w`'s, `2m` slots; window
-    /// `w−1 < 0` contributes nothing), then when given an RMS norm with weight `norm`
-    /// (rounded) and `rope` at position `w·m`. Source rows are read from `kv`/`gate`
-    /// (`[cap, row_len]`, slot `pos mod cap`, stored by [`Backend::store_rows`] before);
-    /// `ape [m, row_len]`. GLM-5.3's k-pool keys (`overlap` off, no norm, no rope) and
-    /// DeepSeek-V4's compressors.
+    /// One step of a softmax-gated window compressor. First the step's source rows
+    /// `rows = [kv, gate]` (`[n, row_len]`) go into the rings `ring = [kv, gate]`
+    /// (`[cap, row_len]`, slot `pos mod cap`, as [`Backend::store_rows`]); then for each
+    /// window `w` completed by this step's tokens (its last source position in
+    /// `pos0..pos0+n`), writes `entries[w] = round(Σⱼ round(round(softmax_j(gate_j +
+    /// ape_j)) · kv_j))` per channel over the window's `m` source rows (with
+    /// `shape.overlap`: the first halves of window `w−1`'s rows and the second halves of
+    /// window `w`'s, `2m` slots; window `w−1 < 0` contributes nothing), then when given an
+    /// RMS norm with weight `norm` (rounded) and `rope` at position `w·m`; `ape [m,
+    /// row_len]`. The rings must hold every position a window reads besides the step's
+    /// (`cap ≥ n +` the window's span). GLM-5.3's k-pool keys (`overlap` off, no norm, no
+    /// rope) and DeepSeek-V4's compressors.
     #[allow(clippy::too_many_arguments)]
     fn compress(
         &self,
         step: &Self::Step,
-        kv: &Self::Buf,
-        gate: &Self::Buf,
+        rows: [&Self::Buf; 2],
+        ring: [&mut Self::Buf; 2],
         cap: usize,
         ape: &Self::Weight,
         norm: Option<&Self::Weight>,

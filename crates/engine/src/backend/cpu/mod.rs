@@ -949,8 +949,8 @@ impl Backend for CpuBackend {
     fn compress(
         &self,
         step: &CpuStep,
-        kv: &Vec<f32>,
-        gate: &Vec<f32>,
+        rows: [&Vec<f32>; 2],
+        ring: [&mut Vec<f32>; 2],
         cap: usize,
         ape: &CpuWeight,
         norm: Option<&CpuWeight>,
@@ -959,6 +959,10 @@ impl Backend for CpuBackend {
         p: Prec,
         entries: &mut Vec<f32>,
     ) -> Result<()> {
+        let [kv, gate] = ring;
+        let n = step.tokens.len();
+        self.store_rows(step, rows[0], n, shape.row_len(), kv, cap)?;
+        self.store_rows(step, rows[1], n, shape.row_len(), gate, cap)?;
         let norm = norm
             .map(|w| w.expect_len(shape.dim, "compress norm"))
             .transpose()?;

@@ -105,15 +105,12 @@ impl<B: Backend> Compressor<B> {
         st: &mut CompState<B>,
     ) -> Result<()> {
         let [c, g] = tmp;
-        let rl = self.shape.row_len();
         b.matmul(&self.kv_proj, None, x, s, p, c)?;
         b.matmul(&self.gate_proj, None, x, s, p, g)?;
-        b.store_rows(step, c, s, rl, &mut st.kv, st.cap)?;
-        b.store_rows(step, g, s, rl, &mut st.gate, st.cap)?;
         b.compress(
             step,
-            &st.kv,
-            &st.gate,
+            [c, g],
+            [&mut st.kv, &mut st.gate],
             st.cap,
             &self.ape,
             norm.then_some(&self.norm),

@@ -197,8 +197,6 @@ impl<B: Backend> Indexer<B> {
         } else {
             b.copy(&sc.ik, 0, &mut sc.ik_n, 0, s * di)?;
         }
-        b.store_rows(call.step, &sc.ik_n, s, di, &mut st.k, call.n_ctx)?;
-        b.store_rows(call.step, &sc.igs, s, di, &mut st.gs, call.n_ctx)?;
         let pool = CompressShape {
             rate: sel.rate,
             dim: di,
@@ -207,8 +205,8 @@ impl<B: Backend> Indexer<B> {
         };
         b.compress(
             call.step,
-            &st.k,
-            &st.gs,
+            [&sc.ik_n, &sc.igs],
+            [&mut st.k, &mut st.gs],
             call.n_ctx,
             &self.ape,
             None,
