@@ -192,6 +192,15 @@ extern "C" __global__ void delta_conv_state(const DeltaParams P) {
 // runs the same chains one after the other.
 __device__ __forceinline__ int rec_half(int dk) { return dk <= 16 ? 8 : dk <= 32 ? 16 : dk <= 64 ? 32 : 64; }
 
+// a·b + c in the chains and the state update: one rounding (a fused multiply-add) under
+// the f32 policy; under bf16 the product rounded first, the CPU backend's arithmetic (with
+// fused multiply-adds the bf16 golden master `real_layout_bf16` moved from 1.11 to 1.80,
+// over the bound of its reference's own token-by-token spread, 1.1; docs/parity.md).
+template <bool FMA>
+__device__ __forceinline__ float rec_madd(float a, float b, float c) {
+    return FMA ? __fmaf_rn(a, b, c) : __fadd_rn(c, __fmul_rn(a, b));
+}
+
 // Where row r of a staged k, q or decay vector lives: the second half 4 floats further,
 // so that the two halves' broadcast loads hit different banks.
 template <int DK>
@@ -215,12 +224,11 @@ struct RecChunk {
 // The kernel inputs arrive REC_TC tokens at a time by asynchronous copies into one of two
 // chunk buffers while the block computes the other, so a token waits on no global load
 // and on no barrier (one barrier per chunk). The chains' products and the state update
-// are fused multiply-adds (one rounding each). The order of operations per column is
-// `delta_step`'s: the same values bit for bit.
-template <int DK>
-__device__ __forceinline__ void recurrent_body(const DeltaParams& P) {
+// are `rec_madd`s (fused multiply-adds unless the policy is bf16). The order of
+// operations per column is `delta_step`'s: the same values bit for bit.
+template <int DK, bool FMA>
+__device__ __forceinline__ void recurrent_body(const DeltaParams& P, RecChunk<DK> (&buf)[2]) {
     constexpr int DH = DK / 2;
-    __shared__ RecChunk<DK> buf[2];
     pdl_wait();
     pdl_trigger();
     const int h = blockIdx.x, tid = threadIdx.x, dk = P.dk;
@@ -283,15 +291,15 @@ __device__ __forceinline__ void recurrent_body(const DeltaParams& P) {
 #pragma unroll
             for (int i = 0; i < DH; ++i) {
                 s[i] = __fmul_rn(s[i], e[i]);
-                u = __fmaf_rn(k[i], s[i], u);
+                u = rec_madd<FMA>(k[i], s[i], u);
             }
             u = __fadd_rn(u, __shfl_xor_sync(0xFFFFFFFFu, u, 1));
             const float d = __fmul_rn(__fsub_rn(B.v[t][jl], u), B.beta[t]);
             float o = 0.f;
 #pragma unroll
             for (int i = 0; i < DH; ++i) {
-                s[i] = __fmaf_rn(k[i], d, s[i]);
-                o = __fmaf_rn(q[i], s[i], o);
+                s[i] = rec_madd<FMA>(k[i], d, s[i]);
+                o = rec_madd<FMA>(q[i], s[i], o);
             }
             o = __fadd_rn(o, __shfl_xor_sync(0xFFFFFFFFu, o, 1));
             if (P.out && col && i0 == 0) P.out[(i64)(P.row0 + c0 + t) * vl + h * P.dv + j] = rnd(o, P.rb);
@@ -303,10 +311,19 @@ __device__ __forceinline__ void recurrent_body(const DeltaParams& P) {
             if (i0 + i < dk) Sh[(i64)(i0 + i) * P.dv + j] = s[i];
 }
 
-extern "C" __global__ void delta_recurrent_16(const DeltaParams P) { recurrent_body<16>(P); }
-extern "C" __global__ void delta_recurrent_32(const DeltaParams P) { recurrent_body<32>(P); }
-extern "C" __global__ void delta_recurrent_64(const DeltaParams P) { recurrent_body<64>(P); }
-extern "C" __global__ void delta_recurrent_128(const DeltaParams P) { recurrent_body<128>(P); }
+template <int DK>
+__device__ __forceinline__ void recurrent(const DeltaParams& P) {
+    __shared__ RecChunk<DK> buf[2];
+    if (P.rb)
+        recurrent_body<DK, false>(P, buf);
+    else
+        recurrent_body<DK, true>(P, buf);
+}
+
+extern "C" __global__ void delta_recurrent_16(const DeltaParams P) { recurrent<16>(P); }
+extern "C" __global__ void delta_recurrent_32(const DeltaParams P) { recurrent<32>(P); }
+extern "C" __global__ void delta_recurrent_64(const DeltaParams P) { recurrent<64>(P); }
+extern "C" __global__ void delta_recurrent_128(const DeltaParams P) { recurrent<128>(P); }
 
 // One channel's conv inputs that `delta_step` may load before its wait (see there): its
 // kc−1 state rows and its kc weights.
@@ -412,13 +429,15 @@ extern "C" __global__ void delta_step(const DeltaParams P) {
     if (j < dv) {
         // Rows in `recurrent_body`'s two halves: a chain each, then their sum.
         const int dh = min(rec_half(dk), dk);
+        const bool fma = !P.rb;
+        auto madd = [&](float a, float b, float c) { return fma ? rec_madd<true>(a, b, c) : rec_madd<false>(a, b, c); };
         auto decay = [&](int a, int b) {
             float u = 0.f;
 #pragma unroll 8
             for (int i = a; i < b; ++i) {
                 const float s = __fmul_rn(st[i * dv + j], es[i]);
                 st[i * dv + j] = s;
-                u = __fmaf_rn(ks[i], s, u);
+                u = madd(ks[i], s, u);
             }
             return u;
         };
@@ -428,9 +447,9 @@ extern "C" __global__ void delta_step(const DeltaParams P) {
             float oh = 0.f;
 #pragma unroll 8
             for (int i = a; i < b; ++i) {
-                const float s = __fmaf_rn(ks[i], d, st[i * dv + j]);
+                const float s = madd(ks[i], d, st[i * dv + j]);
                 Sh[(i64)i * dv + j] = s;
-                oh = __fmaf_rn(qs[i], s, oh);
+                oh = madd(qs[i], s, oh);
             }
             return oh;
         };
