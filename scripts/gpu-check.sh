@@ -18,9 +18,10 @@
 #   --require-gpu  fail instead of skipping when no usable GPU is found (DS4_REQUIRE_GPU=1)
 #   --quick        fewer parity models and one benchmark model
 #   --soak M       also M minutes of decode with rewinds on glm53-flash:q2 (the issue asks
-#                  for 30), failing when the memory pool's live allocations grow by more
-#                  than SOAK_MAX_GROWTH MiB (default 1024: 5- and 6-minute runs grew 405
-#                  and 263 MiB, in steps as scratch reached its largest call, then flat)
+#                  for 30), failing when the floor of the memory pool's live allocations
+#                  (their least sample, second half against first) grows by more than
+#                  SOAK_MAX_GROWTH MiB (default 1024: 5- and 6-minute runs grew 405 and
+#                  263 MiB, in steps as scratch reached its largest call, then flat)
 #   PARITY_TIMEOUT, BENCH_TIMEOUT (seconds, default 600) bound each step.
 #
 # Steps: device info and copy bandwidth; test binaries found in --bin; the synthetic
