@@ -356,6 +356,39 @@ __device__ __forceinline__ float conv_one(const DeltaParams& P, const ConvIn& in
 }
 
 // grid hv (= hk), blockDim ≥ max(dk, dv, gc) a multiple of 32, conv kernel ≤ STEP_KC,
+// Column j of a head's state `st` ([dk, dv], shared memory) through one token, rows in
+// `recurrent_body`'s two halves (a chain each, then their sum): the decay and u = kᵀS,
+// then with d = (v − u)·β the update (written to `Sh` too) and o = qᵀS, returned before
+// rounding; products and sums by `rec_madd<FMA>`.
+template <bool FMA>
+__device__ __forceinline__ float step_column(float* st, float* Sh, const float* ks, const float* qs, const float* es,
+                                             int dk, int dv, int j, float v, float beta) {
+    const int dh = min(rec_half(dk), dk);
+    auto decay = [&](int a, int b) {
+        float u = 0.f;
+#pragma unroll 8
+        for (int i = a; i < b; ++i) {
+            const float s = __fmul_rn(st[i * dv + j], es[i]);
+            st[i * dv + j] = s;
+            u = rec_madd<FMA>(ks[i], s, u);
+        }
+        return u;
+    };
+    const float u = __fadd_rn(decay(0, dh), decay(dh, dk));
+    const float d = __fmul_rn(__fsub_rn(v, u), beta);
+    auto update = [&](int a, int b) {
+        float oh = 0.f;
+#pragma unroll 8
+        for (int i = a; i < b; ++i) {
+            const float s = rec_madd<FMA>(ks[i], d, st[i * dv + j]);
+            Sh[(i64)i * dv + j] = s;
+            oh = rec_madd<FMA>(qs[i], s, oh);
+        }
+        return oh;
+    };
+    return __fadd_rn(update(0, dh), update(dh, dk));
+}
+
 // dynamic shared memory dk·dv floats: one token with as many key as value heads (KDA's
 // decode step) in one launch — the conv of the head's q, k and v channels (this block
 // owns them, so it may shift their state), the kernel inputs, the recurrence, the
@@ -427,33 +460,10 @@ extern "C" __global__ void delta_step(const DeltaParams P) {
     __syncthreads();
     float o = 0.f;
     if (j < dv) {
-        // Rows in `recurrent_body`'s two halves: a chain each, then their sum.
-        const int dh = min(rec_half(dk), dk);
-        const bool fma = !P.rb;
-        auto madd = [&](float a, float b, float c) { return fma ? rec_madd<true>(a, b, c) : rec_madd<false>(a, b, c); };
-        auto decay = [&](int a, int b) {
-            float u = 0.f;
-#pragma unroll 8
-            for (int i = a; i < b; ++i) {
-                const float s = __fmul_rn(st[i * dv + j], es[i]);
-                st[i * dv + j] = s;
-                u = madd(ks[i], s, u);
-            }
-            return u;
-        };
-        const float u = __fadd_rn(decay(0, dh), decay(dh, dk));
-        const float d = __fmul_rn(__fsub_rn(mv, u), beta_sh);
-        auto update = [&](int a, int b) {
-            float oh = 0.f;
-#pragma unroll 8
-            for (int i = a; i < b; ++i) {
-                const float s = madd(ks[i], d, st[i * dv + j]);
-                Sh[(i64)i * dv + j] = s;
-                oh = madd(qs[i], s, oh);
-            }
-            return oh;
-        };
-        o = rnd(__fadd_rn(update(0, dh), update(dh, dk)), P.rb);
+        // The arithmetic chosen once per thread, outside the chains.
+        o = P.rb ? step_column<false>(st, Sh, ks, qs, es, dk, dv, j, mv, beta_sh)
+                 : step_column<true>(st, Sh, ks, qs, es, dk, dv, j, mv, beta_sh);
+        o = rnd(o, P.rb);
         P.out[(i64)P.row0 * vl + h * dv + j] = o;
         os[j] = o;
     }
