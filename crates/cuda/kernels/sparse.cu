@@ -5,17 +5,21 @@
 
 #include "common.cuh"
 
+// Where value i of the step's rows (`row_len` values each, the first at position pos0)
+// goes in a ring of `cap` rows: row (pos0 + r) mod cap.
+__device__ __forceinline__ i64 ring_at(i64 i, int pos0, int row_len, int cap) {
+    const i64 r = i / row_len;
+    return ((pos0 + r) % cap) * row_len + (i - r * row_len);
+}
+
 // dst[(pos0 + i) mod cap] = src[i] for the step's rows of `row_len` values.
 extern "C" __global__ void store_rows(const StepInfo* step, const float* src, float* dst, i32 rows, i32 row_len,
                                       i32 cap) {
     pdl_wait();
     pdl_trigger();
     const i64 n = (i64)rows * row_len;
-    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-        const i64 r = i / row_len;
-        const i64 slot = (step->pos0 + r) % cap;
-        dst[slot * row_len + (i - r * row_len)] = src[i];
-    }
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        dst[ring_at(i, step->pos0, row_len, cap)] = src[i];
 }
 
 struct CompressParams {
@@ -47,7 +51,7 @@ extern "C" __global__ void compress_windows(const CompressParams P) {
     const int pos0 = P.step->pos0, n = P.step->n_tok;
     const int rl = P.overlap ? 2 * P.c : P.c;
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < (i64)n * rl; i += (i64)gridDim.x * blockDim.x) {
-        const i64 r = i / rl, slot = ((pos0 + r) % P.cap) * rl + (i - r * rl);
+        const i64 slot = ring_at(i, pos0, rl, P.cap);
         P.kv[slot] = P.src_kv[i];
         P.gate[slot] = P.src_gate[i];
     }
