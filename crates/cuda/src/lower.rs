@@ -615,8 +615,16 @@ fn gemv_group(ops: &[Op], start: usize, inp: Input, cx: &Ctx) -> Option<(usize, 
 /// faster on rows of 4096 (docs/benchmarks.md).
 pub const TYPED_GEMV_MAX_INPUTS: i32 = 8192;
 
+/// Most weights (rows × inputs) of a launch of plain segments on the typed GEMV kernels:
+/// on larger ones the generic kernel's groups of 4 steps were measured faster (H200,
+/// eager profile of glm53-flash:q2: KDA q/k/v, 24576 × 4096 Q8_0, 41.7 µs typed against
+/// 36.9 generic; the output head 196 against 162), on smaller ones the typed (MLA q_a
+/// with its norm 15.8 against 16.7; the shared expert's down product equal).
+pub const TYPED_GEMV_MAX_WEIGHTS: i64 = 64 << 20;
+
 /// The typed GEMV for a launch whose segments are all of one weight type and either all
-/// gate/up pairs (of that type) or none, with rows of at most [`TYPED_GEMV_MAX_INPUTS`].
+/// gate/up pairs (of that type) or none, with rows of at most [`TYPED_GEMV_MAX_INPUTS`]
+/// and, for plain segments, at most [`TYPED_GEMV_MAX_WEIGHTS`] weights.
 fn typed_gemv(p: &GemvParams, cx: &Ctx) -> Option<Func> {
     if !cx.gemv_typed || p.n_in > TYPED_GEMV_MAX_INPUTS {
         return None;
@@ -624,6 +632,9 @@ fn typed_gemv(p: &GemvParams, cx: &Ctx) -> Option<Func> {
     let segs = &p.seg[..p.nseg as usize];
     let ty = segs[0].ty;
     let pair = segs[0].out3 != 0;
+    if !pair && p.total_rows as i64 * p.n_in as i64 > TYPED_GEMV_MAX_WEIGHTS {
+        return None;
+    }
     let uniform = segs
         .iter()
         .all(|s| s.ty == ty && (s.out3 != 0) == pair && (!pair || s.ty2 == ty));
@@ -1406,6 +1417,29 @@ mod tests {
         }
         want.extend([k.copy_f32, q6k]);
         assert_eq!(f, want);
+    }
+
+    #[test]
+    fn plain_launches_past_the_weight_limit_take_the_generic_gemv() {
+        let k = Kernels::fake();
+        let q8 = GEMV_TYPES
+            .iter()
+            .position(|&(g, _)| g == GgmlType::Q8_0)
+            .unwrap();
+        let matmul = |rows: u32, out: u64| Op::Matmul {
+            w: mat(out, GgmlType::Q8_0, rows, 4096),
+            bias: None,
+            x: 1 << 40,
+            rows: 1,
+            out: out << 40,
+        };
+        // 16384 × 4096 weights: exactly the limit, typed; one row more: generic.
+        let at = (TYPED_GEMV_MAX_WEIGHTS / 4096) as u32;
+        assert_eq!(
+            funcs(&lowered(&[matmul(at, 2)], 1, &k)),
+            [k.gemv_typed[q8][0]]
+        );
+        assert_eq!(funcs(&lowered(&[matmul(at + 1, 2)], 1, &k)), [k.gemv]);
     }
 
     #[test]
