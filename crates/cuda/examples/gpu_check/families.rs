@@ -83,6 +83,21 @@ fn median_row(a: &[f32], b: &[f32], v: usize) -> f64 {
     rows[rows.len() / 2]
 }
 
+/// The five prompt positions where `ours` is furthest from the reference, with the
+/// CPU's error at each ("12: 2.24 / 1.07, …").
+fn worst_rows(ours: &[f32], cpu: &[f32], reference: &[f32], v: usize) -> String {
+    let err = |a: &[f32], i: usize| row_err(&a[i * v..(i + 1) * v], &reference[i * v..(i + 1) * v]);
+    let mut rows: Vec<(usize, f64)> = (0..reference.len() / v)
+        .map(|i| (i, err(ours, i)))
+        .collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    rows.iter()
+        .take(5)
+        .map(|&(i, e)| format!("{i}: {e:.3} / {:.3}", err(cpu, i)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `model FIXTURE GGUF [--bf16]`: the fixture's golden master on CUDA and on the CPU
 /// from GGUF (f32 bound 1e-3 × max(1, row std) on CUDA; bf16: the fixture's own spread).
 pub fn model(args: &[String]) -> Res<()> {
@@ -121,6 +136,10 @@ pub fn model(args: &[String]) -> Res<()> {
          CPU {e_cp:.2e} / {e_cd:.2e}; CUDA vs CPU {vs_cpu:.2e}; greedy {greedy}/{steps}; load {load_s:.1}s, run {run_s:.2}s",
         median_row(&gp, &g.prefill, v),
         median_row(&gd, &g.decode, v)
+    );
+    println!(
+        "{name}: worst prefill rows (position: CUDA / CPU error): {}",
+        worst_rows(&gp, &cp, &g.prefill, v)
     );
     let stats = gpu.stats();
     println!(
