@@ -201,6 +201,7 @@ fn run<B: Backend>(
     w: &Weights<B::Weight>,
     sh: &DeltaShape,
     form: DeltaForm,
+    p: Prec,
 ) -> ds4_engine::Result<(B::Buf, B::Buf, B::Buf)> {
     let n = c.n;
     let (q, k, v, g, beta) = (
@@ -233,18 +234,7 @@ fn run<B: Backend>(
     let calls = if per_token { n } else { 1 };
     for c in 0..calls {
         let rows = if per_token { c..c + 1 } else { 0..n };
-        b.delta_net(
-            &step,
-            rows,
-            &x,
-            &dw,
-            &mut st,
-            None,
-            sh,
-            form,
-            Prec::F32,
-            &mut out,
-        )?;
+        b.delta_net(&step, rows, &x, &dw, &mut st, None, sh, form, p, &mut out)?;
     }
     Ok((out, conv, s))
 }
@@ -289,42 +279,64 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
         out_gate: OutGate::Silu,
         eps: 1e-6,
     };
+    // Under the bf16 policy the conv outputs, beta and the outputs are rounded to bf16;
+    // the reference rounds nothing. Tolerance 1e-2: the CPU backend's measured 3.2e-3 (KDA) and 5.0e-3
+    // (gated delta net), with a margin of 2×.
     let cases = [
         (
             kda,
             DeltaForm::Chunked(64),
             130,
+            Prec::F32,
             "KDA (GLM-5.3) 64 × 128, chunked 64, 130 tokens",
+        ),
+        (
+            kda,
+            DeltaForm::Chunked(64),
+            130,
+            Prec::Bf16,
+            "KDA (GLM-5.3) 64 × 128, chunked 64, 130 tokens, bf16 policy",
         ),
         (
             kda,
             DeltaForm::Recurrent,
             3,
+            Prec::F32,
             "KDA (GLM-5.3), recurrent, 3 tokens one call each (decode)",
         ),
         (
             gdn,
             DeltaForm::Chunked(64),
             70,
+            Prec::F32,
             "gated delta net (Qwen3.5) 16/32 heads, chunked, 70 tokens",
+        ),
+        (
+            gdn,
+            DeltaForm::Chunked(64),
+            70,
+            Prec::Bf16,
+            "gated delta net (Qwen3.5) 16/32 heads, chunked, 70 tokens, bf16 policy",
         ),
         (
             gdn,
             DeltaForm::Recurrent,
             2,
+            Prec::F32,
             "gated delta net (Qwen3.5), recurrent, 2 tokens",
         ),
     ];
-    for (sh, form, n, what) in cases {
+    for (sh, form, n, p, what) in cases {
         r.check("delta_net", what, |b, rng| {
             let w = weights(b, rng, &sh)?;
             let c = case(rng, &sh, n);
-            let (out, conv, s) = run(b, &c, &w, &sh, form)?;
+            let (out, conv, s) = run(b, &c, &w, &sh, form, p)?;
             let (want, want_conv, want_s) = reference(&c, &sh, &w);
             let e_out = rel_err(&download(b, &out, n * sh.v_len())?, &want);
             let e_conv = rel_err(&download(b, &conv, sh.conv_len())?, &want_conv);
             let e_s = rel_err(&download(b, &s, sh.state_len())?, &want_s);
-            Ok((e_out.max(e_conv).max(e_s), 1e-4))
+            let tol = if p == Prec::Bf16 { 1e-2 } else { 1e-4 };
+            Ok((e_out.max(e_conv).max(e_s), tol))
         });
     }
     // A decode step's output normalised right after it (the CUDA backend runs both in one
@@ -341,7 +353,7 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
             // Everything uploaded first: an upload flushes the recorded ops, and the step
             // and the norm must be recorded together for a backend to fuse them.
             let (zb, mut normed) = (upload(b, &z)?, b.buf(sh.v_len())?);
-            let (out, _, s) = run(b, &c, &w, &sh, DeltaForm::Recurrent)?;
+            let (out, _, s) = run(b, &c, &w, &sh, DeltaForm::Recurrent, Prec::F32)?;
             b.gated_norm(&out, &zb, &nw, 1, &sh, Prec::F32, &mut normed)?;
             let (want, _, want_s) = reference(&c, &sh, &w);
             let e_norm = rel_err(
