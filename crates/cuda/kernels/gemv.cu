@@ -741,9 +741,31 @@ __device__ __forceinline__ void gemv_body(const GemvParams& P) {
 
     for (int gr = gwarp; gr < P.total_rows; gr += nwarps) {
         if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + P.prefetch * nwarps, n);
-        const Seg& s = P.seg[find_seg(P, gr)];
+        const int si = find_seg(P, gr);
+        const Seg& s = P.seg[si];
         const int r = gr - s.row0;
         float v[2] = {0.f, 0.f};
+        if constexpr (TY >= 0 && !PAIR) {
+            // Rows gr and gr + nwarps of one segment together, their loads in flight at
+            // once (the second "matrix" is the first moved down by nwarps rows); each row's
+            // sum runs in the single row's order.
+            const int r2 = r + nwarps;
+            if (r2 < s.rows) {
+                if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + (P.prefetch + 1) * nwarps, n);
+                u32 rb_[4];
+                plane_row_bytes(TY, n, rb_);
+                Planes w2;
+#pragma unroll
+                for (int i = 0; i < MAX_PLANES; ++i) w2.p[i] = s.w.p[i] ? s.w.p[i] + (i64)nwarps * rb_[i] : nullptr;
+                row_dot_t<TY, 2, GMAX>(s.w, w2, r, n, a, lane, v);
+                if (lane == 0) {
+                    epilogue(s, r, v[0], 0.f);
+                    epilogue(s, r2, v[1], 0.f);
+                }
+                gr += nwarps;
+                continue;
+            }
+        }
         if constexpr (TY >= 0) {
             if constexpr (PAIR) row_dot_t<TY, 2, GMAX>(s.w, s.w2, r, n, a, lane, v);
             else row_dot_t<TY, 1, GMAX>(s.w, s.w, r, n, a, lane, v);
@@ -763,11 +785,13 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv(const Gemv
 
 // Typed kernels gemv_<type>[_pair] (src/kernels.rs names them): plain segments with
 // MINB blocks per SM and load groups of up to G steps; a gate/up pair with MINB2 blocks
-// and groups of G2 steps per matrix; prologue chunks CB. Registers (cuobjdump
-// -res-usage): 62–64 for plain segments (Q5_0, Q5_K, Q8_0 spill 8–24 bytes), 76–80 for
-// pairs. Measured against the generic kernel on the H200 (docs/benchmarks.md): faster
-// on rows of 4096 inputs, slower on 14336 (groups of 2 steps cost round trips there),
-// so lower.rs uses them for rows of at most 8192 inputs.
+// and groups of G2 steps per matrix; prologue chunks CB. Plain segments take two rows
+// per warp at once while the segment has them (three blocks per SM: 80 registers, Q5_K,
+// Q6_K and Q8_0 spill 4–16 bytes; at four blocks and one row, 64 registers, GLM-5.3 and
+// DeepSeek-V4 decoded 3–4 % slower, docs/benchmarks.md); pairs 76–80 registers. Measured
+// against the generic kernel on the H200: faster on rows of 4096 inputs, slower on 14336
+// (groups of 2 steps cost round trips there), so lower.rs uses them for rows of at most
+// 8192 inputs and launches of plain segments of at most 64M weights.
 #define GEMV_KERNEL(NAME, TY, PAIR, MINB, G, CB)                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB) NAME(const GemvParams P) {     \
         gemv_body<TY, PAIR, G, CB>(P);                                                                 \
@@ -792,7 +816,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv(const Gemv
     GEMV_KERNEL(gemv_q2_k##SUF, T_Q2_K, false, MINB, G, CB)                                           \
     GEMV_KERNEL(gemv_q2_k_pair##SUF, T_Q2_K, true, MINB2, G2, CB)
 
-GEMV_TYPED(, 4, 2, 3, 2, 2)
+GEMV_TYPED(, 3, 2, 3, 2, 2)
 
 // ---- routed experts: one launch for every (token, chosen expert) pair ----
 
