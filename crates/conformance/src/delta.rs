@@ -280,8 +280,8 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
         eps: 1e-6,
     };
     // Under the bf16 policy the conv outputs, beta and the outputs are rounded to bf16;
-    // the reference rounds nothing. Tolerance 1e-2: the CPU backend's measured 3.2e-3 (KDA) and 5.0e-3
-    // (gated delta net), with a margin of 2×.
+    // the reference rounds nothing. Tolerance 1e-2: the CPU backend's measured 3.2e-3
+    // (KDA) and 5.0e-3 (gated delta net), with a margin of 2×.
     let cases = [
         (
             kda,

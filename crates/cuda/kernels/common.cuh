@@ -493,11 +493,13 @@ __device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, 
 
 // ---- quantized matrices ----
 
-// Matrix `e` of a stack of quantized matrices: plane i starts e·stride[i] bytes on.
-__device__ __forceinline__ Planes expert_planes(const Planes& w, const i64* stride, int e) {
+// Matrix `e` of a stack of quantized matrices: plane i starts e·stride[i] bytes on. (With
+// a plane's row bytes as strides, the matrix whose row r is row r + e of `w`.)
+template <class S>
+__device__ __forceinline__ Planes expert_planes(const Planes& w, const S* stride, int e) {
     Planes p;
 #pragma unroll
-    for (int i = 0; i < MAX_PLANES; ++i) p.p[i] = w.p[i] ? w.p[i] + e * stride[i] : nullptr;
+    for (int i = 0; i < MAX_PLANES; ++i) p.p[i] = w.p[i] ? w.p[i] + e * (i64)stride[i] : nullptr;
     return p;
 }
 

@@ -741,8 +741,7 @@ __device__ __forceinline__ void gemv_body(const GemvParams& P) {
 
     for (int gr = gwarp; gr < P.total_rows; gr += nwarps) {
         if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + P.prefetch * nwarps, n);
-        const int si = find_seg(P, gr);
-        const Seg& s = P.seg[si];
+        const Seg& s = P.seg[find_seg(P, gr)];
         const int r = gr - s.row0;
         float v[2] = {0.f, 0.f};
         if constexpr (TY >= 0 && !PAIR) {
@@ -754,10 +753,7 @@ __device__ __forceinline__ void gemv_body(const GemvParams& P) {
                 if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + (P.prefetch + 1) * nwarps, n);
                 u32 rb_[4];
                 plane_row_bytes(TY, n, rb_);
-                Planes w2;
-#pragma unroll
-                for (int i = 0; i < MAX_PLANES; ++i) w2.p[i] = s.w.p[i] ? s.w.p[i] + (i64)nwarps * rb_[i] : nullptr;
-                row_dot_t<TY, 2, GMAX>(s.w, w2, r, n, a, lane, v);
+                row_dot_t<TY, 2, GMAX>(s.w, expert_planes(s.w, rb_, nwarps), r, n, a, lane, v);
                 if (lane == 0) {
                     epilogue(s, r, v[0], 0.f);
                     epilogue(s, r2, v[1], 0.f);
@@ -961,11 +957,7 @@ __device__ __forceinline__ void expert_body(const ExpertGemv& E) {
         } else if (r + stride < E.rows) {
             // Rows r and r + stride together (their loads in flight at once): the second
             // "matrix" is the first moved down by `stride` rows.
-            Planes w2;
-#pragma unroll
-            for (int i = 0; i < MAX_PLANES; ++i)
-                w2.p[i] = w0.p[i] ? w0.p[i] + (i64)stride * rb_[i] : nullptr;
-            expert_dot<TY, 2>(E.type, w0, w2, r, E.n_in, a, lane, v);
+            expert_dot<TY, 2>(E.type, w0, expert_planes(w0, rb_, stride), r, E.n_in, a, lane, v);
             if (lane == 0) E.out[(i64)pair * E.rows + r + stride] = rnd(v[1], E.rb);
         } else {
             expert_dot<TY, 1>(E.type, w0, w0, r, E.n_in, a, lane, v);
