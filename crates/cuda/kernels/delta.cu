@@ -355,7 +355,6 @@ __device__ __forceinline__ float conv_one(const DeltaParams& P, const ConvIn& in
     return rnd(siluf_ref(acc), P.rb);
 }
 
-// grid hv (= hk), blockDim ≥ max(dk, dv, gc) a multiple of 32, conv kernel ≤ STEP_KC,
 // Column j of a head's state `st` ([dk, dv], shared memory) through one token, rows in
 // `recurrent_body`'s two halves (a chain each, then their sum): the decay and u = kᵀS,
 // then with d = (v − u)·β the update (written to `Sh` too) and o = qᵀS, returned before
@@ -389,6 +388,7 @@ __device__ __forceinline__ float step_column(float* st, float* Sh, const float* 
     return __fadd_rn(update(0, dh), update(dh, dk));
 }
 
+// grid hv (= hk), blockDim ≥ max(dk, dv, gc) a multiple of 32, conv kernel ≤ STEP_KC,
 // dynamic shared memory dk·dv floats: one token with as many key as value heads (KDA's
 // decode step) in one launch — the conv of the head's q, k and v channels (this block
 // owns them, so it may shift their state), the kernel inputs, the recurrence, the
