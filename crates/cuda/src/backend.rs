@@ -32,7 +32,7 @@ use crate::error::{CudaError, Result};
 use crate::gemm::Blas;
 use crate::graph::GraphCache;
 use crate::kernels::Kernels;
-use crate::lower::{AttnScratch, Cmd, Ctx, lower_traced};
+use crate::lower::{AttnScratch, Cmd, Ctx, Launch, lower_traced};
 use crate::ops::{MatRef, Op, Recording, RopeArgs, step_bytes};
 use crate::weights::{CudaWeight, Source, load};
 
@@ -155,6 +155,9 @@ pub(crate) struct State {
     graph_events: Option<(Event, Event, bool)>,
     profile: Vec<ProfileRow>,
     profile_events: Vec<Event>,
+    /// Labels of the launches that decode graphs captured from now on leave out
+    /// ([`CudaBackend::set_without`]; empty in normal use).
+    without: Vec<String>,
     /// Scratch memory of multi-launch operations, by purpose (`crate::moe_ops`).
     pub(crate) scratch: HashMap<&'static str, Arc<DevMem>>,
     /// RoPE inverse-frequency tables on the device, by their f32 bits.
@@ -257,6 +260,7 @@ impl CudaBackend {
                 graph_events: None,
                 profile: Vec::new(),
                 profile_events: Vec::new(),
+                without: Vec::new(),
                 scratch: HashMap::new(),
                 rope_tables: HashMap::new(),
             }),
@@ -372,6 +376,22 @@ impl CudaBackend {
         self.profile.store(on, Ordering::Relaxed);
     }
 
+    /// Leaves the launches with these labels out of the decode graphs captured from now
+    /// on, to measure what each kind of launch costs inside a replay (`gpu_check bench
+    /// --without LABEL`): while any label is set, the model's results are wrong and only
+    /// the time means something. Empty: every launch, as normal.
+    pub fn set_without(&self, labels: &[String]) {
+        if !labels.is_empty() {
+            tracing::warn!(
+                ?labels,
+                "decode graphs leave these launches out: results are wrong, for timing only"
+            );
+        }
+        let mut st = self.lock();
+        st.without = labels.to_vec();
+        st.graphs.clear();
+    }
+
     /// The profile collected so far (and resets it).
     pub fn take_profile(&self) -> Vec<ProfileRow> {
         std::mem::take(&mut self.lock().profile)
@@ -447,15 +467,19 @@ impl CudaBackend {
                 .iter()
                 .any(|c| matches!(c, Cmd::Gemm { .. } | Cmd::Sgemm(_)))
             {
-                let n = cmds.len();
+                let launch: Vec<&Launch> = cmds
+                    .iter()
+                    .filter_map(|c| match c {
+                        Cmd::Launch(l) if !st.without.iter().any(|w| w == l.label) => Some(l),
+                        _ => None,
+                    })
+                    .collect();
+                let n = launch.len();
                 let captured = {
                     let gpu = self.gpu.clone();
-                    let cmds_ref = &cmds;
                     st.graphs.capture(&self.gpu, &rec.ops, rec.step_ptr, n, || {
-                        for c in cmds_ref {
-                            if let Cmd::Launch(l) = c {
-                                gpu.launch(l.f, l.grid, l.block, l.smem, &l.args, pdl)?;
-                            }
+                        for l in &launch {
+                            gpu.launch(l.f, l.grid, l.block, l.smem, &l.args, pdl)?;
                         }
                         Ok(())
                     })

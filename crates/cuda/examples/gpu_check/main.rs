@@ -7,7 +7,9 @@
 //! gpu_check gen                       device generators == host generators, every type
 //! gpu_check parity SPEC...            CUDA vs CPU logits on synthetic models (SHAPE:QUANT)
 //! gpu_check bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS]
-//!                      [--first-layer K] [--layers N]
+//!                      [--first-layer K] [--layers N] [--without LABEL]...
+//!                                     (--without: launches of that label left out of the
+//!                                     decode graphs, to time them inside a replay)
 //! gpu_check gemv                      single-matrix GEMV bandwidth (llama3-8b shapes)
 //! gpu_check warm-cache [ARCH]         compile the kernels into $DS4_CUDA_CACHE (no GPU needed)
 //! gpu_check conformance [FILTER]      every backend operation vs its reference (ds4-conformance)
@@ -54,7 +56,7 @@ fn main() {
         Some("same-file") => families::same_file(&args[1..]),
         Some("soak") => soak::soak(&args[1..]),
         Some("nccl") => nccl_check(),
-        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB] | nccl".into()),
+        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] [--without LABEL]... | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB] | nccl".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -343,6 +345,9 @@ struct BenchOpts {
     /// K..K+N-1, for quick profiles of every layer kind.
     first_layer: usize,
     layers: Option<usize>,
+    /// Launch labels left out of the decode graphs (`--without`, repeatable): what each
+    /// kind of launch costs inside a replay, against a run without the option.
+    without: Vec<String>,
 }
 
 fn bench(args: &[String]) -> Res<()> {
@@ -356,6 +361,7 @@ fn bench(args: &[String]) -> Res<()> {
         ab: 0,
         first_layer: 0,
         layers: None,
+        without: Vec::new(),
     };
     let mut i = 1;
     while i < args.len() {
@@ -365,6 +371,7 @@ fn bench(args: &[String]) -> Res<()> {
             "--ab" => o.ab = v.parse()?,
             "--first-layer" => o.first_layer = v.parse()?,
             "--layers" => o.layers = Some(v.parse()?),
+            "--without" => o.without.push(v),
             "--decode" => o.decode = v.parse()?,
             "--prefill" => {
                 o.prefill = v
@@ -392,6 +399,13 @@ fn bench(args: &[String]) -> Res<()> {
     let ds4_cuda::Synthetic { backend, model, .. } = load_synthetic(&spec, 0)?;
     backend.synchronize()?;
     let load_s = t0.elapsed().as_secs_f64();
+    if !o.without.is_empty() {
+        backend.set_without(&o.without);
+        println!(
+            "without {:?}: left out of the decode graphs (the logits are wrong; only the time counts)",
+            o.without
+        );
+    }
     let bw = copy_bandwidth(backend.gpu(), backend.kernels(), 1 << 30, 10)?;
     let info = model.info().clone();
     println!(
