@@ -738,6 +738,9 @@ __device__ __forceinline__ void gemv_body(const GemvParams& P) {
     pdl_trigger();
 
     const Act a = build_act<CB>(P, red);
+    // Plain typed segments: a plane's row bytes, to reach the row nwarps further on.
+    u32 rb_[4];
+    if constexpr (TY >= 0 && !PAIR) plane_row_bytes(TY, n, rb_);
 
     for (int gr = gwarp; gr < P.total_rows; gr += nwarps) {
         if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + P.prefetch * nwarps, n);
@@ -751,8 +754,6 @@ __device__ __forceinline__ void gemv_body(const GemvParams& P) {
             const int r2 = r + nwarps;
             if (r2 < s.rows) {
                 if (lane == 0 && P.prefetch > 0) prefetch_global_row(P, gr + (P.prefetch + 1) * nwarps, n);
-                u32 rb_[4];
-                plane_row_bytes(TY, n, rb_);
                 row_dot_t<TY, 2, GMAX>(s.w, expert_planes(s.w, rb_, nwarps), r, n, a, lane, v);
                 if (lane == 0) {
                     epilogue(s, r, v[0], 0.f);
