@@ -467,18 +467,18 @@ impl CudaBackend {
                 .iter()
                 .any(|c| matches!(c, Cmd::Gemm { .. } | Cmd::Sgemm(_)))
             {
-                let launch: Vec<&Launch> = cmds
+                let launches: Vec<&Launch> = cmds
                     .iter()
                     .filter_map(|c| match c {
                         Cmd::Launch(l) if !st.without.iter().any(|w| w == l.label) => Some(l),
                         _ => None,
                     })
                     .collect();
-                let n = launch.len();
+                let n = launches.len();
                 let captured = {
                     let gpu = self.gpu.clone();
                     st.graphs.capture(&self.gpu, &rec.ops, rec.step_ptr, n, || {
-                        for l in &launch {
+                        for l in &launches {
                             gpu.launch(l.f, l.grid, l.block, l.smem, &l.args, pdl)?;
                         }
                         Ok(())
