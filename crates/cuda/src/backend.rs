@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
+use std::time::Instant;
 
 use std::ops::Range;
 
@@ -88,6 +89,12 @@ pub struct Stats {
     /// Device time of timed graph replays (ms) and how many were timed.
     pub graph_gpu_ms: f64,
     pub graph_timed: u64,
+    /// Host time of the graph-replayed decode steps (ms, summed over `graph_replays`):
+    /// from the step's start to its last op recorded (the model's code), finding and
+    /// launching its graph, and reading its result back (waiting for the device).
+    pub host_record_ms: f64,
+    pub host_launch_ms: f64,
+    pub host_read_ms: f64,
 }
 
 /// One line of a kernel profile (see [`CudaBackend::set_profile`]).
@@ -158,6 +165,8 @@ pub(crate) struct State {
     /// Labels of the launches that decode graphs captured from now on leave out
     /// ([`CudaBackend::set_without`]; empty in normal use).
     without: Vec<String>,
+    /// Whether the last flush replayed a graph (the next `read` counts as its wait).
+    replayed: bool,
     /// Scratch memory of multi-launch operations, by purpose (`crate::moe_ops`).
     pub(crate) scratch: HashMap<&'static str, Arc<DevMem>>,
     /// RoPE inverse-frequency tables on the device, by their f32 bits.
@@ -256,6 +265,7 @@ impl CudaBackend {
                 _attn_mem: [pm, pl, po, cnt],
                 attn,
                 stats: Stats::default(),
+                replayed: false,
                 pinned: None,
                 graph_events: None,
                 profile: Vec::new(),
@@ -441,6 +451,7 @@ impl CudaBackend {
                 ops: Vec::new(),
                 keep: Vec::new(),
                 regions: Vec::new(),
+                started: Instant::now(),
             })
             .push(op, keep);
     }
@@ -453,6 +464,8 @@ impl CudaBackend {
         if rec.ops.is_empty() {
             return Ok(());
         }
+        let flush_start = Instant::now();
+        st.replayed = false;
         self.gpu.bind()?;
         let pdl = self.pdl.load(Ordering::Relaxed);
         if rec.n_tok == 1 && self.graphs.load(Ordering::Relaxed) {
@@ -460,6 +473,9 @@ impl CudaBackend {
                 self.timed_graph_launch(st, i)?;
                 st.stats.graph_replays += 1;
                 st.stats.decode_kernels = st.graphs.get(i).kernels;
+                st.stats.host_record_ms += ms_between(rec.started, flush_start);
+                st.stats.host_launch_ms += ms_between(flush_start, Instant::now());
+                st.replayed = true;
                 return Ok(());
             }
             let (cmds, regions) = self.lower(st, &rec)?;
@@ -918,6 +934,7 @@ impl Backend for CudaBackend {
                 ops: Vec::new(),
                 keep: Vec::new(),
                 regions: Vec::new(),
+                started: Instant::now(),
             },
         );
         Ok(CudaStep {
@@ -1173,7 +1190,11 @@ impl Backend for CudaBackend {
         // SAFETY: the pinned buffer holds at least `bytes` bytes and nothing else uses it
         // while the state lock is held.
         let host = unsafe { std::slice::from_raw_parts_mut(h.ptr, bytes) };
+        let read_start = Instant::now();
         self.gpu.dtoh(host, p).map_err(engine_err)?;
+        if std::mem::take(&mut st.replayed) {
+            st.stats.host_read_ms += ms_between(read_start, Instant::now());
+        }
         Self::read_graph_timing(&mut st);
         let start = out.len();
         out.resize(start + len, 0.0);
@@ -1470,4 +1491,8 @@ impl Backend for CudaBackend {
             step, q, kv, window, cap, entries, sinks, rows, shape, p, out,
         )
     }
+}
+
+fn ms_between(a: Instant, b: Instant) -> f64 {
+    b.duration_since(a).as_secs_f64() * 1e3
 }

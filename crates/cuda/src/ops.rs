@@ -12,6 +12,7 @@
 //! enqueued (device frees are stream-ordered after that).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use ds4_gguf::GgmlType;
 
@@ -373,6 +374,8 @@ pub struct Recording {
     pub keep: Vec<Arc<DevMem>>,
     /// `(first op, name)` of each labelled region ([`ds4_engine::backend::Backend::region`]).
     pub regions: Vec<(usize, &'static str)>,
+    /// When the step began (its first op is recorded after it).
+    pub started: Instant,
 }
 
 impl Recording {

@@ -473,6 +473,16 @@ fn bench(args: &[String]) -> Res<()> {
             "RESULT {{\"kind\":\"decode_gpu_time\",\"model\":\"{name}\",\"graph_ms\":{gpu_ms:.4},\"wall_ms\":{:.4}}}",
             1e3 / fig.tokens_per_s
         );
+        // The host's part of a replayed step, measured over the timed runs.
+        let n = (after.graph_replays - before.graph_replays).max(1) as f64;
+        let per = |a: f64, b: f64| (a - b) / n;
+        let record = per(after.host_record_ms, before.host_record_ms);
+        let launch = per(after.host_launch_ms, before.host_launch_ms);
+        let read = per(after.host_read_ms, before.host_read_ms);
+        println!(
+            "host per replayed step: {record:.3} ms recording the ops, {launch:.3} ms finding and launching the graph, {read:.3} ms reading the logits (waiting for the device), {:.3} ms the rest (argmax, session)",
+            1e3 / fig.tokens_per_s - record - launch - read
+        );
     }
     if o.ab > 0 {
         ab_compare(name, &backend, o.ab, o.decode, &decode_run)?;
