@@ -237,13 +237,18 @@ __device__ __forceinline__ void collapse(const float* pre, const float* xt, floa
 // Sinkhorn-normalised comb into `mx` (rounded) when `write`. Thread i < n owns pre/post
 // i and comb row i's softmax; in the Sinkhorn iterations thread e < n² owns comb element
 // e and sums its row (then column) in the serial order.
+// pre_i = sigmoid(m_i·scale₀ + base_i) + eps.
+__device__ __forceinline__ float hc_pre_coef(float m, float scale, float base, float eps) {
+    return __fadd_rn(sigmoidf_ref(__fadd_rn(__fmul_rn(m, scale), base)), eps);
+}
+
 template <class M>
 __device__ __forceinline__ void hc_coeffs(M mt, const float* base, const float* scale, float* pre, float* mx, int n,
                                           int iters, float eps, int rb, bool write) {
     __shared__ float c[HC_MAX_N * HC_MAX_N];
     const int tid = threadIdx.x;
     if (tid < n) {
-        pre[tid] = __fadd_rn(sigmoidf_ref(__fadd_rn(__fmul_rn(mt(tid), scale[0]), base[tid])), eps);
+        pre[tid] = hc_pre_coef(mt(tid), scale[0], base[tid], eps);
         if (write)
             mx[tid] =
                 rnd(__fmul_rn(2.0f, sigmoidf_ref(__fadd_rn(__fmul_rn(mt(n + tid), scale[1]), base[n + tid]))), rb);
@@ -362,8 +367,8 @@ extern "C" __global__ void hc_head(const float* x, const float* m, const float* 
 // their new values (`hc_post`'s arithmetic) and the partial sums of their squares and of
 // their products with each fn row; after a grid barrier every block sums the partials in
 // block order, forms the mixes as r·Σ fn·x (the mix kernels round x·r first: within an
-// f32 ulp) and the coefficients (`hc_coeffs`, the same in every block), and collapses its
-// own columns. The grid is one wave (d / HC_COLS blocks), so the barrier cannot wait on a
+// f32 ulp) and pre (`hc_coeffs`' arithmetic, the same in every block), and collapses its
+// own columns. Block 0 leaves the mixes in B.m for `hc_sinkhorn` (post and comb). The grid is one wave (d / HC_COLS blocks), so the barrier cannot wait on a
 // block that is not resident.
 #define HC_COLS 128
 #define HC_MAX_MIX ((2 + HC_MAX_N) * HC_MAX_N)
@@ -379,7 +384,7 @@ struct HcPostArgs {
 
 struct HcPreArgs {
     const float* fn;     // [(2+n)·n, n·d]
-    float* m;            // scratch [(2+n)·n] (hc_pre_one)
+    float* m;            // scratch [(2+n)·n]: hc_pre_one's mixes; hc_post_pre's for hc_sinkhorn
     double* partials;    // scratch [blocks, 1 + (2+n)·n]
     u32* counter;        // grid_sync's word: arrivals (zero between launches), generation
     const float* base;
@@ -518,8 +523,10 @@ __device__ __forceinline__ void post_pre(const HcPostArgs& A, const HcPreArgs& B
         ms[threadIdx.x] = (float)((double)r * wred[0][threadIdx.x + 1]);
     }
     __syncthreads();
-    hc_coeffs([](int i) { return ms[i]; }, coef, coef + n_mix, pre, B.mix, n, B.iters, B.eps, B.rb,
-              blockIdx.x == 0);
+    // pre; post and comb are `hc_sinkhorn`'s, from the mixes block 0 leaves in B.m.
+    if (threadIdx.x < n) pre[threadIdx.x] = hc_pre_coef(ms[threadIdx.x], coef[n_mix], coef[threadIdx.x], B.eps);
+    if (blockIdx.x == 0 && threadIdx.x < n_mix) B.m[threadIdx.x] = ms[threadIdx.x];
+    __syncthreads();
     if (k < d) {
         float acc = 0.f;
 #pragma unroll
@@ -534,6 +541,22 @@ extern "C" __global__ void __launch_bounds__(HC_COLS) hc_post_pre(const HcPostAr
         post_pre<4>(A, B);
     else
         post_pre<HC_MAX_N>(A, B);
+}
+
+// post and the Sinkhorn-normalised comb into B.mix from the mixes `hc_post_pre` left in
+// B.m, by one block of HC_SINKHORN_THREADS. The lowering launches it after the kernel
+// that follows `hc_post_pre` (the sublayer's first), so that when it starts — once that
+// kernel has passed its own wait — `hc_post_pre` has finished: all of
+// its work runs before its wait, beside that kernel (one small block fits on an SM
+// beside it), and the 39 dependent divisions leave the chain of launches. The next
+// reader of B.mix is the next write-back, later in the stream.
+#define HC_SINKHORN_THREADS 64
+extern "C" __global__ void __launch_bounds__(HC_SINKHORN_THREADS) hc_sinkhorn(const HcPreArgs B) {
+    __shared__ float pre[HC_MAX_N];
+    const float* m = B.m;
+    hc_coeffs([m](int i) { return __ldcg(m + i); }, B.base, B.scale, pre, B.mix, B.n, B.iters, B.eps, B.rb, true);
+    pdl_wait();
+    pdl_trigger();
 }
 
 // One token's pre (decode) in one launch: block i computes mix row i; the last block to

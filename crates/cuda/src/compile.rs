@@ -165,6 +165,7 @@ pub const SOURCES: &[Source] = &[
             "hc_pre_finish",
             "hc_pre_one",
             "hc_post_pre",
+            "hc_sinkhorn",
             "hc_post",
             "hc_head",
         ],

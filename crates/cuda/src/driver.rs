@@ -402,7 +402,7 @@ impl Drop for Event {
 }
 
 /// Kernel arguments: each value in its own 8-byte-aligned slot.
-#[derive(Default, Clone)]
+#[derive(Default, Clone, Debug, PartialEq)]
 pub struct Args {
     words: Vec<u64>,
     offs: Vec<usize>,

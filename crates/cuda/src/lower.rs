@@ -155,18 +155,62 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
 }
 
 /// Lowers `ops` to commands, with the index of the first op each command computes.
+///
+/// An `hc_post_pre` launch leaves post and comb (the Sinkhorn) to an `hc_sinkhorn`
+/// launch, placed after the command that follows it: that kernel starts once the one
+/// between has passed its wait, when `hc_post_pre` has finished, and runs beside it (see
+/// kernels/mhc.cu). Without a command after `hc_post_pre`, it follows directly.
 pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
     let mut cmds = Vec::with_capacity(ops.len());
     let mut origin = Vec::with_capacity(ops.len());
+    // An `hc_sinkhorn` launch not yet placed: it goes after command `at + 1`.
+    let mut sinkhorn: Option<(usize, Launch, usize)> = None;
     let mut i = 0;
     while i < ops.len() {
         let before = cmds.len();
         let used = lower_at(ops, i, cx, &mut cmds)?;
         origin.resize(origin.len() + cmds.len() - before, i);
+        if let Some((at, launch, op)) = sinkhorn.take() {
+            if cmds.len() > at + 1 {
+                cmds.insert(at + 2, Cmd::Launch(launch));
+                origin.insert(at + 2, op);
+            } else {
+                sinkhorn = Some((at, launch, op));
+            }
+        }
+        if let (Some(Cmd::Launch(l)), Some(Op::HcPre { args, .. })) =
+            (cmds.get(before), ops.get(i + 1))
+            && l.f == cx.k.hc_post_pre
+        {
+            sinkhorn = Some((before, sinkhorn_launch(*args, cx), i));
+        }
         i += used;
+    }
+    if let Some((_, launch, op)) = sinkhorn {
+        cmds.push(Cmd::Launch(launch));
+        origin.push(op);
     }
     Ok((cmds, origin))
 }
+
+/// `hc_sinkhorn`: post and comb from the mixes `hc_post_pre` left in `args.m`.
+fn sinkhorn_launch(args: crate::ops::HcPreArgs, cx: &Ctx) -> Launch {
+    let mut a = Args::new();
+    a.push(args);
+    Launch {
+        f: cx.k.hc_sinkhorn,
+        grid: (1, 1, 1),
+        block: HC_SINKHORN_THREADS,
+        smem: 0,
+        args: a,
+        label: "hc_sinkhorn",
+        bytes: 0,
+    }
+}
+
+/// Threads of `hc_sinkhorn` (kernels/mhc.cu `HC_SINKHORN_THREADS`: one comb element
+/// each, at most 8 × 8).
+const HC_SINKHORN_THREADS: u32 = 64;
 
 /// Lowers the ops from `ops[i]` on that make one pattern (a fusion, or `ops[i]` alone)
 /// into `cmds`; returns how many it consumed.
@@ -1538,7 +1582,7 @@ mod tests {
         // most (the test context has 132 SMs).
         let k = Kernels::fake();
         let fused = lowered(&hc_pair(4096), 1, &k);
-        assert_eq!(funcs(&fused), [k.hc_post_pre]);
+        assert_eq!(funcs(&fused), [k.hc_post_pre, k.hc_sinkhorn]);
         let Cmd::Launch(l) = &fused[0] else {
             unreachable!()
         };
@@ -1548,6 +1592,47 @@ mod tests {
             funcs(&lowered(&hc_pair(wide), 1, &k)),
             [k.hc_post, k.hc_pre_one]
         );
+    }
+
+    #[test]
+    fn the_sinkhorn_follows_the_launch_after_hc_post_pre() {
+        // `hc_sinkhorn` runs beside the sublayer's first kernel: after it in the stream,
+        // with the mHC step's arguments.
+        let k = Kernels::fake();
+        let other = |f| {
+            Op::Kernel(crate::ops::KernelOp {
+                f,
+                grid: (1, 1, 1),
+                block: 32,
+                smem: 0,
+                args: crate::ops::KArgs::default(),
+                label: "other",
+            })
+        };
+        let [post, pre] = hc_pair(4096);
+        let ops = [post, pre, other(k.hc_rms), other(k.hc_head), post, pre];
+        let cmds = lowered(&ops, 1, &k);
+        assert_eq!(
+            funcs(&cmds),
+            [
+                k.hc_post_pre,
+                k.hc_rms,
+                k.hc_sinkhorn,
+                k.hc_head,
+                k.hc_post_pre,
+                k.hc_sinkhorn
+            ]
+        );
+        let Op::HcPre { args, .. } = pre else {
+            unreachable!()
+        };
+        let Cmd::Launch(l) = &cmds[2] else {
+            unreachable!()
+        };
+        assert_eq!((l.grid, l.block), ((1, 1, 1), HC_SINKHORN_THREADS));
+        let mut want = Args::new();
+        want.push(args);
+        assert_eq!(l.args, want);
     }
 
     /// A KDA decode step's core (reading q at `q`) and its gated output norm, the norm
