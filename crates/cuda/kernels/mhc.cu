@@ -549,10 +549,12 @@ extern "C" __global__ void __launch_bounds__(HC_COLS) hc_post_pre(const HcPostAr
 // kernel has passed its own wait — `hc_post_pre` has finished: all of
 // its work runs before its wait, beside that kernel (one small block fits on an SM
 // beside it), and the 39 dependent divisions leave the chain of launches. The next
-// reader of B.mix is the next write-back, later in the stream.
+// reader of B.mix is the next write-back, later in the stream. `wait_first`: launched
+// right after `hc_post_pre` (no kernel between), it waits for it first.
 #define HC_SINKHORN_THREADS 64
-extern "C" __global__ void __launch_bounds__(HC_SINKHORN_THREADS) hc_sinkhorn(const HcPreArgs B) {
+extern "C" __global__ void __launch_bounds__(HC_SINKHORN_THREADS) hc_sinkhorn(const HcPreArgs B, int wait_first) {
     __shared__ float pre[HC_MAX_N];
+    if (wait_first) pdl_wait();
     const float* m = B.m;
     hc_coeffs([m](int i) { return __ldcg(m + i); }, B.base, B.scale, pre, B.mix, B.n, B.iters, B.eps, B.rb, true);
     pdl_wait();

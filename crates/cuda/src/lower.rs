@@ -159,44 +159,46 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
 /// An `hc_post_pre` launch leaves post and comb (the Sinkhorn) to an `hc_sinkhorn`
 /// launch, placed after the command that follows it: that kernel starts once the one
 /// between has passed its wait, when `hc_post_pre` has finished, and runs beside it (see
-/// kernels/mhc.cu). Without a command after `hc_post_pre`, it follows directly.
+/// kernels/mhc.cu). Without a command after `hc_post_pre`, it follows directly and waits
+/// for `hc_post_pre` before it reads.
 pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
     let mut cmds = Vec::with_capacity(ops.len());
     let mut origin = Vec::with_capacity(ops.len());
     // An `hc_sinkhorn` launch not yet placed: it goes after command `at + 1`.
-    let mut sinkhorn: Option<(usize, Launch, usize)> = None;
+    let mut sinkhorn: Option<(usize, crate::ops::HcPreArgs, usize)> = None;
     let mut i = 0;
     while i < ops.len() {
         let before = cmds.len();
         let used = lower_at(ops, i, cx, &mut cmds)?;
         origin.resize(origin.len() + cmds.len() - before, i);
-        if let Some((at, launch, op)) = sinkhorn.take() {
+        if let Some((at, args, op)) = sinkhorn.take() {
             if cmds.len() > at + 1 {
-                cmds.insert(at + 2, Cmd::Launch(launch));
+                cmds.insert(at + 2, Cmd::Launch(sinkhorn_launch(args, false, cx)));
                 origin.insert(at + 2, op);
             } else {
-                sinkhorn = Some((at, launch, op));
+                sinkhorn = Some((at, args, op));
             }
         }
         if let (Some(Cmd::Launch(l)), Some(Op::HcPre { args, .. })) =
             (cmds.get(before), ops.get(i + 1))
             && l.f == cx.k.hc_post_pre
         {
-            sinkhorn = Some((before, sinkhorn_launch(*args, cx), i));
+            sinkhorn = Some((before, *args, i));
         }
         i += used;
     }
-    if let Some((_, launch, op)) = sinkhorn {
-        cmds.push(Cmd::Launch(launch));
+    if let Some((_, args, op)) = sinkhorn {
+        cmds.push(Cmd::Launch(sinkhorn_launch(args, true, cx)));
         origin.push(op);
     }
     Ok((cmds, origin))
 }
 
-/// `hc_sinkhorn`: post and comb from the mixes `hc_post_pre` left in `args.m`.
-fn sinkhorn_launch(args: crate::ops::HcPreArgs, cx: &Ctx) -> Launch {
+/// `hc_sinkhorn`: post and comb from the mixes `hc_post_pre` left in `args.m`
+/// (`wait_first`: right after it, so it waits for it before reading).
+fn sinkhorn_launch(args: crate::ops::HcPreArgs, wait_first: bool, cx: &Ctx) -> Launch {
     let mut a = Args::new();
-    a.push(args);
+    a.push(args).push(wait_first as i32);
     Launch {
         f: cx.k.hc_sinkhorn,
         grid: (1, 1, 1),
@@ -1631,7 +1633,14 @@ mod tests {
         };
         assert_eq!((l.grid, l.block), ((1, 1, 1), HC_SINKHORN_THREADS));
         let mut want = Args::new();
-        want.push(args);
+        want.push(args).push(0i32);
+        assert_eq!(l.args, want);
+        // The last `hc_sinkhorn`, with no kernel after `hc_post_pre`, waits first.
+        let Cmd::Launch(l) = &cmds[5] else {
+            unreachable!()
+        };
+        let mut want = Args::new();
+        want.push(args).push(1i32);
         assert_eq!(l.args, want);
     }
 
