@@ -87,7 +87,10 @@ __device__ __forceinline__ float wval(const u8* w, int ty, i64 i) {
 // previous kernel does not write (`delta_step`'s `early`): no kernel of a step writes
 // weights, a step's first kernel (the embedding) reads nothing before its wait, and a
 // kernel starts only after the one before the previous one has completed, so the
-// loader's kernels are complete by then.
+// loader's kernels are complete by then. One exception: `hc_sinkhorn` (mhc.cu) lets the
+// next kernel start before its own wait, so that one may start while the kernel before
+// `hc_sinkhorn` still runs (for `delta_step`'s `early`, that kernel is then one of the
+// projections the host checked).
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
