@@ -7,9 +7,11 @@
 //! gpu_check gen                       device generators == host generators, every type
 //! gpu_check parity SPEC...            CUDA vs CPU logits on synthetic models (SHAPE:QUANT)
 //! gpu_check bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS]
-//!                      [--first-layer K] [--layers N] [--without LABEL]...
+//!                      [--first-layer K] [--layers N] [--without LABEL]... [--host-profile]
 //!                                     (--without: launches of that label left out of the
-//!                                     decode graphs, to time them inside a replay)
+//!                                     decode graphs, to time them inside a replay;
+//!                                     --host-profile: the host sampled during the decode
+//!                                     runs, built with --features host-profile)
 //! gpu_check gemv                      single-matrix GEMV bandwidth (llama3-8b shapes)
 //! gpu_check warm-cache [ARCH]         compile the kernels into $DS4_CUDA_CACHE (no GPU needed)
 //! gpu_check conformance [FILTER]      every backend operation vs its reference (ds4-conformance)
@@ -26,6 +28,7 @@
 //! parity tolerance (docs/parity.md) is exceeded.
 
 mod families;
+mod host_profile;
 mod soak;
 
 use std::path::PathBuf;
@@ -56,7 +59,7 @@ fn main() {
         Some("same-file") => families::same_file(&args[1..]),
         Some("soak") => soak::soak(&args[1..]),
         Some("nccl") => nccl_check(),
-        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] [--without LABEL]... | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB] | nccl".into()),
+        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] [--without LABEL]... [--host-profile] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB] | nccl".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -348,6 +351,8 @@ struct BenchOpts {
     /// Launch labels left out of the decode graphs (`--without`, repeatable): what each
     /// kind of launch costs inside a replay, against a run without the option.
     without: Vec<String>,
+    /// Sample the host during the timed decode runs (`--host-profile`).
+    host_profile: bool,
 }
 
 fn bench(args: &[String]) -> Res<()> {
@@ -362,6 +367,7 @@ fn bench(args: &[String]) -> Res<()> {
         first_layer: 0,
         layers: None,
         without: Vec::new(),
+        host_profile: false,
     };
     let mut i = 1;
     while i < args.len() {
@@ -387,6 +393,11 @@ fn bench(args: &[String]) -> Res<()> {
             }
             "--profile" => {
                 o.profile = true;
+                i += 1;
+                continue;
+            }
+            "--host-profile" => {
+                o.host_profile = true;
                 i += 1;
                 continue;
             }
@@ -430,11 +441,18 @@ fn bench(args: &[String]) -> Res<()> {
     };
     let decode_run = |n: usize| greedy(n, &|| {});
     decode_run(o.decode)?;
+    let sampler = o
+        .host_profile
+        .then(host_profile::HostProfile::start)
+        .transpose()?;
     let before = backend.stats();
     let dec: Vec<f64> = (0..o.runs)
         .map(|_| decode_run(o.decode))
         .collect::<Res<_>>()?;
     let after = backend.stats();
+    if let Some(p) = sampler {
+        p.print(40)?;
+    }
     let fig = DecodeFigures::new(median(&dec), info.decode_weight_bytes, bw.bytes_per_s);
     let replays = after.graph_replays - before.graph_replays;
     println!(
