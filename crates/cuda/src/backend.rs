@@ -31,7 +31,7 @@ use ds4_gguf::{GgufFile, TensorInfo};
 use crate::driver::{Args, DPtr, DevMem, Event, Gpu};
 use crate::error::{CudaError, Result};
 use crate::gemm::Blas;
-use crate::graph::GraphCache;
+use crate::graph::{GraphCache, segment_cuts};
 use crate::kernels::Kernels;
 use crate::lower::{AttnScratch, Cmd, Ctx, Launch, lower_traced};
 use crate::ops::{MatRef, Op, Recording, RopeArgs, step_bytes};
@@ -443,24 +443,70 @@ impl CudaBackend {
     pub(crate) fn record(&self, op: Op, keep: &[&Arc<DevMem>]) {
         let tid = std::thread::current().id();
         let mut st = self.lock();
-        st.recs
+        let rec = st
+            .recs
             .entry(tid)
-            .or_insert_with(|| Recording {
-                n_tok: 0,
-                step_ptr: 0,
-                ops: Vec::new(),
-                keep: Vec::new(),
-                regions: Vec::new(),
-                started: Instant::now(),
-            })
-            .push(op, keep);
+            .or_insert_with(|| Recording::new(0, 0, usize::MAX));
+        rec.push(op, keep);
+        if rec.ops.len() == rec.next_cut {
+            self.segment_ready(&mut st, tid);
+        }
+    }
+
+    /// At a segment boundary of a captured step: when the ops recorded since the last
+    /// launched segment are those the next segment was captured from, launches it (the
+    /// first segment: of any chain of this step buffer). Otherwise the recording stops
+    /// following, and the flush runs the rest.
+    fn segment_ready(&self, st: &mut State, tid: ThreadId) {
+        let State {
+            recs,
+            graphs,
+            graph_events,
+            ..
+        } = st;
+        let rec = recs.get_mut(&tid).expect("recording");
+        let n = rec.ops.len();
+        let found = match rec.follow {
+            None => graphs.find_first(&rec.ops, rec.step_ptr).map(|c| (c, 0)),
+            Some((c, s, generation)) => (generation == graphs.generation()
+                && graphs.segment_is(c, s, &rec.ops[rec.launched..]))
+            .then_some((c, s)),
+        };
+        let Some((c, s)) = found else {
+            rec.next_cut = match rec.follow {
+                None => graphs.next_first_cut(rec.step_ptr, n).unwrap_or(usize::MAX),
+                Some(_) => usize::MAX,
+            };
+            return;
+        };
+        let launched = (|| {
+            self.gpu.bind()?;
+            if s == 0 {
+                rec.timed = self.timing_begin(graph_events)?;
+            }
+            graphs.launch(&self.gpu, c, s)
+        })();
+        match launched {
+            Ok(()) => {
+                rec.launched = n;
+                rec.follow = Some((c, s + 1, graphs.generation()));
+                rec.next_cut = graphs.segment_len(c, s + 1).map_or(usize::MAX, |l| n + l);
+            }
+            Err(e) => {
+                rec.error.get_or_insert(e);
+                rec.next_cut = usize::MAX;
+            }
+        }
     }
 
     /// Enqueues this thread's pending ops.
     fn flush(&self, st: &mut State, tid: ThreadId) -> Result<()> {
-        let Some(rec) = st.recs.remove(&tid) else {
+        let Some(mut rec) = st.recs.remove(&tid) else {
             return Ok(());
         };
+        if let Some(e) = rec.error.take() {
+            return Err(e);
+        }
         if rec.ops.is_empty() {
             return Ok(());
         }
@@ -469,43 +515,80 @@ impl CudaBackend {
         self.gpu.bind()?;
         let pdl = self.pdl.load(Ordering::Relaxed);
         if rec.n_tok == 1 && self.graphs.load(Ordering::Relaxed) {
-            if let Some(i) = st.graphs.find(&rec.ops, rec.step_ptr) {
-                self.timed_graph_launch(st, i)?;
-                st.stats.graph_replays += 1;
-                st.stats.decode_kernels = st.graphs.get(i).kernels;
-                st.stats.host_record_ms += ms_between(rec.started, flush_start);
-                st.stats.host_launch_ms += ms_between(flush_start, Instant::now());
-                st.replayed = true;
-                return Ok(());
+            if rec.launched > 0 {
+                if let Some((c, s, generation)) = rec.follow
+                    && generation == st.graphs.generation()
+                    && rec.launched == rec.ops.len()
+                    && st.graphs.segment_len(c, s).is_none()
+                {
+                    self.timing_end(st, &rec)?;
+                    st.stats.graph_replays += 1;
+                    st.stats.decode_kernels = st.graphs.get(c).kernels;
+                    st.stats.host_record_ms += ms_between(rec.started, flush_start);
+                    st.stats.host_launch_ms += ms_between(flush_start, Instant::now());
+                    st.replayed = true;
+                    return Ok(());
+                }
+                // The step's ops differ from the captured ones after its first segments:
+                // the rest runs eagerly.
+                let (cmds, origin) = self.lower(st, &rec, rec.launched)?;
+                let regions: Vec<_> = origin.iter().map(|&i| rec.region_of(i)).collect();
+                return self.run_eager(st, cmds, &regions, pdl, rec.n_tok);
             }
-            let (cmds, regions) = self.lower(st, &rec)?;
+            let (cmds, origin) = self.lower(st, &rec, 0)?;
             if !cmds
                 .iter()
                 .any(|c| matches!(c, Cmd::Gemm { .. } | Cmd::Sgemm(_)))
             {
-                let launches: Vec<&Launch> = cmds
-                    .iter()
-                    .filter_map(|c| match c {
-                        Cmd::Launch(l) if !st.without.iter().any(|w| w == l.label) => Some(l),
-                        _ => None,
+                let cuts = segment_cuts(&origin);
+                let bounds: Vec<usize> = std::iter::once(0)
+                    .chain(cuts.iter().copied())
+                    .chain(std::iter::once(cmds.len()))
+                    .collect();
+                let op_bounds: Vec<usize> = std::iter::once(0)
+                    .chain(cuts.iter().map(|&c| origin[c]))
+                    .chain(std::iter::once(rec.ops.len()))
+                    .collect();
+                let parts: Vec<&[Op]> =
+                    op_bounds.windows(2).map(|w| &rec.ops[w[0]..w[1]]).collect();
+                let launches: Vec<Vec<&Launch>> = bounds
+                    .windows(2)
+                    .map(|w| {
+                        cmds[w[0]..w[1]]
+                            .iter()
+                            .filter_map(|c| match c {
+                                Cmd::Launch(l) if !st.without.iter().any(|w| w == l.label) => {
+                                    Some(l)
+                                }
+                                _ => None,
+                            })
+                            .collect()
                     })
                     .collect();
-                let n = launches.len();
+                let n = launches.iter().map(Vec::len).sum();
                 let captured = {
                     let gpu = self.gpu.clone();
-                    st.graphs.capture(&self.gpu, &rec.ops, rec.step_ptr, n, || {
-                        for l in &launches {
+                    st.graphs.capture(&self.gpu, rec.step_ptr, &parts, n, |i| {
+                        for l in &launches[i] {
                             gpu.launch(l.f, l.grid, l.block, l.smem, &l.args, pdl)?;
                         }
                         Ok(())
                     })
                 };
                 match captured {
-                    Ok(i) => {
-                        self.timed_graph_launch(st, i)?;
+                    Ok(c) => {
+                        rec.timed = self.timing_begin(&mut st.graph_events)?;
+                        for s in 0..parts.len() {
+                            st.graphs.launch(&self.gpu, c, s)?;
+                        }
+                        self.timing_end(st, &rec)?;
                         st.stats.graph_captures += 1;
                         st.stats.decode_kernels = n;
-                        tracing::debug!(kernels = n, "captured a decode graph");
+                        tracing::debug!(
+                            kernels = n,
+                            segments = parts.len(),
+                            "captured a decode graph"
+                        );
                         return Ok(());
                     }
                     Err(e) if pdl => {
@@ -514,20 +597,23 @@ impl CudaBackend {
                             "graph capture with programmatic dependent launch failed ({e}); disabling it"
                         );
                         self.pdl.store(false, Ordering::Relaxed);
+                        let regions: Vec<_> = origin.iter().map(|&i| rec.region_of(i)).collect();
                         return self.run_eager(st, cmds, &regions, false, 1);
                     }
                     Err(e) => return Err(e),
                 }
             }
+            let regions: Vec<_> = origin.iter().map(|&i| rec.region_of(i)).collect();
             return self.run_eager(st, cmds, &regions, pdl, rec.n_tok);
         }
-        let (cmds, regions) = self.lower(st, &rec)?;
+        let (cmds, origin) = self.lower(st, &rec, 0)?;
+        let regions: Vec<_> = origin.iter().map(|&i| rec.region_of(i)).collect();
         self.run_eager(st, cmds, &regions, pdl, rec.n_tok)
         // `rec.keep` drops here, after its kernels were enqueued.
     }
 
-    /// The recording's commands and the region of each.
-    fn lower(&self, st: &State, rec: &Recording) -> Result<(Vec<Cmd>, Vec<&'static str>)> {
+    /// The commands of the recording's ops from `from` on, with the op each comes from.
+    fn lower(&self, st: &State, rec: &Recording, from: usize) -> Result<(Vec<Cmd>, Vec<usize>)> {
         let occ = |f, threads: u32, smem: u32| self.gpu.occupancy(f, threads, smem);
         let cx = Ctx {
             k: &self.k,
@@ -541,23 +627,29 @@ impl CudaBackend {
             n_tok: rec.n_tok,
             attn: st.attn,
         };
-        let (cmds, origin) = lower_traced(&rec.ops, &cx)?;
-        let regions = origin.iter().map(|&i| rec.region_of(i)).collect();
-        Ok((cmds, regions))
+        let (cmds, origin) = lower_traced(&rec.ops[from..], &cx)?;
+        Ok((cmds, origin.into_iter().map(|i| i + from).collect()))
     }
 
-    fn timed_graph_launch(&self, st: &mut State, i: usize) -> Result<()> {
-        if st.graph_events.is_none() {
-            st.graph_events = Some((self.gpu.event()?, self.gpu.event()?, false));
+    /// Starts timing a graph-replayed step (its start event before its first segment),
+    /// unless the previous timing has not been read yet; whether it did.
+    fn timing_begin(&self, events: &mut Option<(Event, Event, bool)>) -> Result<bool> {
+        if events.is_none() {
+            *events = Some((self.gpu.event()?, self.gpu.event()?, false));
         }
-        let (a, b, pending) = st.graph_events.as_mut().expect("created");
-        // One timing at a time: skip while the previous one has not been read.
-        let time = !*pending;
-        if time {
-            a.record()?;
+        let (a, _, pending) = events.as_mut().expect("created");
+        if *pending {
+            return Ok(false);
         }
-        st.graphs.launch(&self.gpu, i)?;
-        if time {
+        a.record()?;
+        Ok(true)
+    }
+
+    /// Ends the timing of a step begun by [`Self::timing_begin`] (after its last segment).
+    fn timing_end(&self, st: &mut State, rec: &Recording) -> Result<()> {
+        if let Some((_, b, pending)) = st.graph_events.as_mut()
+            && rec.timed
+        {
             b.record()?;
             *pending = true;
         }
@@ -926,17 +1018,13 @@ impl Backend for CudaBackend {
         }
         let ptr = st.step_bufs[&tid].ptr();
         self.gpu.htod(ptr, &bytes).map_err(engine_err)?;
-        st.recs.insert(
-            tid,
-            Recording {
-                n_tok: tokens.len(),
-                step_ptr: ptr,
-                ops: Vec::new(),
-                keep: Vec::new(),
-                regions: Vec::new(),
-                started: Instant::now(),
-            },
-        );
+        let next_cut = if tokens.len() == 1 && self.graphs.load(Ordering::Relaxed) {
+            st.graphs.next_first_cut(ptr, 0).unwrap_or(usize::MAX)
+        } else {
+            usize::MAX
+        };
+        st.recs
+            .insert(tid, Recording::new(tokens.len(), ptr, next_cut));
         Ok(CudaStep {
             n_tok: tokens.len(),
             pos0,

@@ -1,8 +1,13 @@
 //! CUDA graphs of one-token steps: the kernels of a decode step are captured once and
-//! the executable graph is replayed for every following token whose recorded op list is
-//! the same (same buffers, weights and shapes). Positions and token ids are not part of
-//! the key: kernels read them from the step buffer in device memory, which the backend
-//! rewrites before each replay.
+//! replayed for every following token whose recorded op list is the same (same buffers,
+//! weights and shapes). Positions and token ids are not part of the key: kernels read
+//! them from the step buffer in device memory, which the backend rewrites before each
+//! replay.
+//!
+//! A step's graph is a chain of segments, each captured from a run of its commands (the
+//! first short, each next one four times longer): while the model records a step, each
+//! segment is launched as soon as the ops it was captured from have been recorded again,
+//! so the device starts on the first layers while the host still records the last ones.
 
 use cudarc::driver::{result, sys};
 
@@ -73,65 +78,161 @@ impl Drop for Graph {
     }
 }
 
-/// A captured graph and the op list it was captured from.
-pub struct Captured {
+/// One segment of a step: the graph captured from a run of the step's commands and the
+/// ops they were lowered from.
+struct Segment {
     key: Vec<Op>,
-    step: DPtr,
     graph: Graph,
-    /// Kernel launches in the graph.
+}
+
+/// The graphs of one decode step, in the order they run.
+pub struct Chain {
+    step: DPtr,
+    segs: Vec<Segment>,
+    /// Kernel launches in all of them.
     pub kernels: usize,
 }
 
-/// A few captured graphs (one per live decode configuration: session, context size).
+/// A few captured steps (one per live decode configuration: session, context size).
 #[derive(Default)]
 pub struct GraphCache {
-    entries: Vec<Captured>,
+    chains: Vec<Chain>,
+    /// Counts clears and evictions: a chain followed across one is gone (or moved).
+    generation: u64,
 }
 
-/// Graphs kept; older ones are dropped first.
+/// Chains kept; older ones are dropped first.
 const MAX_GRAPHS: usize = 8;
 
+/// Commands in a step's first segment; each next one takes four times as many.
+pub const FIRST_SEGMENT: usize = 16;
+
 impl GraphCache {
-    /// The graph captured from exactly these ops with this step buffer.
-    pub fn find(&self, ops: &[Op], step: DPtr) -> Option<usize> {
-        self.entries
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The smallest first-segment length (in ops) above `after` among the chains of
+    /// step buffer `step`: where the recording checks next for a chain to follow.
+    pub fn next_first_cut(&self, step: DPtr, after: usize) -> Option<usize> {
+        self.chains
             .iter()
-            .position(|c| c.step == step && c.key == ops)
+            .filter(|c| c.step == step)
+            .map(|c| c.segs[0].key.len())
+            .filter(|&n| n > after)
+            .min()
     }
 
-    pub fn get(&self, i: usize) -> &Captured {
-        &self.entries[i]
+    /// The chain of step buffer `step` whose first segment was captured from `ops`.
+    pub fn find_first(&self, ops: &[Op], step: DPtr) -> Option<usize> {
+        self.chains
+            .iter()
+            .position(|c| c.step == step && c.segs[0].key == ops)
     }
 
-    /// Drops every graph (after scratch memory they point to was replaced).
+    /// The op count of segment `s` of chain `c` (`None` past its last).
+    pub fn segment_len(&self, c: usize, s: usize) -> Option<usize> {
+        self.chains[c].segs.get(s).map(|g| g.key.len())
+    }
+
+    /// Whether segment `s` of chain `c` was captured from `ops`.
+    pub fn segment_is(&self, c: usize, s: usize, ops: &[Op]) -> bool {
+        self.chains[c].segs[s].key == ops
+    }
+
+    pub fn get(&self, c: usize) -> &Chain {
+        &self.chains[c]
+    }
+
+    /// Drops every chain (after scratch memory they point to was replaced).
     pub fn clear(&mut self) {
-        self.entries.clear();
+        self.chains.clear();
+        self.generation += 1;
     }
 
-    /// Captures what `enqueue` launches on the stream into a new graph and keeps it.
+    /// Captures one graph per segment — `parts` pairs a segment's ops with what
+    /// `enqueue(i)` launches for it — and keeps them as one chain.
     pub fn capture(
         &mut self,
         gpu: &Gpu,
-        ops: &[Op],
         step: DPtr,
+        parts: &[&[Op]],
         kernels: usize,
-        enqueue: impl FnOnce() -> Result<()>,
+        mut enqueue: impl FnMut(usize) -> Result<()>,
     ) -> Result<usize> {
-        let graph = Graph::capture(gpu, enqueue)?;
-        if self.entries.len() >= MAX_GRAPHS {
-            self.entries.remove(0);
+        let mut segs = Vec::with_capacity(parts.len());
+        for (i, ops) in parts.iter().enumerate() {
+            segs.push(Segment {
+                key: ops.to_vec(),
+                graph: Graph::capture(gpu, || enqueue(i))?,
+            });
         }
-        self.entries.push(Captured {
-            key: ops.to_vec(),
+        if self.chains.len() >= MAX_GRAPHS {
+            // The others' indices move: a recording following one stops.
+            self.chains.remove(0);
+            self.generation += 1;
+        }
+        self.chains.push(Chain {
             step,
-            graph,
+            segs,
             kernels,
         });
-        Ok(self.entries.len() - 1)
+        Ok(self.chains.len() - 1)
     }
 
-    /// Launches graph `i` on the stream.
-    pub fn launch(&self, gpu: &Gpu, i: usize) -> Result<()> {
-        self.entries[i].graph.launch(gpu)
+    /// Launches segment `s` of chain `c` on the stream.
+    pub fn launch(&self, gpu: &Gpu, c: usize, s: usize) -> Result<()> {
+        self.chains[c].segs[s].graph.launch(gpu)
+    }
+}
+
+/// Where a step's lowered commands split into segments: the index of each segment's
+/// first command after the first one. A cut goes only where every command before it
+/// comes from earlier ops and every command from it on from later ones (`origin`: the
+/// first op of each command; a launch the lowering inserts out of op order, as
+/// `hc_sinkhorn`, is never separated from its op), at least [`FIRST_SEGMENT`] commands
+/// in, then four times the previous segment's length further.
+pub fn segment_cuts(origin: &[usize]) -> Vec<usize> {
+    let n = origin.len();
+    let mut suffix_min = vec![usize::MAX; n + 1];
+    for c in (0..n).rev() {
+        suffix_min[c] = suffix_min[c + 1].min(origin[c]);
+    }
+    let mut cuts = Vec::new();
+    let (mut start, mut want, mut max_before) = (0, FIRST_SEGMENT, None::<usize>);
+    for c in 0..n {
+        if c >= start + want
+            && max_before.is_none_or(|m| origin[c] > m)
+            && suffix_min[c] == origin[c]
+        {
+            cuts.push(c);
+            want = 4 * (c - start);
+            start = c;
+        }
+        max_before = Some(max_before.map_or(origin[c], |m| m.max(origin[c])));
+    }
+    cuts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_grow_fourfold_and_keep_out_of_order_launches_with_their_op() {
+        // 200 commands, one per op, except that command 17 comes from op 15 (as an
+        // `hc_sinkhorn` placed after the command following its `hc_post_pre`).
+        let mut origin: Vec<usize> = (0..200).collect();
+        origin.insert(17, 15);
+        origin.pop();
+        let cuts = segment_cuts(&origin);
+        // No cut at 16 or 17 (command 17's op 15 is before command 16's op 16): the first
+        // segment ends at 18, the next one 4 × 18 = 72 commands later.
+        assert_eq!(cuts, [18, 90]);
+        for &c in &cuts {
+            assert!(origin[..c].iter().all(|&o| o < origin[c]));
+            assert!(origin[c..].iter().all(|&o| o >= origin[c]));
+        }
+        assert!(segment_cuts(&origin[..FIRST_SEGMENT]).is_empty());
     }
 }

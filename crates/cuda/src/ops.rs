@@ -376,9 +376,40 @@ pub struct Recording {
     pub regions: Vec<(usize, &'static str)>,
     /// When the step began (its first op is recorded after it).
     pub started: Instant,
+    /// Ops (from the first) already launched as segments of a captured step
+    /// ([`crate::graph`]).
+    pub launched: usize,
+    /// The captured step being followed: chain, its next segment, the graph cache's
+    /// generation when it was found.
+    pub follow: Option<(usize, usize, u64)>,
+    /// The op count at which the recording next checks for a segment to launch.
+    pub next_cut: usize,
+    /// Whether the device time of this step is being measured (its first segment
+    /// launched after the timing's start event).
+    pub timed: bool,
+    /// The first error of a segment's launch, reported when the step is flushed.
+    pub error: Option<crate::error::CudaError>,
 }
 
 impl Recording {
+    /// An empty recording of a step of `n_tok` tokens whose inputs are at `step_ptr`;
+    /// `next_cut`: where to check first for a captured segment (`usize::MAX`: nowhere).
+    pub fn new(n_tok: usize, step_ptr: DPtr, next_cut: usize) -> Self {
+        Recording {
+            n_tok,
+            step_ptr,
+            ops: Vec::new(),
+            keep: Vec::new(),
+            regions: Vec::new(),
+            started: Instant::now(),
+            launched: 0,
+            follow: None,
+            next_cut,
+            timed: false,
+            error: None,
+        }
+    }
+
     /// The region op `i` belongs to (`""` before the first label).
     pub fn region_of(&self, i: usize) -> &'static str {
         match self.regions.partition_point(|&(first, _)| first <= i) {
