@@ -1284,12 +1284,9 @@ impl Backend for CudaBackend {
             st.stats.host_read_ms += ms_between(read_start, Instant::now());
         }
         Self::read_graph_timing(&mut st);
-        let start = out.len();
-        out.resize(start + len, 0.0);
-        // SAFETY: viewing the f32 tail as bytes for the copy.
-        let dst =
-            unsafe { std::slice::from_raw_parts_mut(out[start..].as_mut_ptr() as *mut u8, bytes) };
-        dst.copy_from_slice(host);
+        // SAFETY: the pinned buffer is page-aligned and now holds `len` f32 values.
+        let vals = unsafe { std::slice::from_raw_parts(host.as_ptr() as *const f32, len) };
+        out.extend_from_slice(vals);
         Ok(())
     }
 
