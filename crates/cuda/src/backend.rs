@@ -446,17 +446,18 @@ impl CudaBackend {
         let rec = st
             .recs
             .entry(tid)
-            .or_insert_with(|| Recording::new(0, 0, usize::MAX));
+            .or_insert_with(|| Recording::new(0, 0, Vec::new(), 0, usize::MAX));
         rec.push(op, keep);
         if rec.ops.len() == rec.next_cut {
             self.segment_ready(&mut st, tid);
         }
     }
 
-    /// At a segment boundary of a captured step: when the ops recorded since the last
-    /// launched segment are those the next segment was captured from, launches it (the
-    /// first segment: of any chain of this step buffer). Otherwise the recording stops
-    /// following, and the flush runs the rest.
+    /// At a possible segment boundary of a captured step: when the ops recorded since
+    /// the last launched segment are those the next segment of a candidate step was
+    /// captured from, launches it and keeps the candidates that agree with it; then sets
+    /// where to check next. A step whose ops leave every candidate is finished by the
+    /// flush.
     fn segment_ready(&self, st: &mut State, tid: ThreadId) {
         let State {
             recs,
@@ -466,37 +467,41 @@ impl CudaBackend {
         } = st;
         let rec = recs.get_mut(&tid).expect("recording");
         let n = rec.ops.len();
-        let found = match rec.follow {
-            None => graphs.find_first(&rec.ops, rec.step_ptr).map(|c| (c, 0)),
-            Some((c, s, generation)) => (generation == graphs.generation()
-                && graphs.segment_is(c, s, &rec.ops[rec.launched..]))
-            .then_some((c, s)),
-        };
-        let Some((c, s)) = found else {
-            rec.next_cut = match rec.follow {
-                None => graphs.next_first_cut(rec.step_ptr, n).unwrap_or(usize::MAX),
-                Some(_) => usize::MAX,
-            };
+        if rec.generation != graphs.generation() {
+            rec.cands.clear();
+            rec.next_cut = usize::MAX;
             return;
-        };
-        let launched = (|| {
-            self.gpu.bind()?;
-            if s == 0 {
-                rec.timed = self.timing_begin(graph_events)?;
-            }
-            graphs.launch(&self.gpu, c, s)
-        })();
-        match launched {
-            Ok(()) => {
-                rec.launched = n;
-                rec.follow = Some((c, s + 1, graphs.generation()));
-                rec.next_cut = graphs.segment_len(c, s + 1).map_or(usize::MAX, |l| n + l);
-            }
-            Err(e) => {
+        }
+        let s = rec.segs;
+        let ops = &rec.ops[rec.launched..];
+        let is =
+            |c: usize| graphs.segment_len(c, s) == Some(ops.len()) && graphs.segment_is(c, s, ops);
+        if let Some(c) = rec.cands.iter().copied().find(|&c| is(c)) {
+            let cands: Vec<usize> = rec
+                .cands
+                .iter()
+                .copied()
+                .filter(|&d| d == c || is(d))
+                .collect();
+            let launched = (|| {
+                self.gpu.bind()?;
+                if s == 0 {
+                    rec.timed = self.timing_begin(graph_events)?;
+                }
+                graphs.launch(&self.gpu, c, s)
+            })();
+            if let Err(e) = launched {
                 rec.error.get_or_insert(e);
                 rec.next_cut = usize::MAX;
+                return;
             }
+            rec.cands = cands;
+            rec.launched = n;
+            rec.segs = s + 1;
         }
+        rec.next_cut = graphs
+            .next_cut(&rec.cands, rec.segs, rec.launched, n)
+            .unwrap_or(usize::MAX);
     }
 
     /// Enqueues this thread's pending ops.
@@ -515,101 +520,108 @@ impl CudaBackend {
         self.gpu.bind()?;
         let pdl = self.pdl.load(Ordering::Relaxed);
         if rec.n_tok == 1 && self.graphs.load(Ordering::Relaxed) {
-            if rec.launched > 0 {
-                if let Some((c, s, generation)) = rec.follow
-                    && generation == st.graphs.generation()
-                    && rec.launched == rec.ops.len()
-                    && st.graphs.segment_len(c, s).is_none()
-                {
-                    self.timing_end(st, &rec)?;
-                    st.stats.graph_replays += 1;
-                    st.stats.decode_kernels = st.graphs.get(c).kernels;
-                    st.stats.host_record_ms += ms_between(rec.started, flush_start);
-                    st.stats.host_launch_ms += ms_between(flush_start, Instant::now());
-                    st.replayed = true;
-                    return Ok(());
-                }
-                // The step's ops differ from the captured ones after its first segments:
-                // the rest runs eagerly.
-                let (cmds, origin) = self.lower(st, &rec, rec.launched)?;
-                let regions: Vec<_> = origin.iter().map(|&i| rec.region_of(i)).collect();
-                return self.run_eager(st, cmds, &regions, pdl, rec.n_tok);
+            let replayed = (rec.generation == st.graphs.generation()
+                && rec.launched > 0
+                && rec.launched == rec.ops.len())
+            .then(|| {
+                rec.cands
+                    .iter()
+                    .copied()
+                    .find(|&c| st.graphs.segments(c) == rec.segs)
+            })
+            .flatten();
+            if let Some(c) = replayed {
+                self.timing_end(st, &rec)?;
+                st.stats.graph_replays += 1;
+                st.stats.decode_kernels = st.graphs.get(c).kernels;
+                st.stats.host_record_ms += ms_between(rec.started, flush_start);
+                st.stats.host_launch_ms += ms_between(flush_start, Instant::now());
+                st.replayed = true;
+                return Ok(());
             }
+            // A step not captured yet (or whose ops left the captured ones after its
+            // first `rec.segs` segments): captured now, for the next time.
             let (cmds, origin) = self.lower(st, &rec, 0)?;
-            if !cmds
+            if cmds
                 .iter()
                 .any(|c| matches!(c, Cmd::Gemm { .. } | Cmd::Sgemm(_)))
             {
-                let cuts = segment_cuts(&origin);
-                let bounds: Vec<usize> = std::iter::once(0)
-                    .chain(cuts.iter().copied())
-                    .chain(std::iter::once(cmds.len()))
-                    .collect();
-                let op_bounds: Vec<usize> = std::iter::once(0)
-                    .chain(cuts.iter().map(|&c| origin[c]))
-                    .chain(std::iter::once(rec.ops.len()))
-                    .collect();
-                let parts: Vec<&[Op]> =
-                    op_bounds.windows(2).map(|w| &rec.ops[w[0]..w[1]]).collect();
-                let launches: Vec<Vec<&Launch>> = bounds
-                    .windows(2)
-                    .map(|w| {
-                        cmds[w[0]..w[1]]
-                            .iter()
-                            .filter_map(|c| match c {
-                                Cmd::Launch(l) if !st.without.iter().any(|w| w == l.label) => {
-                                    Some(l)
-                                }
-                                _ => None,
-                            })
-                            .collect()
-                    })
-                    .collect();
-                let n = launches.iter().map(Vec::len).sum();
-                let captured = {
-                    let gpu = self.gpu.clone();
-                    st.graphs.capture(&self.gpu, rec.step_ptr, &parts, n, |i| {
-                        for l in &launches[i] {
-                            gpu.launch(l.f, l.grid, l.block, l.smem, &l.args, pdl)?;
-                        }
-                        Ok(())
-                    })
-                };
-                match captured {
-                    Ok(c) => {
-                        rec.timed = self.timing_begin(&mut st.graph_events)?;
-                        for s in 0..parts.len() {
-                            st.graphs.launch(&self.gpu, c, s)?;
-                        }
-                        self.timing_end(st, &rec)?;
-                        st.stats.graph_captures += 1;
-                        st.stats.decode_kernels = n;
-                        tracing::debug!(
-                            kernels = n,
-                            segments = parts.len(),
-                            "captured a decode graph"
-                        );
-                        return Ok(());
-                    }
-                    Err(e) if pdl => {
-                        // Some drivers refuse programmatic edges in captured graphs.
-                        tracing::warn!(
-                            "graph capture with programmatic dependent launch failed ({e}); disabling it"
-                        );
-                        self.pdl.store(false, Ordering::Relaxed);
-                        let regions: Vec<_> = origin.iter().map(|&i| rec.region_of(i)).collect();
-                        return self.run_eager(st, cmds, &regions, false, 1);
-                    }
-                    Err(e) => return Err(e),
-                }
+                return self.run_rest_eager(st, &rec, pdl);
             }
-            let regions: Vec<_> = origin.iter().map(|&i| rec.region_of(i)).collect();
-            return self.run_eager(st, cmds, &regions, pdl, rec.n_tok);
+            let cuts = segment_cuts(&origin);
+            let bounds: Vec<usize> = std::iter::once(0)
+                .chain(cuts.iter().copied())
+                .chain(std::iter::once(cmds.len()))
+                .collect();
+            let op_bounds: Vec<usize> = std::iter::once(0)
+                .chain(cuts.iter().map(|&c| origin[c]))
+                .chain(std::iter::once(rec.ops.len()))
+                .collect();
+            let parts: Vec<&[Op]> = op_bounds.windows(2).map(|w| &rec.ops[w[0]..w[1]]).collect();
+            let launches: Vec<Vec<&Launch>> = bounds
+                .windows(2)
+                .map(|w| {
+                    cmds[w[0]..w[1]]
+                        .iter()
+                        .filter_map(|c| match c {
+                            Cmd::Launch(l) if !st.without.iter().any(|w| w == l.label) => Some(l),
+                            _ => None,
+                        })
+                        .collect()
+                })
+                .collect();
+            let n = launches.iter().map(Vec::len).sum();
+            let captured = {
+                let gpu = self.gpu.clone();
+                st.graphs.capture(&self.gpu, rec.step_ptr, &parts, n, |i| {
+                    for l in &launches[i] {
+                        gpu.launch(l.f, l.grid, l.block, l.smem, &l.args, pdl)?;
+                    }
+                    Ok(())
+                })
+            };
+            let c = match captured {
+                Ok(c) => c,
+                Err(e) if pdl => {
+                    // Some drivers refuse programmatic edges in captured graphs.
+                    tracing::warn!(
+                        "graph capture with programmatic dependent launch failed ({e}); disabling it"
+                    );
+                    self.pdl.store(false, Ordering::Relaxed);
+                    return self.run_rest_eager(st, &rec, false);
+                }
+                Err(e) => return Err(e),
+            };
+            st.stats.graph_captures += 1;
+            st.stats.decode_kernels = n;
+            tracing::debug!(
+                kernels = n,
+                segments = parts.len(),
+                "captured a decode graph"
+            );
+            // Its segments from the first op not launched yet, when one begins there.
+            let Some(first) = op_bounds.iter().position(|&b| b == rec.launched) else {
+                return self.run_rest_eager(st, &rec, pdl);
+            };
+            if rec.launched == 0 {
+                rec.timed = self.timing_begin(&mut st.graph_events)?;
+            }
+            for s in first..parts.len() {
+                st.graphs.launch(&self.gpu, c, s)?;
+            }
+            return self.timing_end(st, &rec);
         }
         let (cmds, origin) = self.lower(st, &rec, 0)?;
         let regions: Vec<_> = origin.iter().map(|&i| rec.region_of(i)).collect();
         self.run_eager(st, cmds, &regions, pdl, rec.n_tok)
         // `rec.keep` drops here, after its kernels were enqueued.
+    }
+
+    /// Runs the recording's ops not launched yet without a graph.
+    fn run_rest_eager(&self, st: &mut State, rec: &Recording, pdl: bool) -> Result<()> {
+        let (cmds, origin) = self.lower(st, rec, rec.launched)?;
+        let regions: Vec<_> = origin.iter().map(|&i| rec.region_of(i)).collect();
+        self.run_eager(st, cmds, &regions, pdl, rec.n_tok)
     }
 
     /// The commands of the recording's ops from `from` on, with the op each comes from.
@@ -1018,13 +1030,17 @@ impl Backend for CudaBackend {
         }
         let ptr = st.step_bufs[&tid].ptr();
         self.gpu.htod(ptr, &bytes).map_err(engine_err)?;
-        let next_cut = if tokens.len() == 1 && self.graphs.load(Ordering::Relaxed) {
-            st.graphs.next_first_cut(ptr, 0).unwrap_or(usize::MAX)
+        let cands = if tokens.len() == 1 && self.graphs.load(Ordering::Relaxed) {
+            st.graphs.chains_of(ptr)
         } else {
-            usize::MAX
+            Vec::new()
         };
-        st.recs
-            .insert(tid, Recording::new(tokens.len(), ptr, next_cut));
+        let next_cut = st.graphs.next_cut(&cands, 0, 0, 0).unwrap_or(usize::MAX);
+        let generation = st.graphs.generation();
+        st.recs.insert(
+            tid,
+            Recording::new(tokens.len(), ptr, cands, generation, next_cut),
+        );
         Ok(CudaStep {
             n_tok: tokens.len(),
             pos0,

@@ -112,22 +112,26 @@ impl GraphCache {
         self.generation
     }
 
-    /// The smallest first-segment length (in ops) above `after` among the chains of
-    /// step buffer `step`: where the recording checks next for a chain to follow.
-    pub fn next_first_cut(&self, step: DPtr, after: usize) -> Option<usize> {
-        self.chains
+    /// The chains of step buffer `step`.
+    pub fn chains_of(&self, step: DPtr) -> Vec<usize> {
+        (0..self.chains.len())
+            .filter(|&c| self.chains[c].step == step)
+            .collect()
+    }
+
+    /// The op count at which the segment after the first `s` of any of `cands` ends
+    /// beyond `after`, counting from `from`: where a recording checks next.
+    pub fn next_cut(&self, cands: &[usize], s: usize, from: usize, after: usize) -> Option<usize> {
+        cands
             .iter()
-            .filter(|c| c.step == step)
-            .map(|c| c.segs[0].key.len())
-            .filter(|&n| n > after)
+            .filter_map(|&c| self.segment_len(c, s))
+            .map(|l| from + l)
+            .filter(|&x| x > after)
             .min()
     }
 
-    /// The chain of step buffer `step` whose first segment was captured from `ops`.
-    pub fn find_first(&self, ops: &[Op], step: DPtr) -> Option<usize> {
-        self.chains
-            .iter()
-            .position(|c| c.step == step && c.segs[0].key == ops)
+    pub fn segments(&self, c: usize) -> usize {
+        self.chains[c].segs.len()
     }
 
     /// The op count of segment `s` of chain `c` (`None` past its last).

@@ -377,12 +377,15 @@ pub struct Recording {
     /// When the step began (its first op is recorded after it).
     pub started: Instant,
     /// Ops (from the first) already launched as segments of a captured step
-    /// ([`crate::graph`]).
+    /// ([`crate::graph`]), and how many segments.
     pub launched: usize,
-    /// The captured step being followed: chain, its next segment, the graph cache's
-    /// generation when it was found.
-    pub follow: Option<(usize, usize, u64)>,
-    /// The op count at which the recording next checks for a segment to launch.
+    pub segs: usize,
+    /// The captured steps whose first `segs` segments are the ones launched (at first,
+    /// every one of this step buffer), valid while the graph cache's generation is `generation`.
+    pub cands: Vec<usize>,
+    pub generation: u64,
+    /// The op count at which the recording next checks for a segment to launch
+    /// (`usize::MAX`: it does not).
     pub next_cut: usize,
     /// Whether the device time of this step is being measured (its first segment
     /// launched after the timing's start event).
@@ -392,9 +395,15 @@ pub struct Recording {
 }
 
 impl Recording {
-    /// An empty recording of a step of `n_tok` tokens whose inputs are at `step_ptr`;
-    /// `next_cut`: where to check first for a captured segment (`usize::MAX`: nowhere).
-    pub fn new(n_tok: usize, step_ptr: DPtr, next_cut: usize) -> Self {
+    /// An empty recording of a step of `n_tok` tokens whose inputs are at `step_ptr`,
+    /// following the captured steps `cands` (cache generation `generation`) from `next_cut` on.
+    pub fn new(
+        n_tok: usize,
+        step_ptr: DPtr,
+        cands: Vec<usize>,
+        generation: u64,
+        next_cut: usize,
+    ) -> Self {
         Recording {
             n_tok,
             step_ptr,
@@ -403,7 +412,9 @@ impl Recording {
             regions: Vec::new(),
             started: Instant::now(),
             launched: 0,
-            follow: None,
+            segs: 0,
+            cands,
+            generation,
             next_cut,
             timed: false,
             error: None,
