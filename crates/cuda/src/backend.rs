@@ -2,8 +2,9 @@
 //!
 //! Operations are recorded per calling thread ([`crate::ops`]) and enqueued when the
 //! step's results are needed: `read` (the logits), the next `step`, a KV snapshot.
-//! One-token steps are lowered once, captured as a CUDA graph and replayed for each
-//! following token ([`crate::graph`]); multi-token steps run their lowered kernels
+//! One-token steps are lowered once, captured as a short chain of CUDA graphs and
+//! replayed for each following token, each graph launched as soon as its ops have been
+//! recorded again ([`crate::graph`]); multi-token steps run their lowered kernels
 //! directly, with cuBLAS for the matrix products. Nothing synchronizes with the host
 //! inside a step; `read` waits for the copy of the requested values only.
 //!

@@ -5,7 +5,8 @@
 //!   [`layout`]); decode steps run fused quantized GEMV kernels (int8 `dp4a` dot
 //!   products against the activation quantized on the fly, as ggml's CPU backend
 //!   quantizes it), fused RMSNorm / bias / SwiGLU / residual epilogues, RoPE with the KV
-//!   store, and split-K attention, captured once as a CUDA graph and replayed per token;
+//!   store, and split-K attention, captured once as a chain of CUDA graphs and replayed
+//!   per token while the next one is recorded;
 //!   prefill uses cuBLAS bf16 GEMMs on dequantized weights and a tensor-core
 //!   flash-attention kernel.
 //! - Kernels are `.cu` files under `kernels/`, compiled at run time by NVRTC for the
