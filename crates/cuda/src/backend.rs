@@ -464,11 +464,13 @@ impl CudaBackend {
             recs,
             graphs,
             graph_events,
+            step_bufs,
             ..
         } = st;
         let rec = recs.get_mut(&tid).expect("recording");
         let n = rec.ops.len();
-        if rec.generation != graphs.generation() {
+        // A second thread began stepping on this backend (see `step`): no more segments.
+        if rec.generation != graphs.generation() || step_bufs.len() > 1 {
             rec.cands.clear();
             rec.next_cut = usize::MAX;
             return;
@@ -531,7 +533,20 @@ impl CudaBackend {
                     .find(|&c| st.graphs.segments(c) == rec.segs)
             })
             .flatten();
-            if let Some(c) = replayed {
+            // Nothing launched while recording (several threads record on this backend,
+            // see `step`): a captured step that matches whole runs at once.
+            let whole = if rec.launched == 0 {
+                st.graphs.find_whole(&rec.ops, rec.step_ptr)
+            } else {
+                None
+            };
+            if let Some(c) = whole {
+                rec.timed = self.timing_begin(&mut st.graph_events)?;
+                for s in 0..st.graphs.segments(c) {
+                    st.graphs.launch(&self.gpu, c, s)?;
+                }
+            }
+            if let Some(c) = replayed.or(whole) {
                 self.timing_end(st, &rec)?;
                 st.stats.graph_replays += 1;
                 st.stats.decode_kernels = st.graphs.get(c).kernels;
@@ -612,9 +627,8 @@ impl CudaBackend {
             }
             return self.timing_end(st, &rec);
         }
-        let (cmds, origin) = self.lower(st, &rec, 0)?;
-        let regions: Vec<_> = origin.iter().map(|&i| rec.region_of(i)).collect();
-        self.run_eager(st, cmds, &regions, pdl, rec.n_tok)
+        // (Segments launched while graphs were on are not run again.)
+        self.run_rest_eager(st, &rec, pdl)
         // `rec.keep` drops here, after its kernels were enqueued.
     }
 
@@ -1031,7 +1045,16 @@ impl Backend for CudaBackend {
         }
         let ptr = st.step_bufs[&tid].ptr();
         self.gpu.htod(ptr, &bytes).map_err(engine_err)?;
-        let cands = if tokens.len() == 1 && self.graphs.load(Ordering::Relaxed) {
+        // Segments are launched while a step is recorded only while one thread steps on
+        // this backend (the server's engine thread, the CLI): another thread's step could
+        // otherwise land between two segments of this one on the shared stream and reuse
+        // its scratch memory. Once a second thread steps, each step runs whole at its
+        // flush (one step of the first thread may still be split around the second's
+        // first step).
+        let cands = if tokens.len() == 1
+            && self.graphs.load(Ordering::Relaxed)
+            && st.step_bufs.len() == 1
+        {
             st.graphs.chains_of(ptr)
         } else {
             Vec::new()

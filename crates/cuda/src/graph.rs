@@ -134,6 +134,21 @@ impl GraphCache {
         self.chains[c].segs.len()
     }
 
+    /// The chain of step buffer `step` whose segments were captured from `ops`, all of it.
+    pub fn find_whole(&self, ops: &[Op], step: DPtr) -> Option<usize> {
+        self.chains.iter().position(|c| {
+            let mut at = 0;
+            c.step == step
+                && c.segs.iter().all(|g| {
+                    let end = at + g.key.len();
+                    let same = end <= ops.len() && g.key == ops[at..end];
+                    at = end;
+                    same
+                })
+                && at == ops.len()
+        })
+    }
+
     /// The op count of segment `s` of chain `c` (`None` past its last).
     pub fn segment_len(&self, c: usize, s: usize) -> Option<usize> {
         self.chains[c].segs.get(s).map(|g| g.key.len())
