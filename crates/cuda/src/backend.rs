@@ -32,7 +32,7 @@ use ds4_gguf::{GgufFile, TensorInfo};
 use crate::driver::{Args, DPtr, DevMem, Event, Gpu};
 use crate::error::{CudaError, Result};
 use crate::gemm::Blas;
-use crate::graph::{GraphCache, segment_cuts};
+use crate::graph::{GraphCache, segment_ranges};
 use crate::kernels::Kernels;
 use crate::lower::{AttnScratch, Cmd, Ctx, Launch, lower_traced};
 use crate::ops::{MatRef, Op, Recording, RopeArgs, step_bytes};
@@ -541,13 +541,11 @@ impl CudaBackend {
                 None
             };
             if let Some(c) = whole {
-                rec.timed = self.timing_begin(&mut st.graph_events)?;
-                for s in 0..st.graphs.segments(c) {
-                    st.graphs.launch(&self.gpu, c, s)?;
-                }
+                self.launch_segments(st, &mut rec, c, 0)?;
+            } else if replayed.is_some() {
+                self.timing_end(st, &rec)?;
             }
             if let Some(c) = replayed.or(whole) {
-                self.timing_end(st, &rec)?;
                 st.stats.graph_replays += 1;
                 st.stats.decode_kernels = st.graphs.get(c).kernels;
                 st.stats.host_record_ms += ms_between(rec.started, flush_start);
@@ -564,20 +562,12 @@ impl CudaBackend {
             {
                 return self.run_rest_eager(st, &rec, pdl);
             }
-            let cuts = segment_cuts(&origin);
-            let bounds: Vec<usize> = std::iter::once(0)
-                .chain(cuts.iter().copied())
-                .chain(std::iter::once(cmds.len()))
-                .collect();
-            let op_bounds: Vec<usize> = std::iter::once(0)
-                .chain(cuts.iter().map(|&c| origin[c]))
-                .chain(std::iter::once(rec.ops.len()))
-                .collect();
-            let parts: Vec<&[Op]> = op_bounds.windows(2).map(|w| &rec.ops[w[0]..w[1]]).collect();
-            let launches: Vec<Vec<&Launch>> = bounds
-                .windows(2)
-                .map(|w| {
-                    cmds[w[0]..w[1]]
+            let segs = segment_ranges(&origin, rec.ops.len());
+            let parts: Vec<&[Op]> = segs.iter().map(|(_, o)| &rec.ops[o.clone()]).collect();
+            let launches: Vec<Vec<&Launch>> = segs
+                .iter()
+                .map(|(c, _)| {
+                    cmds[c.clone()]
                         .iter()
                         .filter_map(|c| match c {
                             Cmd::Launch(l) if !st.without.iter().any(|w| w == l.label) => Some(l),
@@ -616,20 +606,32 @@ impl CudaBackend {
                 "captured a decode graph"
             );
             // Its segments from the first op not launched yet, when one begins there.
-            let Some(first) = op_bounds.iter().position(|&b| b == rec.launched) else {
+            let Some(first) = segs.iter().position(|(_, o)| o.start == rec.launched) else {
                 return self.run_rest_eager(st, &rec, pdl);
             };
-            if rec.launched == 0 {
-                rec.timed = self.timing_begin(&mut st.graph_events)?;
-            }
-            for s in first..parts.len() {
-                st.graphs.launch(&self.gpu, c, s)?;
-            }
-            return self.timing_end(st, &rec);
+            return self.launch_segments(st, &mut rec, c, first);
         }
         // (Segments launched while graphs were on are not run again.)
         self.run_rest_eager(st, &rec, pdl)
         // `rec.keep` drops here, after its kernels were enqueued.
+    }
+
+    /// Launches chain `c`'s segments from `first` on, the rest of `rec`'s step (timed
+    /// from here when nothing of it was launched before).
+    fn launch_segments(
+        &self,
+        st: &mut State,
+        rec: &mut Recording,
+        c: usize,
+        first: usize,
+    ) -> Result<()> {
+        if rec.launched == 0 {
+            rec.timed = self.timing_begin(&mut st.graph_events)?;
+        }
+        for s in first..st.graphs.segments(c) {
+            st.graphs.launch(&self.gpu, c, s)?;
+        }
+        self.timing_end(st, rec)
     }
 
     /// Runs the recording's ops not launched yet without a graph.

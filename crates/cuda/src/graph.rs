@@ -9,6 +9,8 @@
 //! segment is launched as soon as the ops it was captured from have been recorded again,
 //! so the device starts on the first layers while the host still records the last ones.
 
+use std::ops::Range;
+
 use cudarc::driver::{result, sys};
 
 use crate::driver::{DPtr, Gpu};
@@ -205,32 +207,34 @@ impl GraphCache {
     }
 }
 
-/// Where a step's lowered commands split into segments: the index of each segment's
-/// first command after the first one. A cut goes only where every command before it
-/// comes from earlier ops and every command from it on from later ones (`origin`: the
-/// first op of each command; a launch the lowering inserts out of op order, as
+/// Where a step's lowered commands split into segments: for each segment, its commands
+/// and the ops they come from (`origin`: the first op of each command; `n_ops` ops in
+/// all). A cut goes only where every command before it comes from earlier ops and every
+/// command from it on from later ones (a launch the lowering inserts out of op order, as
 /// `hc_sinkhorn`, is never separated from its op), at least [`FIRST_SEGMENT`] commands
 /// in, then four times the previous segment's length further.
-pub fn segment_cuts(origin: &[usize]) -> Vec<usize> {
+pub fn segment_ranges(origin: &[usize], n_ops: usize) -> Vec<(Range<usize>, Range<usize>)> {
     let n = origin.len();
     let mut suffix_min = vec![usize::MAX; n + 1];
     for c in (0..n).rev() {
         suffix_min[c] = suffix_min[c + 1].min(origin[c]);
     }
-    let mut cuts = Vec::new();
+    let mut segs = Vec::new();
     let (mut start, mut want, mut max_before) = (0, FIRST_SEGMENT, None::<usize>);
+    let mut op_start = 0;
     for c in 0..n {
         if c >= start + want
             && max_before.is_none_or(|m| origin[c] > m)
             && suffix_min[c] == origin[c]
         {
-            cuts.push(c);
+            segs.push((start..c, op_start..origin[c]));
             want = 4 * (c - start);
-            start = c;
+            (start, op_start) = (c, origin[c]);
         }
         max_before = Some(max_before.map_or(origin[c], |m| m.max(origin[c])));
     }
-    cuts
+    segs.push((start..n, op_start..n_ops));
+    segs
 }
 
 #[cfg(test)]
@@ -244,14 +248,16 @@ mod tests {
         let mut origin: Vec<usize> = (0..200).collect();
         origin.insert(17, 15);
         origin.pop();
-        let cuts = segment_cuts(&origin);
+        let segs = segment_ranges(&origin, 200);
         // No cut at 16 or 17 (command 17's op 15 is before command 16's op 16): the first
         // segment ends at 18, the next one 4 × 18 = 72 commands later.
-        assert_eq!(cuts, [18, 90]);
-        for &c in &cuts {
-            assert!(origin[..c].iter().all(|&o| o < origin[c]));
-            assert!(origin[c..].iter().all(|&o| o >= origin[c]));
+        assert_eq!(segs, [(0..18, 0..17), (18..90, 17..89), (90..200, 89..200)]);
+        for (cmds, ops) in &segs {
+            assert!(origin[cmds.clone()].iter().all(|o| ops.contains(o)));
         }
-        assert!(segment_cuts(&origin[..FIRST_SEGMENT]).is_empty());
+        assert_eq!(
+            segment_ranges(&origin[..FIRST_SEGMENT], 16),
+            [(0..16, 0..16)]
+        );
     }
 }
