@@ -159,8 +159,8 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
 /// An `hc_post_pre` launch leaves post and comb (the Sinkhorn) to an `hc_sinkhorn`
 /// launch, placed after the command that follows it: that kernel starts once the one
 /// between has passed its wait, when `hc_post_pre` has finished, runs beside it and lets
-/// the next command start at once (see kernels/mhc.cu). Without a command after `hc_post_pre`, it follows directly and waits
-/// for `hc_post_pre` before it reads.
+/// the next command start at once (see kernels/mhc.cu). Without a command after
+/// `hc_post_pre`, it follows directly and waits for `hc_post_pre` before it reads.
 pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
     let mut cmds = Vec::with_capacity(ops.len());
     let mut origin = Vec::with_capacity(ops.len());

@@ -492,7 +492,7 @@ fn bench(args: &[String]) -> Res<()> {
             1e3 / fig.tokens_per_s
         );
         // The host's part of a replayed step, measured over the timed runs.
-        let n = (after.graph_replays - before.graph_replays).max(1) as f64;
+        let n = replays.max(1) as f64;
         let per = |a: f64, b: f64| (a - b) / n;
         let record = per(after.host_record_ms, before.host_record_ms);
         let launch = per(after.host_launch_ms, before.host_launch_ms);
