@@ -17,6 +17,8 @@
 //! gpu_check conformance [FILTER]      every backend operation vs its reference (ds4-conformance)
 //! gpu_check model FIXTURE GGUF [--bf16] a MoE family's golden master on CUDA and the CPU
 //! gpu_check same-file SPEC|GGUF       a quantized MoE model: CUDA vs CPU top-10 log-probs
+//! gpu_check trace FIXTURE GGUF [POS...] a MoE golden master's prompt on CUDA and the CPU:
+//!                                     per layer, CUDA's error against the CPU at POS
 //! gpu_check soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB]
 //!                                     decode with rewinds, snapshots and resets for M
 //!                                     minutes, GPU memory sampled: its growth
@@ -30,6 +32,7 @@
 mod families;
 mod host_profile;
 mod soak;
+mod trace;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -57,9 +60,10 @@ fn main() {
         Some("conformance") => families::conformance(args.get(1).map_or("", String::as_str)),
         Some("model") => families::model(&args[1..]),
         Some("same-file") => families::same_file(&args[1..]),
+        Some("trace") => trace::trace(&args[1..]),
         Some("soak") => soak::soak(&args[1..]),
         Some("nccl") => nccl_check(),
-        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] [--without LABEL]... [--host-profile] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB] | nccl".into()),
+        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] [--without LABEL]... [--host-profile] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | trace FIXTURE GGUF [POS...] | soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB] | nccl".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");

@@ -1,0 +1,99 @@
+//! `trace FIXTURE GGUF [POS...]`: where CUDA and the CPU part, layer by layer. Both
+//! backends prefill the golden master's prompt from one GGUF, recording each layer's
+//! attention and MLP outputs and streams (`forward_traced`); for each position asked for
+//! (default: the three prompt rows where CUDA's logits are furthest from the CPU's) one
+//! line per layer gives CUDA's relative error against the CPU there, so the first layer
+//! that departs shows where a discrete choice (a routing, a selection) went the other way.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ds4_cuda::CudaBackend;
+use ds4_engine::backend::Backend;
+use ds4_engine::backend::cpu::CpuBackend;
+use ds4_engine::families::{deepseek4, glm5_next};
+use ds4_engine::fixtures::{golden, row_err};
+use ds4_engine::model::Model;
+use ds4_gguf::GgufFile;
+
+use crate::Res;
+
+/// One backend's prompt: every row of logits and the per-layer records `[streams,
+/// attention output, MLP output]` (`[S, N·D]`, `[S, D]`, `[S, D]` per layer).
+struct Traced {
+    logits: Vec<f32>,
+    layers: [Vec<Vec<f32>>; 3],
+}
+
+fn glm<B: Backend>(b: Arc<B>, file: &Arc<GgufFile>, prompt: &[u32]) -> Res<Traced> {
+    let m = glm5_next::Glm5Next::load(b, file, "trace".into())?;
+    let mut cache = m.new_cache(prompt.len() + 1)?;
+    let mut tr = glm5_next::Trace::default();
+    let logits = m.forward_traced(&mut *cache, prompt, &mut tr)?;
+    Ok(Traced {
+        logits,
+        layers: [tr.streams, tr.attn_out, tr.mlp_out],
+    })
+}
+
+fn ds4<B: Backend>(b: Arc<B>, file: &Arc<GgufFile>, prompt: &[u32]) -> Res<Traced> {
+    let m = deepseek4::DeepSeek4::load(b, file, "trace".into())?;
+    let mut cache = m.new_cache(prompt.len() + 1)?;
+    let mut tr = deepseek4::Trace::default();
+    let logits = m.forward_traced(&mut *cache, prompt, &mut tr)?;
+    Ok(Traced {
+        logits,
+        layers: [tr.streams, tr.attn_out, tr.mlp_out],
+    })
+}
+
+pub fn trace(args: &[String]) -> Res<()> {
+    let (Some(dir), Some(gguf)) = (args.first(), args.get(1)) else {
+        return Err("usage: gpu_check trace FIXTURE_DIR GGUF [POS...]".into());
+    };
+    let g = golden(Path::new(dir));
+    let file = Arc::new(GgufFile::open(Path::new(gguf))?);
+    let gpu = Arc::new(CudaBackend::new(0)?);
+    let cpu = Arc::new(CpuBackend::new(8)?);
+    let arch = file.architecture()?;
+    let (ours, theirs) = if glm5_next::ARCH_NAMES.contains(&arch) {
+        (glm(gpu, &file, &g.prompt)?, glm(cpu, &file, &g.prompt)?)
+    } else if arch == deepseek4::ARCH {
+        (ds4(gpu, &file, &g.prompt)?, ds4(cpu, &file, &g.prompt)?)
+    } else {
+        return Err(format!("trace: no per-layer records for architecture '{arch}'").into());
+    };
+    let (v, s) = (g.vocab, g.prompt.len());
+    let row = |x: &[f32], p: usize, w: usize| x[p * w..(p + 1) * w].to_vec();
+    let mut positions: Vec<usize> = args[2..]
+        .iter()
+        .map(|a| a.parse::<usize>())
+        .collect::<Result<_, _>>()?;
+    if positions.is_empty() {
+        let mut by_err: Vec<(usize, f64)> = (0..s)
+            .map(|p| {
+                (
+                    p,
+                    row_err(&row(&ours.logits, p, v), &row(&theirs.logits, p, v)),
+                )
+            })
+            .collect();
+        by_err.sort_by(|a, b| b.1.total_cmp(&a.1));
+        positions = by_err.iter().take(3).map(|&(p, _)| p).collect();
+    }
+    for p in positions.into_iter().filter(|&p| p < s) {
+        let e = row_err(&row(&ours.logits, p, v), &row(&theirs.logits, p, v));
+        println!("position {p}: logits CUDA vs CPU {e:.3e}; per layer streams / attention / MLP:");
+        for l in 0..ours.layers[0].len() {
+            let errs: Vec<String> = (0..3)
+                .map(|k| {
+                    let (a, b) = (&ours.layers[k][l], &theirs.layers[k][l]);
+                    let w = a.len() / s;
+                    format!("{:.3e}", row_err(&row(a, p, w), &row(b, p, w)))
+                })
+                .collect();
+            println!("  layer {l:2}: {}", errs.join(" / "));
+        }
+    }
+    Ok(())
+}
