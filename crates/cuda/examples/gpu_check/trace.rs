@@ -9,7 +9,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ds4_cuda::CudaBackend;
-use ds4_engine::backend::Backend;
 use ds4_engine::backend::cpu::CpuBackend;
 use ds4_engine::families::{deepseek4, glm5_next};
 use ds4_engine::fixtures::{golden, row_err};
@@ -25,26 +24,19 @@ struct Traced {
     layers: [Vec<Vec<f32>>; 3],
 }
 
-fn glm<B: Backend>(b: Arc<B>, file: &Arc<GgufFile>, prompt: &[u32]) -> Res<Traced> {
-    let m = glm5_next::Glm5Next::load(b, file, "trace".into())?;
-    let mut cache = m.new_cache(prompt.len() + 1)?;
-    let mut tr = glm5_next::Trace::default();
-    let logits = m.forward_traced(&mut *cache, prompt, &mut tr)?;
-    Ok(Traced {
-        logits,
-        layers: [tr.streams, tr.attn_out, tr.mlp_out],
-    })
-}
-
-fn ds4<B: Backend>(b: Arc<B>, file: &Arc<GgufFile>, prompt: &[u32]) -> Res<Traced> {
-    let m = deepseek4::DeepSeek4::load(b, file, "trace".into())?;
-    let mut cache = m.new_cache(prompt.len() + 1)?;
-    let mut tr = deepseek4::Trace::default();
-    let logits = m.forward_traced(&mut *cache, prompt, &mut tr)?;
-    Ok(Traced {
-        logits,
-        layers: [tr.streams, tr.attn_out, tr.mlp_out],
-    })
+/// The prompt through `$family::$model` on backend `$b` (both families record the same
+/// `Trace` fields).
+macro_rules! traced {
+    ($family:ident::$model:ident, $b:expr, $file:expr, $prompt:expr) => {{
+        let m = $family::$model::load($b, $file, "trace".into())?;
+        let mut cache = m.new_cache($prompt.len() + 1)?;
+        let mut tr = $family::Trace::default();
+        let logits = m.forward_traced(&mut *cache, $prompt, &mut tr)?;
+        Traced {
+            logits,
+            layers: [tr.streams, tr.attn_out, tr.mlp_out],
+        }
+    }};
 }
 
 pub fn trace(args: &[String]) -> Res<()> {
@@ -56,10 +48,17 @@ pub fn trace(args: &[String]) -> Res<()> {
     let gpu = Arc::new(CudaBackend::new(0)?);
     let cpu = Arc::new(CpuBackend::new(8)?);
     let arch = file.architecture()?;
+    let p = &g.prompt[..];
     let (ours, theirs) = if glm5_next::ARCH_NAMES.contains(&arch) {
-        (glm(gpu, &file, &g.prompt)?, glm(cpu, &file, &g.prompt)?)
+        (
+            traced!(glm5_next::Glm5Next, gpu, &file, p),
+            traced!(glm5_next::Glm5Next, cpu, &file, p),
+        )
     } else if arch == deepseek4::ARCH {
-        (ds4(gpu, &file, &g.prompt)?, ds4(cpu, &file, &g.prompt)?)
+        (
+            traced!(deepseek4::DeepSeek4, gpu, &file, p),
+            traced!(deepseek4::DeepSeek4, cpu, &file, p),
+        )
     } else {
         return Err(format!("trace: no per-layer records for architecture '{arch}'").into());
     };
