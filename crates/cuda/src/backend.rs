@@ -477,8 +477,7 @@ impl CudaBackend {
         }
         let s = rec.segs;
         let ops = &rec.ops[rec.launched..];
-        let is =
-            |c: usize| graphs.segment_len(c, s) == Some(ops.len()) && graphs.segment_is(c, s, ops);
+        let is = |c: usize| graphs.segment_is(c, s, ops);
         if let Some(c) = rec.cands.iter().copied().find(|&c| is(c)) {
             let cands: Vec<usize> = rec
                 .cands

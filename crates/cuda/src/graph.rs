@@ -156,9 +156,9 @@ impl GraphCache {
         self.chains[c].segs.get(s).map(|g| g.key.len())
     }
 
-    /// Whether segment `s` of chain `c` was captured from `ops`.
+    /// Whether chain `c` has a segment `s` and it was captured from `ops`.
     pub fn segment_is(&self, c: usize, s: usize, ops: &[Op]) -> bool {
-        self.chains[c].segs[s].key == ops
+        self.chains[c].segs.get(s).is_some_and(|g| g.key == ops)
     }
 
     pub fn get(&self, c: usize) -> &Chain {

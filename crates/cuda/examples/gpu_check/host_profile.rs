@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use crate::Res;
 
 #[cfg(feature = "host-profile")]
 pub struct HostProfile(pprof::ProfilerGuard<'static>);
