@@ -347,20 +347,6 @@ __device__ const u64 IQ2XXS_GRID[256] = {
 // ggml ksigns_iq2xs[i]: the 7 stored sign bits plus an eighth that makes the parity even.
 __device__ __forceinline__ u32 iq2_signs(u32 i) { return i | ((__popc(i) & 1u) << 7); }
 
-// Byte i of the result is 0xFF when bit i of b (of four) is set: the product moves bit i
-// to bit 8i+7 (the four copies of each bit land in disjoint ranges, so no carries), and
-// prmt replicates each byte's top bit across the byte.
-__device__ __forceinline__ u32 sign_mask4(u32 b) {
-    const u32 t = (b & 0xFu) * 0x10204080u;
-    u32 r;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(t), "r"(0u), "r"(0xBA98u));
-    return r;
-}
-
-// The bytes of v negated where the mask's are 0xFF: ~v + 1 bytewise, without carries for
-// bytes in 1..0x80 (IQ2 grid magnitudes).
-__device__ __forceinline__ u32 neg_bytes(u32 v, u32 m) { return (v ^ m) + (m & 0x01010101u); }
-
 // ---- products with float weights (F32, F16, BF16), a group of threads per output row ----
 
 #define FG_TOK 4

@@ -38,18 +38,41 @@
 // launch reads IQ2_XXS weights), then the activation.
 extern __shared__ __align__(16) u8 gemv_smem[];
 
-// IQ2_XXS decoding tables in shared memory: the grid's 256 entries and the 128 sign
-// patterns as byte masks (0xFF where the value is negated), 8 bytes each. Every entry is
-// stored 16 times side by side and lane l reads copy l % 16: the 16 lanes an 8-byte
-// gather serves at once always hit 16 different bank pairs, so a warp's gather of 32
-// random entries costs two shared-memory wavefronts. (The grid in global memory cost
-// about 18 L1 sectors per gather and kept the L1 busy; one copy in shared memory, bank
-// conflicts.)
-#define IQ2_COPIES 16
-#define IQ2_ENTRY (IQ2_COPIES * 8)
+// IQ2_XXS decoding tables in shared memory, one 32-bit word per entry: the grid's 256
+// entries as eight 4-bit byte selectors (the magnitude 0x08, 0x19 or 0x2b of value j as
+// 0, 1 or 2 in nibble j) and the 128 sign patterns as 4 in nibble j where value j is
+// negated. A grid word or'ed with a sign word selects, through one prmt per four values,
+// each signed value from the bytes of IQ2_MAGS (±0x08, ±0x19, ±0x2b). Every entry is
+// stored 32 times side by side and lane l reads copy l, so a warp's gather of 32 random
+// entries is one shared-memory wavefront. (The grid in global memory cost about 18 L1
+// sectors per gather and kept the L1 busy; one copy in shared memory, bank conflicts.)
+#define IQ2_COPIES 32
+#define IQ2_ENTRY (IQ2_COPIES * 4)
 #define IQ2_GRID_AT 0
 #define IQ2_SIGNS_AT (256 * IQ2_ENTRY)
 #define IQ2_TABLE_BYTES (IQ2_SIGNS_AT + 128 * IQ2_ENTRY)
+#define IQ2_MAGS_LO 0x002b1908u  // selectors 0-2: +0x08, +0x19, +0x2b
+#define IQ2_MAGS_HI 0x00d5e7f8u  // selectors 4-6: -0x08, -0x19, -0x2b
+
+// Nibble j of the result: the selector of byte j of grid entry `g` (0x08 → 0, 0x19 → 1,
+// 0x2b → 2).
+__device__ __forceinline__ u32 iq2_grid_selectors(u64 g) {
+    u32 r = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const u32 b = (u32)(g >> (8 * j)) & 0xFFu;
+        r |= ((b > 0x08u) + (b > 0x19u)) << (4 * j);
+    }
+    return r;
+}
+
+// Nibble j of the result is 4 where bit j of the sign byte `s` is set.
+__device__ __forceinline__ u32 iq2_sign_selectors(u32 s) {
+    u32 r = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r |= ((s >> j) & 1u) << (4 * j + 2);
+    return r;
+}
 
 // Fills the tables (by the block of GEMV_WARPS·32 threads; visible after the next block
 // barrier), all of a thread's grid loads issued before its stores. Reads nothing an
@@ -62,21 +85,30 @@ __device__ __forceinline__ void fill_iq2_tables() {
 #pragma unroll
     for (int k = 0; k < GRID; ++k) g[k] = IQ2XXS_GRID[(threadIdx.x + k * T) / PER];
 #pragma unroll
-    for (int k = 0; k < GRID; ++k)
-        t[threadIdx.x + k * T] = make_uint4((u32)g[k], (u32)(g[k] >> 32), (u32)g[k], (u32)(g[k] >> 32));
+    for (int k = 0; k < GRID; ++k) {
+        const u32 w = iq2_grid_selectors(g[k]);
+        t[threadIdx.x + k * T] = make_uint4(w, w, w, w);
+    }
 #pragma unroll
     for (int k = 0; k < SIGNS; ++k) {
         const int j = threadIdx.x + k * T;
-        const u32 signs = iq2_signs(j / PER), lo = sign_mask4(signs), hi = sign_mask4(signs >> 4);
-        t[IQ2_SIGNS_AT / 16 + j] = make_uint4(lo, hi, lo, hi);
+        const u32 w = iq2_sign_selectors(iq2_signs(j / PER));
+        t[IQ2_SIGNS_AT / 16 + j] = make_uint4(w, w, w, w);
     }
 }
 
-// The table entry whose index is the bits of `shifted` under `mask` (the index already
+// The table word whose index is the bits of `shifted` under `mask` (the index already
 // shifted to IQ2_ENTRY · index), in this lane's copy: `base` is the table's offset plus
-// 8·(lane % 16). One mask-and-or gives the address.
-__device__ __forceinline__ uint2 iq2_entry(u32 shifted, u32 mask, u32 base) {
-    return *(const uint2*)(gemv_smem + ((shifted & mask) | base));
+// 4·lane. One mask-and-or gives the address.
+__device__ __forceinline__ u32 iq2_entry(u32 shifted, u32 mask, u32 base) {
+    return *(const u32*)(gemv_smem + ((shifted & mask) | base));
+}
+
+// Four signed IQ2_XXS values from the selectors in the low 16 bits of `sel`.
+__device__ __forceinline__ u32 iq2_values4(u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(IQ2_MAGS_LO), "r"(IQ2_MAGS_HI), "r"(sel));
+    return r;
 }
 
 // `v` shifted left by `s` (right when negative).
@@ -119,7 +151,7 @@ struct Act {
     const float* s32;
     const float* dk;
     const i32* bs;   // Q8_K sums of 16
-    u32 grid_at, signs_at;  // IQ2_XXS tables: offset + 8·(lane % 16), this lane's copy
+    u32 grid_at, signs_at;  // IQ2_XXS tables: offset + 4·lane, this lane's copy
 };
 
 
@@ -373,10 +405,10 @@ struct UIQ2_XXS {
         int s = 0;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const uint2 g = iq2_entry(shl(aux0, 7 - 8 * l), 0xFFu * IQ2_ENTRY, a.grid_at);
-            const uint2 m = iq2_entry(shl(aux1, 7 - 7 * l), 0x7Fu * IQ2_ENTRY, a.signs_at);
-            s = __dp4a((int)neg_bytes(g.x, m.x), xs[2 * l], s);
-            s = __dp4a((int)neg_bytes(g.y, m.y), xs[2 * l + 1], s);
+            const u32 sel = iq2_entry(shl(aux0, 7 - 8 * l), 0xFFu * IQ2_ENTRY, a.grid_at) |
+                            iq2_entry(shl(aux1, 7 - 7 * l), 0x7Fu * IQ2_ENTRY, a.signs_at);
+            s = __dp4a((int)iq2_values4(sel), xs[2 * l], s);
+            s = __dp4a((int)iq2_values4(sel >> 16), xs[2 * l + 1], s);
         }
         const int ls = 2 * (int)(aux1 >> 28) + 1;
         return 0.125f * h2f(d) * a.dk[b] * (float)(s * ls);
@@ -640,8 +672,8 @@ __device__ __forceinline__ Act build_act(const GemvParams& P, double* red) {
     int off[6];
     act_smem_offsets(n, P.need, off);
     Act a;
-    a.grid_at = IQ2_GRID_AT + 8 * (lane % IQ2_COPIES);
-    a.signs_at = IQ2_SIGNS_AT + 8 * (lane % IQ2_COPIES);
+    a.grid_at = IQ2_GRID_AT + 4 * (lane % IQ2_COPIES);
+    a.signs_at = IQ2_SIGNS_AT + 4 * (lane % IQ2_COPIES);
     a.q32 = (const i8*)(smem + off[0]);
     a.qk = (const i8*)(smem + off[1]);
     a.d32 = (const float*)(smem + off[2]);

@@ -94,8 +94,8 @@ pub const NEED_AK: i32 = 2;
 pub const NEED_IQ2: i32 = 4;
 
 /// Bytes of the IQ2_XXS tables (kernels/gemv.cu `IQ2_TABLE_BYTES`: 256 grid entries and
-/// 128 sign masks, 8 bytes each, 16 copies).
-const IQ2_TABLE_BYTES: usize = (256 + 128) * 16 * 8;
+/// 128 sign patterns, 4 bytes each, 32 copies).
+const IQ2_TABLE_BYTES: usize = (256 + 128) * 32 * 4;
 
 /// Shared-memory bytes of a GEMV launch for `n` inputs and the `act_need` flags `need`
 /// (mirrors `act_smem_offsets` in `kernels/gemv.cu`).
