@@ -1044,9 +1044,10 @@ __device__ __forceinline__ void experts_down_sum(const ExpertGemv& E, const Redu
 
 // The expert kernels: any type (TY < 0, two blocks per SM), or typed gemv_experts_*_<type>
 // holding one type's registers (src/kernels.rs names them): gate/up pairs MINB blocks per
-// SM, down products MINB_DOWN. The q2 mix's types take four blocks of down products in 64
-// registers without new spills (ptxas -v); Q5_0, Q5_K, Q6_K and Q8_0 would spill 64–240
-// bytes, and a pair at four blocks 96–160.
+// SM, down products MINB_DOWN. Q2_K (the q2 mix's down type) takes four blocks of down
+// products in 64 registers without spills (ptxas -v); Q5_0, Q5_K, Q6_K and Q8_0 would
+// spill 64–240 bytes, IQ2_XXS 76 inside its row loop (the prmt decode holds two constant
+// registers), and a pair at four blocks 96–160.
 #define EXPERT_KERNELS(SUF, TY, MINB, MINB_DOWN)                                                       \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)                               \
         gemv_experts_gate_up##SUF(const ExpertGemv E) {                                                \
@@ -1069,5 +1070,5 @@ EXPERT_KERNELS(_q8_0, T_Q8_0, 3, 3)
 EXPERT_KERNELS(_q4_k, T_Q4_K, 3, 3)
 EXPERT_KERNELS(_q5_k, T_Q5_K, 3, 3)
 EXPERT_KERNELS(_q6_k, T_Q6_K, 3, 3)
-EXPERT_KERNELS(_iq2_xxs, T_IQ2_XXS, 3, 4)
+EXPERT_KERNELS(_iq2_xxs, T_IQ2_XXS, 3, 3)
 EXPERT_KERNELS(_q2_k, T_Q2_K, 3, 4)
