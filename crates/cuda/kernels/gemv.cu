@@ -46,9 +46,8 @@ extern __shared__ __align__(16) u8 gemv_smem[];
 // stored 32 times side by side and lane l reads copy l, so a warp's gather of 32 random
 // entries is one shared-memory wavefront. (The grid in global memory cost about 18 L1
 // sectors per gather and kept the L1 busy; one copy in shared memory, bank conflicts.)
-#define IQ2_ENTRY_LOG2 7  // log2 of an entry's bytes (IQ2_COPIES words of 4 bytes)
-#define IQ2_ENTRY (1 << IQ2_ENTRY_LOG2)
-#define IQ2_COPIES (IQ2_ENTRY / 4)
+#define IQ2_COPIES 32
+#define IQ2_ENTRY (IQ2_COPIES * 4)
 #define IQ2_GRID_AT 0
 #define IQ2_SIGNS_AT (256 * IQ2_ENTRY)
 #define IQ2_TABLE_BYTES (IQ2_SIGNS_AT + 128 * IQ2_ENTRY)
@@ -406,8 +405,8 @@ struct UIQ2_XXS {
         int s = 0;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const u32 sel = iq2_entry(shl(aux0, IQ2_ENTRY_LOG2 - 8 * l), 0xFFu * IQ2_ENTRY, a.grid_at) |
-                            iq2_entry(shl(aux1, IQ2_ENTRY_LOG2 - 7 * l), 0x7Fu * IQ2_ENTRY, a.signs_at);
+            const u32 sel = iq2_entry(shl(aux0, 7 - 8 * l), 0xFFu * IQ2_ENTRY, a.grid_at) |
+                            iq2_entry(shl(aux1, 7 - 7 * l), 0x7Fu * IQ2_ENTRY, a.signs_at);
             s = __dp4a((int)iq2_values4(sel), xs[2 * l], s);
             s = __dp4a((int)iq2_values4(sel >> 16), xs[2 * l + 1], s);
         }
