@@ -48,6 +48,7 @@ extern __shared__ __align__(16) u8 gemv_smem[];
 // sectors per gather and kept the L1 busy; one copy in shared memory, bank conflicts.)
 #define IQ2_COPIES 32
 #define IQ2_ENTRY (IQ2_COPIES * 4)
+static_assert(IQ2_ENTRY == 128, "UIQ2_XXS::dot shifts a table index by 7 bits");
 #define IQ2_GRID_AT 0
 #define IQ2_SIGNS_AT (256 * IQ2_ENTRY)
 #define IQ2_TABLE_BYTES (IQ2_SIGNS_AT + 128 * IQ2_ENTRY)
