@@ -83,17 +83,33 @@ fn median_row(a: &[f32], b: &[f32], v: usize) -> f64 {
     rows[rows.len() / 2]
 }
 
+/// Row `i` of `a` (rows of `w` values).
+pub fn row(a: &[f32], i: usize, w: usize) -> &[f32] {
+    &a[i * w..(i + 1) * w]
+}
+
+/// Every row of `ours` (rows of `v` values) with its error against `reference`,
+/// furthest first.
+pub fn rows_by_err(ours: &[f32], reference: &[f32], v: usize) -> Vec<(usize, f64)> {
+    let mut rows: Vec<(usize, f64)> = (0..reference.len() / v)
+        .map(|i| (i, row_err(row(ours, i, v), row(reference, i, v))))
+        .collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    rows
+}
+
 /// The five prompt positions where `ours` is furthest from the reference, with the
 /// CPU's error at each ("12: 2.24 / 1.07, …").
 fn worst_rows(ours: &[f32], cpu: &[f32], reference: &[f32], v: usize) -> String {
-    let err = |a: &[f32], i: usize| row_err(&a[i * v..(i + 1) * v], &reference[i * v..(i + 1) * v]);
-    let mut rows: Vec<(usize, f64)> = (0..reference.len() / v)
-        .map(|i| (i, err(ours, i)))
-        .collect();
-    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
-    rows.iter()
+    rows_by_err(ours, reference, v)
+        .iter()
         .take(5)
-        .map(|&(i, e)| format!("{i}: {e:.3} / {:.3}", err(cpu, i)))
+        .map(|&(i, e)| {
+            format!(
+                "{i}: {e:.3} / {:.3}",
+                row_err(row(cpu, i, v), row(reference, i, v))
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -16,6 +16,7 @@ use ds4_engine::model::Model;
 use ds4_gguf::GgufFile;
 
 use crate::Res;
+use crate::families::{row, rows_by_err};
 
 /// One backend's prompt: every row of logits and the per-layer records `[streams,
 /// attention output, MLP output]` (`[S, N·D]`, `[S, D]`, `[S, D]` per layer).
@@ -63,32 +64,29 @@ pub fn trace(args: &[String]) -> Res<()> {
         return Err(format!("trace: no per-layer records for architecture '{arch}'").into());
     };
     let (v, s) = (g.vocab, g.prompt.len());
-    let row = |x: &[f32], p: usize, w: usize| x[p * w..(p + 1) * w].to_vec();
     let mut positions: Vec<usize> = args[2..]
         .iter()
         .map(|a| a.parse::<usize>())
         .collect::<Result<_, _>>()?;
-    if positions.is_empty() {
-        let mut by_err: Vec<(usize, f64)> = (0..s)
-            .map(|p| {
-                (
-                    p,
-                    row_err(&row(&ours.logits, p, v), &row(&theirs.logits, p, v)),
-                )
-            })
-            .collect();
-        by_err.sort_by(|a, b| b.1.total_cmp(&a.1));
-        positions = by_err.iter().take(3).map(|&(p, _)| p).collect();
+    if let Some(p) = positions.iter().find(|&&p| p >= s) {
+        return Err(format!("trace: position {p} is past the prompt's {s} tokens").into());
     }
-    for p in positions.into_iter().filter(|&p| p < s) {
-        let e = row_err(&row(&ours.logits, p, v), &row(&theirs.logits, p, v));
+    if positions.is_empty() {
+        positions = rows_by_err(&ours.logits, &theirs.logits, v)
+            .iter()
+            .take(3)
+            .map(|&(p, _)| p)
+            .collect();
+    }
+    for p in positions {
+        let e = row_err(row(&ours.logits, p, v), row(&theirs.logits, p, v));
         println!("position {p}: logits CUDA vs CPU {e:.3e}; per layer streams / attention / MLP:");
         for l in 0..ours.layers[0].len() {
             let errs: Vec<String> = (0..3)
                 .map(|k| {
                     let (a, b) = (&ours.layers[k][l], &theirs.layers[k][l]);
                     let w = a.len() / s;
-                    format!("{:.3e}", row_err(&row(a, p, w), &row(b, p, w)))
+                    format!("{:.3e}", row_err(row(a, p, w), row(b, p, w)))
                 })
                 .collect();
             println!("  layer {l:2}: {}", errs.join(" / "));
