@@ -8,7 +8,9 @@
 //! gpu_check parity SPEC...            CUDA vs CPU logits on synthetic models (SHAPE:QUANT)
 //! gpu_check bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS]
 //!                      [--first-layer K] [--layers N] [--without LABEL]... [--host-profile]
-//!                                     (--without: launches of that label left out of the
+//!                      [--context N]
+//!                                     (--context: the prompt prefilled before each decode
+//!                                     run, default 16 tokens; --without: launches of that label left out of the
 //!                                     decode graphs, to time them inside a replay;
 //!                                     --host-profile: the host sampled during the decode
 //!                                     runs, built with --features host-profile)
@@ -63,7 +65,7 @@ fn main() {
         Some("trace") => trace::trace(&args[1..]),
         Some("soak") => soak::soak(&args[1..]),
         Some("nccl") => nccl_check(),
-        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] [--without LABEL]... [--host-profile] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | trace FIXTURE GGUF [POS...] | soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB] | nccl".into()),
+        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] [--without LABEL]... [--host-profile] [--context N] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | trace FIXTURE GGUF [POS...] | soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB] | nccl".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -357,6 +359,8 @@ struct BenchOpts {
     without: Vec<String>,
     /// Sample the host during the timed decode runs (`--host-profile`).
     host_profile: bool,
+    /// Tokens of the prompt prefilled before each decode run (`--context`).
+    context: usize,
 }
 
 fn bench(args: &[String]) -> Res<()> {
@@ -372,6 +376,7 @@ fn bench(args: &[String]) -> Res<()> {
         layers: None,
         without: Vec::new(),
         host_profile: false,
+        context: 16,
     };
     let mut i = 1;
     while i < args.len() {
@@ -383,6 +388,7 @@ fn bench(args: &[String]) -> Res<()> {
             "--layers" => o.layers = Some(v.parse()?),
             "--without" => o.without.push(v),
             "--decode" => o.decode = v.parse()?,
+            "--context" => o.context = v.parse()?,
             "--prefill" => {
                 o.prefill = v
                     .split(',')
@@ -430,7 +436,7 @@ fn bench(args: &[String]) -> Res<()> {
         info.decode_weight_bytes as f64 / 1e9,
         bw.bytes_per_s / 1e12
     );
-    let prompt = test_tokens(16, info.n_vocab, 1);
+    let prompt = test_tokens(o.context.max(1), info.n_vocab, 1);
     // n greedy decode steps after the prompt's prefill (`start` runs between the two):
     // tokens per second.
     let greedy = |n: usize, start: &dyn Fn()| -> Res<f64> {
