@@ -556,12 +556,22 @@ extern "C" __global__ void sink_scores(const SinkParams P) {
 // Keys per batch of `sink_mix`'s weighted sum (their loads issued together).
 #define SINK_MIX_U 16
 
+// One batch of `sink_mix`: SINK_MIX_U keys' probabilities and the block's two columns of
+// their rows.
+struct SinkBatch {
+    float p[SINK_MIX_U], v0[SINK_MIX_U], v1[SINK_MIX_U];
+};
+
 // grid (rows, ceil(hd/64), ceil(heads/8)), 256 threads: warp w of block (i, cb, hb) owns
 // head hb·8 + w and columns cb·64 + lane, + 32. The softmax of the head's scores has the
 // sink logit in its denominator (f32 exponentials summed in f64); out = round(Σ p_j k_j)
 // in key order with p_j = round(e_j / z): 32 keys' probabilities and rows found a lane
-// each, then broadcast, SINK_MIX_U keys' values loaded before their products. A padded
-// selection adds 0·(a valid row). The block's warps read the same rows (L1 hits).
+// each, then broadcast. The sum runs over batches of SINK_MIX_U keys, the next batch's
+// rows loaded before the current batch's products are added (one batch's loads would
+// otherwise wait a memory latency each: 40 batches for a CSA query's 128 + 512 keys). A
+// padded selection loads nothing and adds 0·0, which leaves the sum as it is (it starts
+// at +0 and never becomes −0), and a batch of padding alone is skipped (short contexts
+// pad most of the 512 selections). The block's warps read the same rows (L1 hits).
 extern "C" __global__ void sink_mix(const SinkParams P) {
     pdl_wait();
     pdl_trigger();
@@ -581,35 +591,62 @@ extern "C" __global__ void sink_mix(const SinkParams P) {
     const float inv = (float)(1.0 / z);
     const int c0 = blockIdx.y * 64 + lane, c1 = c0 + 32;
     const bool in0 = c0 < P.hd, in1 = c1 < P.hd;
+    // Key 32·cc + lane of chunk cc: its probability and row (null: padding), and the
+    // chunk's keys that have a row.
+    int cc = -1;
+    float pc = 0.f;
+    const float* kc = nullptr;
+    u32 mc = 0;
+    const int nb = (R.n + SINK_MIX_U - 1) / SINK_MIX_U;
+    // The first batch from b on with a key that has a row (nb: none), its chunk found.
+    auto next = [&](int b) {
+        for (; b < nb; ++b) {
+            const int c = b * SINK_MIX_U / 32;
+            if (c != cc) {
+                const int j = 32 * c + lane;
+                pc = 0.f;
+                kc = j < R.n ? sink_key(P, i, R.t, R.lo, R.n_win, R.visible, j) : nullptr;
+                if (kc) pc = rnd(__fmul_rn(expf(__fsub_rn(s[j], m)), inv), P.rb);
+                mc = __ballot_sync(0xffffffffu, kc != nullptr);
+                cc = c;
+            }
+            if ((mc >> ((b * SINK_MIX_U) & 31)) & ((1u << SINK_MIX_U) - 1)) return b;
+        }
+        return nb;
+    };
+    // Issues batch b's loads from its chunk's keys.
+    auto load = [&](int b, SinkBatch& B) {
+        const int l0 = (b * SINK_MIX_U) & 31;
+#pragma unroll
+        for (int u = 0; u < SINK_MIX_U; ++u) {
+            B.p[u] = __shfl_sync(0xffffffffu, pc, l0 + u);
+            const float* ku = (const float*)__shfl_sync(0xffffffffu, (unsigned long long)kc, l0 + u);
+            B.v0[u] = ku && in0 ? ku[c0] : 0.f;
+            B.v1[u] = ku && in1 ? ku[c1] : 0.f;
+        }
+    };
     float a0 = 0.f, a1 = 0.f;
-    for (int j0 = 0; j0 < R.n; j0 += 32) {
-        const int j = j0 + lane;
-        float p = 0.f;
-        const float* kp = P.kv;
-        if (j < R.n) {
-            const float* k = sink_key(P, i, R.t, R.lo, R.n_win, R.visible, j);
-            if (k) {
-                kp = k;
-                p = rnd(__fmul_rn(expf(__fsub_rn(s[j], m)), inv), P.rb);
-            }
-        }
-        const int cnt = min(32, R.n - j0);
-        for (int u0 = 0; u0 < cnt; u0 += SINK_MIX_U) {
-            float pu[SINK_MIX_U], v0[SINK_MIX_U], v1[SINK_MIX_U];
+    auto add = [&](int b, const SinkBatch& B) {
+        const int cnt = min(SINK_MIX_U, R.n - b * SINK_MIX_U);
 #pragma unroll
-            for (int u = 0; u < SINK_MIX_U; ++u) {
-                pu[u] = __shfl_sync(0xffffffffu, p, u0 + u);
-                const float* ku = (const float*)__shfl_sync(0xffffffffu, (unsigned long long)kp, u0 + u);
-                v0[u] = in0 ? ku[c0] : 0.f;
-                v1[u] = in1 ? ku[c1] : 0.f;
-            }
-#pragma unroll
-            for (int u = 0; u < SINK_MIX_U; ++u) {
-                if (u0 + u >= cnt) break;
-                a0 = __fadd_rn(a0, __fmul_rn(pu[u], v0[u]));
-                a1 = __fadd_rn(a1, __fmul_rn(pu[u], v1[u]));
-            }
+        for (int u = 0; u < SINK_MIX_U; ++u) {
+            if (u >= cnt) break;
+            a0 = __fadd_rn(a0, __fmul_rn(B.p[u], B.v0[u]));
+            a1 = __fadd_rn(a1, __fmul_rn(B.p[u], B.v1[u]));
         }
+    };
+    // Batches without a row (padded selections) add nothing and are skipped.
+    SinkBatch x0, x1;
+    int b0 = next(0);
+    if (b0 < nb) load(b0, x0);
+    while (b0 < nb) {
+        const int b1 = next(b0 + 1);
+        if (b1 < nb) load(b1, x1);
+        add(b0, x0);
+        if (b1 >= nb) break;
+        b0 = next(b1 + 1);
+        if (b0 < nb) load(b0, x0);
+        add(b1, x1);
     }
     float* o = P.out + ((i64)i * P.heads + h) * P.hd;
     if (in0) o[c0] = rnd(a0, P.rb);
