@@ -158,8 +158,9 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
 ///
 /// An `hc_post_pre` launch leaves post and comb (the Sinkhorn) to an `hc_sinkhorn`
 /// launch, placed after the command that follows it: that kernel starts once the one
-/// between has passed its wait, when `hc_post_pre` has finished, runs beside it and lets
-/// the next command start at once (see kernels/mhc.cu). Without a command after
+/// between has passed its wait, when `hc_post_pre` has finished, runs beside it (a GEMV
+/// between leaves it a block slot, `leave_slot`) and lets the next command start at once
+/// (see kernels/mhc.cu). Without a command after
 /// `hc_post_pre`, it follows directly and waits for `hc_post_pre` before it reads.
 pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
     let mut cmds = Vec::with_capacity(ops.len());
@@ -173,6 +174,9 @@ pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
         origin.resize(origin.len() + cmds.len() - before, i);
         if let Some((at, args, op)) = sinkhorn.take() {
             if cmds.len() > at + 1 {
+                if let Cmd::Launch(l) = &mut cmds[at + 1] {
+                    leave_slot(l, cx);
+                }
                 cmds.insert(at + 2, Cmd::Launch(sinkhorn_launch(args, false, cx)));
                 origin.insert(at + 2, op);
             } else {
@@ -192,6 +196,18 @@ pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
         origin.push(op);
     }
     Ok((cmds, origin))
+}
+
+/// Leaves one block slot free when `l` is a GEMV whose grid fills every slot of the GPU,
+/// so that the one-block `hc_sinkhorn` launched after it runs beside it at once rather
+/// than when the GEMV's first blocks retire (a GEMV's warps stride over its rows: any
+/// grid computes them all).
+fn leave_slot(l: &mut Launch, cx: &Ctx) {
+    let gemv = l.f == cx.k.gemv || cx.k.gemv_typed.iter().flatten().any(|&f| f == l.f);
+    let slots = cx.n_sm * (cx.gemv_occupancy)(l.f, l.block, l.smem);
+    if gemv && l.grid.0 >= slots && slots > 1 {
+        l.grid.0 = slots - 1;
+    }
 }
 
 /// `hc_sinkhorn`: post and comb from the mixes `hc_post_pre` left in `args.m`
@@ -1594,6 +1610,37 @@ mod tests {
             funcs(&lowered(&hc_pair(wide), 1, &k)),
             [k.hc_post, k.hc_pre_one]
         );
+    }
+
+    #[test]
+    fn a_gemv_before_the_sinkhorn_leaves_it_a_slot() {
+        // The test context: 132 SMs, 2 GEMV blocks each. A product of 4096 rows (512
+        // blocks of 8 rows) fills every slot: one block fewer, so that `hc_sinkhorn` finds
+        // room. One of 64 rows (8 blocks) leaves room anyway; a product elsewhere keeps its
+        // grid.
+        let k = Kernels::fake();
+        let [post, pre] = hc_pair(4096);
+        let product = |rows| Op::Matmul {
+            w: mat(1, GgmlType::Q8_0, rows, 4096),
+            bias: None,
+            x: 10 << 40,
+            rows: 1,
+            out: 11 << 40,
+        };
+        let grids = |ops: &[Op]| -> Vec<(u32, u32, u32)> {
+            lowered(ops, 1, &k)
+                .iter()
+                .filter_map(|c| match c {
+                    Cmd::Launch(l) if l.label == "gemv" => Some(l.grid),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(
+            grids(&[post.clone(), pre.clone(), product(4096), product(4096)]),
+            [(263, 1, 1), (264, 1, 1)]
+        );
+        assert_eq!(grids(&[post, pre, product(64)]), [(8, 1, 1)]);
     }
 
     #[test]
