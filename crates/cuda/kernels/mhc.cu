@@ -545,14 +545,14 @@ extern "C" __global__ void __launch_bounds__(HC_COLS) hc_post_pre(const HcPostAr
 }
 
 // post and the Sinkhorn-normalised comb into B.mix from the mixes `hc_post_pre` left in
-// B.m, by one block of HC_SINKHORN_THREADS. The lowering launches it after the kernel
-// that follows `hc_post_pre` (the sublayer's first), so that when it starts — once that
-// kernel has passed its own wait — `hc_post_pre` has finished. It lets the next kernel
-// start at once (that one may then start before the kernel between has finished: it
-// reads only weights before its wait, and its wait covers this kernel, which waits for
-// the kernel between before it ends), runs beside the kernel between (one small block
-// fits on an SM beside it), and so takes the 39 dependent divisions out of the chain of
-// launches. The next reader of B.mix is the next write-back, later in the stream.
+// B.m, by one block of HC_SINKHORN_THREADS. The lowering launches it after a later
+// kernel of the sublayer (a long GEMV, `place_sinkhorn` in lower.rs, else the first
+// kernel), so that when it starts — once that kernel has passed its own wait —
+// `hc_post_pre` has finished. It lets the next kernel start at once (that one may then
+// start before the kernel between has finished: it reads only weights before its wait,
+// and its wait covers this kernel, which waits for the kernel between before it ends),
+// runs beside the kernel between (in a block slot that GEMV leaves free), and so takes the 39
+// dependent divisions out of the chain of launches. The next reader of B.mix is the next write-back, later in the stream.
 // `wait_first`: launched right after `hc_post_pre` (no kernel between), it waits for it
 // before reading.
 #define HC_SINKHORN_THREADS 64

@@ -157,57 +157,96 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
 /// Lowers `ops` to commands, with the index of the first op each command computes.
 ///
 /// An `hc_post_pre` launch leaves post and comb (the Sinkhorn) to an `hc_sinkhorn`
-/// launch, placed after the command that follows it: that kernel starts once the one
-/// between has passed its wait, when `hc_post_pre` has finished, runs beside it (a GEMV
-/// between leaves it a block slot, `leave_slot`) and lets the next command start at once
-/// (see kernels/mhc.cu). Without a command after
-/// `hc_post_pre`, it follows directly and waits for `hc_post_pre` before it reads.
+/// launch, placed after a later command of the sublayer: that kernel starts once the one
+/// before it has passed its wait, when `hc_post_pre` has finished, runs beside it and
+/// lets the next command start at once (see kernels/mhc.cu). It goes after the
+/// sublayer's first GEMV long enough to hide it, which leaves it a block slot
+/// (`place_sinkhorn`), else after the command that follows `hc_post_pre`.
+/// Without a command after `hc_post_pre`, it follows directly and waits for
+/// `hc_post_pre` before it reads.
 pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
     let mut cmds = Vec::with_capacity(ops.len());
     let mut origin = Vec::with_capacity(ops.len());
-    // An `hc_sinkhorn` launch not yet placed: it goes after command `at + 1`.
+    // An `hc_sinkhorn` launch not yet placed: its `hc_post_pre` is command `at`.
     let mut sinkhorn: Option<(usize, crate::ops::HcPreArgs, usize)> = None;
     let mut i = 0;
     while i < ops.len() {
         let before = cmds.len();
         let used = lower_at(ops, i, cx, &mut cmds)?;
         origin.resize(origin.len() + cmds.len() - before, i);
-        if let Some((at, args, op)) = sinkhorn.take() {
-            if cmds.len() > at + 1 {
-                if let Cmd::Launch(l) = &mut cmds[at + 1] {
-                    leave_slot(l, cx);
+        // This op began the next sublayer: its `hc_post_pre` is command `next`.
+        let mut next = match (cmds.get(before), ops.get(i + 1)) {
+            (Some(Cmd::Launch(l)), Some(Op::HcPre { args, .. })) if l.f == cx.k.hc_post_pre => {
+                Some((before, *args))
+            }
+            _ => None,
+        };
+        if let Some(p) = sinkhorn.take() {
+            let end = next.map_or(cmds.len(), |(n, _)| n);
+            if place_sinkhorn(&mut cmds, &mut origin, p, end, next.is_some(), cx) {
+                if let Some((n, _)) = &mut next {
+                    *n += 1;
                 }
-                cmds.insert(at + 2, Cmd::Launch(sinkhorn_launch(args, false, cx)));
-                origin.insert(at + 2, op);
             } else {
-                sinkhorn = Some((at, args, op));
+                sinkhorn = Some(p);
             }
         }
-        if let (Some(Cmd::Launch(l)), Some(Op::HcPre { args, .. })) =
-            (cmds.get(before), ops.get(i + 1))
-            && l.f == cx.k.hc_post_pre
-        {
-            sinkhorn = Some((before, *args, i));
+        if let Some((n, args)) = next {
+            sinkhorn = Some((n, args, i));
         }
         i += used;
     }
-    if let Some((_, args, op)) = sinkhorn {
-        cmds.push(Cmd::Launch(sinkhorn_launch(args, true, cx)));
-        origin.push(op);
+    if let Some(p) = sinkhorn {
+        let end = cmds.len();
+        if !place_sinkhorn(&mut cmds, &mut origin, p, end, true, cx) {
+            cmds.push(Cmd::Launch(sinkhorn_launch(p.1, true, cx)));
+            origin.push(p.2);
+        }
     }
     Ok((cmds, origin))
 }
 
-/// Leaves one block slot free when `l` is a GEMV whose grid fills every slot of the GPU,
-/// so that the one-block `hc_sinkhorn` launched after it runs beside it at once rather
-/// than when the GEMV's first blocks retire (a GEMV's warps stride over its rows: any
-/// grid computes them all).
-fn leave_slot(l: &mut Launch, cx: &Ctx) {
-    let gemv = l.f == cx.k.gemv || cx.k.gemv_typed.iter().flatten().any(|&f| f == l.f);
-    let slots = cx.n_sm * (cx.gemv_occupancy)(l.f, l.block, l.smem);
-    if gemv && l.grid.0 >= slots && slots > 1 {
-        l.grid.0 = slots - 1;
+/// Places the `hc_sinkhorn` of op `op` (its `hc_post_pre` is command `at`) among
+/// commands `at + 1 .. end`: after the first GEMV of at least SINKHORN_BESIDE_BYTES
+/// (given a free block slot if its grid fills them all), else, when `settle` (the
+/// sublayer has ended), after command `at + 1`. Returns whether it was placed.
+fn place_sinkhorn(
+    cmds: &mut Vec<Cmd>,
+    origin: &mut Vec<usize>,
+    (at, args, op): (usize, crate::ops::HcPreArgs, usize),
+    end: usize,
+    settle: bool,
+    cx: &Ctx,
+) -> bool {
+    let long = (at + 1..end).find(|&c| matches!(&cmds[c], Cmd::Launch(l) if is_gemv(l, cx) && l.bytes >= SINKHORN_BESIDE_BYTES));
+    let Some(c) = long.or((settle && end > at + 1).then_some(at + 1)) else {
+        return false;
+    };
+    if let Cmd::Launch(l) = &mut cmds[c]
+        && fills_slots(l, cx)
+    {
+        l.grid.0 -= 1;
     }
+    cmds.insert(c + 1, Cmd::Launch(sinkhorn_launch(args, false, cx)));
+    origin.insert(c + 1, op);
+    true
+}
+
+/// The weight bytes of a GEMV that `hc_sinkhorn` runs beside: 16 MB take about as long
+/// as its iterations (4 µs at the copy bandwidth, 6–8 in a replay).
+const SINKHORN_BESIDE_BYTES: u64 = 16 << 20;
+
+fn is_gemv(l: &Launch, cx: &Ctx) -> bool {
+    l.f == cx.k.gemv || cx.k.gemv_typed.iter().flatten().any(|&f| f == l.f)
+}
+
+/// Whether `l` is a GEMV whose grid fills every block slot of the GPU (one block fewer
+/// leaves a slot for the one-block `hc_sinkhorn` beside it; a GEMV's warps stride over
+/// its rows, so any grid computes them all).
+fn fills_slots(l: &Launch, cx: &Ctx) -> bool {
+    is_gemv(l, cx)
+        && l.grid.0 > 1
+        && l.grid.0 >= cx.n_sm * (cx.gemv_occupancy)(l.f, l.block, l.smem)
 }
 
 /// `hc_sinkhorn`: post and comb from the mixes `hc_post_pre` left in `args.m`
@@ -1640,7 +1679,36 @@ mod tests {
             grids(&[post.clone(), pre.clone(), product(4096), product(4096)]),
             [(263, 1, 1), (264, 1, 1)]
         );
-        assert_eq!(grids(&[post, pre, product(64)]), [(8, 1, 1)]);
+        assert_eq!(
+            grids(&[post.clone(), pre.clone(), product(64)]),
+            [(8, 1, 1)]
+        );
+        // The Sinkhorn goes beside the sublayer's first product of 16 MB or more (17.8),
+        // before the next sublayer's `hc_post_pre`.
+        let ops = [
+            post.clone(),
+            pre.clone(),
+            product(64),
+            product(4096),
+            post,
+            pre,
+        ];
+        assert_eq!(grids(&ops), [(8, 1, 1), (263, 1, 1)]);
+        let gemv = k.gemv_typed[GEMV_TYPES
+            .iter()
+            .position(|&(g, _)| g == GgmlType::Q8_0)
+            .unwrap()][0];
+        assert_eq!(
+            funcs(&lowered(&ops, 1, &k)),
+            [
+                k.hc_post_pre,
+                gemv,
+                gemv,
+                k.hc_sinkhorn,
+                k.hc_post_pre,
+                k.hc_sinkhorn
+            ]
+        );
     }
 
     #[test]
