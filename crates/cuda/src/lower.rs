@@ -1676,23 +1676,13 @@ mod tests {
                 .collect()
         };
         assert_eq!(
-            grids(&[post.clone(), pre.clone(), product(4096), product(4096)]),
+            grids(&[post, pre, product(4096), product(4096)]),
             [(263, 1, 1), (264, 1, 1)]
         );
-        assert_eq!(
-            grids(&[post.clone(), pre.clone(), product(64)]),
-            [(8, 1, 1)]
-        );
+        assert_eq!(grids(&[post, pre, product(64)]), [(8, 1, 1)]);
         // The Sinkhorn goes beside the sublayer's first product of 16 MB or more (17.8),
         // before the next sublayer's `hc_post_pre`.
-        let ops = [
-            post.clone(),
-            pre.clone(),
-            product(64),
-            product(4096),
-            post,
-            pre,
-        ];
+        let ops = [post, pre, product(64), product(4096), post, pre];
         assert_eq!(grids(&ops), [(8, 1, 1), (263, 1, 1)]);
         let gemv = k.gemv_typed[GEMV_TYPES
             .iter()
