@@ -566,13 +566,15 @@ struct SinkBatch {
 // head hb·8 + w and columns cb·64 + lane, + 32. The softmax of the head's scores has the
 // sink logit in its denominator (f32 exponentials summed in f64); out = round(Σ p_j k_j)
 // in key order with p_j = round(e_j / z): 32 keys' probabilities and rows found a lane
-// each, then broadcast. The sum runs over batches of SINK_MIX_U keys, the next batch's
-// rows loaded before the current batch's products are added (one batch's loads would
-// otherwise wait a memory latency each: 40 batches for a CSA query's 128 + 512 keys). A
+// each, then broadcast. The sum runs over batches of SINK_MIX_U keys; with AHEAD the next
+// batch's rows are loaded before the current batch's products are added (one batch's
+// loads would otherwise wait a memory latency each: 40 batches for a CSA query's 128 +
+// 512 keys). A
 // padded selection loads nothing and adds 0·0, which leaves the sum as it is (it starts
 // at +0 and never becomes −0), and a batch of padding alone is skipped (short contexts
 // pad most of the 512 selections). The block's warps read the same rows (L1 hits).
-extern "C" __global__ void sink_mix(const SinkParams P) {
+template <bool AHEAD>
+__device__ __forceinline__ void sink_mix_body(const SinkParams& P) {
     pdl_wait();
     pdl_trigger();
     const int i = blockIdx.x, lane = threadIdx.x & 31;
@@ -636,19 +638,33 @@ extern "C" __global__ void sink_mix(const SinkParams P) {
         }
     };
     // Batches without a row (padded selections) add nothing and are skipped.
-    SinkBatch x0, x1;
-    int b0 = next(0);
-    if (b0 < nb) load(b0, x0);
-    while (b0 < nb) {
-        const int b1 = next(b0 + 1);
-        if (b1 < nb) load(b1, x1);
-        add(b0, x0);
-        if (b1 >= nb) break;
-        b0 = next(b1 + 1);
+    SinkBatch x0;
+    if constexpr (AHEAD) {
+        SinkBatch x1;
+        int b0 = next(0);
         if (b0 < nb) load(b0, x0);
-        add(b1, x1);
+        while (b0 < nb) {
+            const int b1 = next(b0 + 1);
+            if (b1 < nb) load(b1, x1);
+            add(b0, x0);
+            if (b1 >= nb) break;
+            b0 = next(b1 + 1);
+            if (b0 < nb) load(b0, x0);
+            add(b1, x1);
+        }
+    } else {
+        for (int b = next(0); b < nb; b = next(b + 1)) {
+            load(b, x0);
+            add(b, x0);
+        }
     }
     float* o = P.out + ((i64)i * P.heads + h) * P.hd;
     if (in0) o[c0] = rnd(a0, P.rb);
     if (in1) o[c1] = rnd(a1, P.rb);
 }
+
+// One query (decode: 64 blocks, fewer than the SMs) loads a batch ahead; many queries
+// (prefill) keep the registers of one batch, so that three blocks fit on an SM and the
+// other blocks' warps hide the loads.
+extern "C" __global__ void sink_mix(const SinkParams P) { sink_mix_body<true>(P); }
+extern "C" __global__ void sink_mix_rows(const SinkParams P) { sink_mix_body<false>(P); }

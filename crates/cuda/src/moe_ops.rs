@@ -1924,7 +1924,13 @@ impl CudaBackend {
             keep: keep.clone(),
         });
         self.launch_op(Launch {
-            f: self.k.sink_mix,
+            // One query loads a batch of keys ahead (its 64 blocks leave SMs idle); many
+            // keep three blocks on an SM.
+            f: if rows == 1 {
+                self.k.sink_mix
+            } else {
+                self.k.sink_mix_rows
+            },
             grid: (rows as u32, hd.div_ceil(64) as u32, h.div_ceil(8) as u32),
             block: 256,
             smem: 0,
