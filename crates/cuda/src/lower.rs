@@ -198,10 +198,7 @@ pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
     }
     if let Some(p) = sinkhorn {
         let end = cmds.len();
-        if !place_sinkhorn(&mut cmds, &mut origin, p, end, true, cx) {
-            cmds.push(Cmd::Launch(sinkhorn_launch(p.1, true, cx)));
-            origin.push(p.2);
-        }
+        place_sinkhorn(&mut cmds, &mut origin, p, end, true, cx);
     }
     Ok((cmds, origin))
 }
@@ -209,7 +206,8 @@ pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
 /// Places the `hc_sinkhorn` of op `op` (its `hc_post_pre` is command `at`) among
 /// commands `at + 1 .. end`: after the first GEMV of at least SINKHORN_BESIDE_BYTES
 /// (given a free block slot if its grid fills them all), else, when `settle` (the
-/// sublayer has ended), after command `at + 1`. Returns whether it was placed.
+/// sublayer has ended), after command `at + 1`, or right after `hc_post_pre`, waiting for
+/// it, when no command is between. Returns whether it was placed (always when `settle`).
 fn place_sinkhorn(
     cmds: &mut Vec<Cmd>,
     origin: &mut Vec<usize>,
@@ -218,17 +216,22 @@ fn place_sinkhorn(
     settle: bool,
     cx: &Ctx,
 ) -> bool {
-    let long = (at + 1..end).find(|&c| matches!(&cmds[c], Cmd::Launch(l) if is_gemv(l, cx) && l.bytes >= SINKHORN_BESIDE_BYTES));
-    let Some(c) = long.or((settle && end > at + 1).then_some(at + 1)) else {
-        return false;
+    let long = (at + 1..end).find(|&c| {
+        matches!(&cmds[c], Cmd::Launch(l) if is_gemv(l, cx) && l.bytes >= SINKHORN_BESIDE_BYTES)
+    });
+    let (c, wait_first) = match long {
+        Some(c) => (c + 1, false),
+        None if !settle => return false,
+        None if end > at + 1 => (at + 2, false),
+        None => (at + 1, true),
     };
-    if let Cmd::Launch(l) = &mut cmds[c]
+    if let Cmd::Launch(l) = &mut cmds[c - 1]
         && fills_slots(l, cx)
     {
         l.grid.0 -= 1;
     }
-    cmds.insert(c + 1, Cmd::Launch(sinkhorn_launch(args, false, cx)));
-    origin.insert(c + 1, op);
+    cmds.insert(c, Cmd::Launch(sinkhorn_launch(args, wait_first, cx)));
+    origin.insert(c, op);
     true
 }
 
@@ -1699,6 +1702,26 @@ mod tests {
                 k.hc_sinkhorn
             ]
         );
+        // A sublayer without a command after its `hc_post_pre` keeps its Sinkhorn,
+        // which then follows it directly and waits for it.
+        let cmds = lowered(&[post, pre, post, pre], 1, &k);
+        assert_eq!(
+            funcs(&cmds),
+            [k.hc_post_pre, k.hc_sinkhorn, k.hc_post_pre, k.hc_sinkhorn]
+        );
+        let waits: Vec<_> = cmds
+            .iter()
+            .filter_map(|c| match c {
+                Cmd::Launch(l) if l.f == k.hc_sinkhorn => Some(l.args.clone()),
+                _ => None,
+            })
+            .collect();
+        let Op::HcPre { args, .. } = pre else {
+            unreachable!()
+        };
+        let mut want = Args::new();
+        want.push(args).push(1i32);
+        assert_eq!(waits, [want.clone(), want]);
     }
 
     #[test]
