@@ -555,6 +555,7 @@ extern "C" __global__ void sink_scores(const SinkParams P) {
 
 // Keys per batch of `sink_mix`'s weighted sum (their loads issued together).
 #define SINK_MIX_U 16
+static_assert(32 % SINK_MIX_U == 0 && SINK_MIX_U < 32, "a batch is part of a 32-key chunk's ballot");
 
 // One batch of `sink_mix`: SINK_MIX_U keys' probabilities and the block's two columns of
 // their rows.
