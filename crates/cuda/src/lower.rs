@@ -161,9 +161,9 @@ pub fn lower(ops: &[Op], cx: &Ctx) -> Result<Vec<Cmd>> {
 /// before it has passed its wait, when `hc_post_pre` has finished, runs beside it and
 /// lets the next command start at once (see kernels/mhc.cu). It goes after the
 /// sublayer's first GEMV long enough to hide it, which leaves it a block slot
-/// (`place_sinkhorn`), else after the command that follows `hc_post_pre`.
-/// Without a command after `hc_post_pre`, it follows directly and waits for
-/// `hc_post_pre` before it reads.
+/// (`place_sinkhorn`), else after the command that follows `hc_post_pre`, always before
+/// the next write-back that reads it. Without a command after `hc_post_pre`, it follows
+/// directly and waits for `hc_post_pre` before it reads.
 pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
     let mut cmds = Vec::with_capacity(ops.len());
     let mut origin = Vec::with_capacity(ops.len());
@@ -182,8 +182,13 @@ pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
             _ => None,
         };
         if let Some(p) = sinkhorn.take() {
-            let end = next.map_or(cmds.len(), |(n, _)| n);
-            if place_sinkhorn(&mut cmds, &mut origin, p, end, next.is_some(), cx) {
+            // The first new command that reads post and comb (a write-back: the next
+            // `hc_post_pre`, or the last layer's plain `hc_post`) ends the search.
+            let reader = (before..cmds.len()).find(|&c| {
+                matches!(&cmds[c], Cmd::Launch(l) if l.f == cx.k.hc_post_pre || l.f == cx.k.hc_post)
+            });
+            let end = reader.unwrap_or(cmds.len());
+            if place_sinkhorn(&mut cmds, &mut origin, p, end, reader.is_some(), cx) {
                 if let Some((n, _)) = &mut next {
                     *n += 1;
                 }
@@ -1702,6 +1707,14 @@ mod tests {
                 k.hc_sinkhorn
             ]
         );
+        // A plain write-back (the last layer's `hc_post`) reads post and comb: the
+        // Sinkhorn goes before it even when a long product follows.
+        let ops = [post, pre, product(64), post, product(4096)];
+        assert_eq!(
+            funcs(&lowered(&ops, 1, &k)),
+            [k.hc_post_pre, gemv, k.hc_sinkhorn, k.hc_post, gemv]
+        );
+        assert_eq!(grids(&ops), [(8, 1, 1), (264, 1, 1)]);
         // A sublayer without a command after its `hc_post_pre` keeps its Sinkhorn,
         // which then follows it directly and waits for it.
         let cmds = lowered(&[post, pre, post, pre], 1, &k);

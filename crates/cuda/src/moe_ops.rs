@@ -1935,7 +1935,11 @@ impl CudaBackend {
             block: 256,
             smem: 0,
             args: Self::args(prm),
-            label: "sink_mix",
+            label: if rows == 1 {
+                "sink_mix"
+            } else {
+                "sink_mix_rows"
+            },
             keep,
         });
         Ok(())
