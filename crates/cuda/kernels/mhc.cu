@@ -551,8 +551,9 @@ extern "C" __global__ void __launch_bounds__(HC_COLS) hc_post_pre(const HcPostAr
 // `hc_post_pre` has finished. It lets the next kernel start at once (that one may then
 // start before the kernel between has finished: it reads only weights before its wait,
 // and its wait covers this kernel, which waits for the kernel between before it ends),
-// runs beside the kernel between (in a block slot that GEMV leaves free), and so takes the 39
-// dependent divisions out of the chain of launches. The next reader of B.mix is the next write-back, later in the stream.
+// runs beside the kernel between (in a block slot that GEMV leaves free), and so takes
+// the 39 dependent divisions out of the chain of launches. The next reader of B.mix is
+// the next write-back, later in the stream.
 // `wait_first`: launched right after `hc_post_pre` (no kernel between), it waits for it
 // before reading.
 #define HC_SINKHORN_THREADS 64

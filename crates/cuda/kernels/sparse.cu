@@ -570,10 +570,10 @@ struct SinkBatch {
 // each, then broadcast. The sum runs over batches of SINK_MIX_U keys; with AHEAD the next
 // batch's rows are loaded before the current batch's products are added (one batch's
 // loads would otherwise wait a memory latency each: 40 batches for a CSA query's 128 +
-// 512 keys). A
-// padded selection loads nothing and adds 0·0, which leaves the sum as it is (it starts
-// at +0 and never becomes −0), and a batch of padding alone is skipped (short contexts
-// pad most of the 512 selections). The block's warps read the same rows (L1 hits).
+// 512 keys). A padded selection loads nothing and adds 0·0, which leaves the sum as it is
+// (it starts at +0 and never becomes −0), and a batch of padding alone is skipped (short
+// contexts pad most of the 512 selections). The block's warps read the same rows (L1
+// hits).
 template <bool AHEAD>
 __device__ __forceinline__ void sink_mix_body(const SinkParams& P) {
     pdl_wait();

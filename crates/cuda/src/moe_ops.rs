@@ -1923,23 +1923,20 @@ impl CudaBackend {
             label: "sink_scores",
             keep: keep.clone(),
         });
+        // One query loads a batch of keys ahead (its 64 blocks leave SMs idle); many
+        // keep three blocks on an SM.
+        let (f, label) = if rows == 1 {
+            (self.k.sink_mix, "sink_mix")
+        } else {
+            (self.k.sink_mix_rows, "sink_mix_rows")
+        };
         self.launch_op(Launch {
-            // One query loads a batch of keys ahead (its 64 blocks leave SMs idle); many
-            // keep three blocks on an SM.
-            f: if rows == 1 {
-                self.k.sink_mix
-            } else {
-                self.k.sink_mix_rows
-            },
+            f,
             grid: (rows as u32, hd.div_ceil(64) as u32, h.div_ceil(8) as u32),
             block: 256,
             smem: 0,
             args: Self::args(prm),
-            label: if rows == 1 {
-                "sink_mix"
-            } else {
-                "sink_mix_rows"
-            },
+            label,
             keep,
         });
         Ok(())

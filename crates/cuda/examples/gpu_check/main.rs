@@ -10,8 +10,9 @@
 //!                      [--first-layer K] [--layers N] [--without LABEL]... [--host-profile]
 //!                      [--context N]
 //!                                     (--context: the prompt prefilled before each decode
-//!                                     run, default 16 tokens; --without: launches of that label left out of the
-//!                                     decode graphs, to time them inside a replay;
+//!                                     run, default 16 tokens; --without: launches of that
+//!                                     label left out of the decode graphs, to time them
+//!                                     inside a replay;
 //!                                     --host-profile: the host sampled during the decode
 //!                                     runs, built with --features host-profile)
 //! gpu_check gemv                      single-matrix GEMV bandwidth (llama3-8b shapes)
