@@ -471,6 +471,7 @@ fn float_group(ops: &[Op], i: usize, cx: &Ctx) -> (usize, Cmd) {
         used += 1;
     }
     p.n = used as i32;
+    let bytes = p.s[..used].iter().map(FloatSeg::weight_bytes).sum();
     let mut a = Args::new();
     a.push(p);
     (
@@ -482,7 +483,7 @@ fn float_group(ops: &[Op], i: usize, cx: &Ctx) -> (usize, Cmd) {
             smem: 0,
             args: a,
             label: "gemv_float",
-            bytes: 0,
+            bytes,
         }),
     )
 }
@@ -1902,6 +1903,37 @@ mod tests {
             ..FloatSeg::default()
         };
         assert_eq!(seg.blocks(), 129);
+    }
+
+    #[test]
+    fn float_products_of_one_launch_count_their_weight_bytes() {
+        // DeepSeek-V4's CSA indexer: q_b (f16, 8192 × 1024) and the weights' projection
+        // (f32 here, 64 × 4096), different inputs and outputs: one launch.
+        let k = Kernels::fake();
+        let seg = |x: u64, out: u64, ty: GgmlType, n_out: i32, n_in: i32| {
+            Op::FloatGemv(FloatSeg {
+                x: x << 40,
+                out: out << 40,
+                ty: ty as i32,
+                n_out,
+                n_in,
+                n_tok: 1,
+                lanes: float_lanes(n_in as usize, ty.type_size()),
+                ..FloatSeg::default()
+            })
+        };
+        let ops = [
+            seg(1, 2, GgmlType::F16, 8192, 1024),
+            seg(3, 4, GgmlType::F32, 64, 4096),
+        ];
+        let cmds = lowered(&ops, 1, &k);
+        let [Cmd::Launch(l)] = &cmds[..] else {
+            panic!("one launch expected");
+        };
+        assert_eq!(l.f, k.gemv_float_multi);
+        assert_eq!(l.bytes, 8192 * 1024 * 2 + 64 * 4096 * 4);
+        // 8 rows of 32 threads per block, then a block per f32 row of 256 threads.
+        assert_eq!(l.grid.0, 8192 / 8 + 64);
     }
 
     #[test]

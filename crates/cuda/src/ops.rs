@@ -290,6 +290,16 @@ impl FloatSeg {
         float_blocks(self.n_out as usize, self.lanes)
     }
 
+    /// The bytes of its weight (f32, or f16/bf16).
+    pub fn weight_bytes(&self) -> u64 {
+        let value = if self.ty == GgmlType::F32 as i32 {
+            4
+        } else {
+            2
+        };
+        self.n_out as u64 * self.n_in as u64 * value
+    }
+
     /// The bytes of `x` it reads and of `out` it writes.
     pub fn reads(&self) -> std::ops::Range<DPtr> {
         self.x..self.x + (self.n_tok as u64) * (self.n_in as u64) * 4
