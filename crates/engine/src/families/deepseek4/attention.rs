@@ -89,27 +89,30 @@ pub(crate) struct AttnCall<'a, B: Backend> {
 }
 
 impl<B: Backend> Compressor<B> {
-    /// Appends the step's source rows to the ring of `st` and writes the entries of
-    /// the windows they close.
+    /// The source rows of the step's `s` tokens of `x`: `kv_proj` into `rows[0]`,
+    /// `gate_proj` into `rows[1]`.
+    fn project(&self, b: &B, x: &B::Buf, s: usize, p: Prec, rows: [&mut B::Buf; 2]) -> Result<()> {
+        let [c, g] = rows;
+        b.matmul(&self.kv_proj, None, x, s, p, c)?;
+        b.matmul(&self.gate_proj, None, x, s, p, g)
+    }
+
+    /// Appends the source rows (from [`Self::project`]) to the ring of `st` and writes
+    /// the entries of the windows they close.
     #[allow(clippy::too_many_arguments)]
-    fn forward(
+    fn compress(
         &self,
         b: &B,
         step: &B::Step,
-        x: &B::Buf,
-        s: usize,
+        rows: [&B::Buf; 2],
         rope: Option<&Rope>,
         norm: bool,
         p: Prec,
-        tmp: [&mut B::Buf; 2],
         st: &mut CompState<B>,
     ) -> Result<()> {
-        let [c, g] = tmp;
-        b.matmul(&self.kv_proj, None, x, s, p, c)?;
-        b.matmul(&self.gate_proj, None, x, s, p, g)?;
         b.compress(
             step,
-            [c, g],
+            rows,
             [&mut st.kv, &mut st.gate],
             st.cap,
             &self.ape,
@@ -155,32 +158,38 @@ impl<B: Backend> Attention<B> {
             b.copy(&sc.kv0, 0, &mut sc.kv, 0, s * hd)?;
         }
         b.rope(call.step, &call.rope, 1, hd, p, &mut sc.kv)?;
-        // Compressed entries and the indexer's choice.
-        if let (Some(c), Some(cs)) = (&self.compressor, st.comp.as_mut()) {
-            c.forward(
+        // Compressed entries and the indexer's choice. Both compressors' products of the
+        // normalised input first (one launch on a backend that groups float products).
+        let comp = self.compressor.as_ref().zip(st.comp.as_mut());
+        let index = self.indexer.as_ref().zip(st.index.as_mut());
+        if let Some((c, _)) = &comp {
+            c.project(b, &sc.hn, s, p, [&mut sc.cc, &mut sc.cg])?;
+        }
+        if let Some((ix, _)) = &index {
+            ix.compressor
+                .project(b, &sc.hn, s, p, [&mut sc.ic, &mut sc.ig])?;
+        }
+        if let Some((c, cs)) = comp {
+            c.compress(
                 b,
                 call.step,
-                &sc.hn,
-                s,
+                [&sc.cc, &sc.cg],
                 Some(&call.compress_rope),
                 call.compressor_norm,
                 p,
-                [&mut sc.cc, &mut sc.cg],
                 cs,
             )?;
         }
         let mut selected = false;
-        if let (Some(ix), Some(is)) = (&self.indexer, st.index.as_mut()) {
+        if let Some((ix, is)) = index {
             let sel = &call.select;
-            ix.compressor.forward(
+            ix.compressor.compress(
                 b,
                 call.step,
-                &sc.hn,
-                s,
+                [&sc.ic, &sc.ig],
                 call.indexer_rope.then_some(&call.compress_rope),
                 call.indexer_norm,
                 p,
-                [&mut sc.cc, &mut sc.cg],
                 is,
             )?;
             if call.indexer_select {

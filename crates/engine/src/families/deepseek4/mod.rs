@@ -133,8 +133,11 @@ pub(crate) struct Scratch<B: Backend> {
     pub(crate) q: B::Buf,
     pub(crate) kv0: B::Buf,
     pub(crate) kv: B::Buf,
+    /// The compressor's source rows (kv, gate), then the indexer compressor's.
     pub(crate) cc: B::Buf,
     pub(crate) cg: B::Buf,
+    pub(crate) ic: B::Buf,
+    pub(crate) ig: B::Buf,
     pub(crate) iq: B::Buf,
     pub(crate) iw: B::Buf,
     pub(crate) sel: B::Ids,
@@ -158,7 +161,6 @@ impl<B: Backend> Scratch<B> {
     fn new(b: &B, c: &Config, p: usize) -> Result<Self> {
         let (d, n) = (c.n_embd, c.hc_mult);
         let hq = c.n_head * c.head_dim;
-        let src = (2 * c.head_dim).max(2 * c.index_head_dim);
         let ff = c.n_ff_exp.max(c.n_ff_shexp);
         Ok(Scratch {
             rq: c.q_lora_rank,
@@ -174,8 +176,10 @@ impl<B: Backend> Scratch<B> {
             q: b.buf(p * hq)?,
             kv0: b.buf(p * c.head_dim)?,
             kv: b.buf(p * c.head_dim)?,
-            cc: b.buf(p * src)?,
-            cg: b.buf(p * src)?,
+            cc: b.buf(p * 2 * c.head_dim)?,
+            cg: b.buf(p * 2 * c.head_dim)?,
+            ic: b.buf(p * 2 * c.index_head_dim)?,
+            ig: b.buf(p * 2 * c.index_head_dim)?,
             iq: b.buf(p * c.index_heads * c.index_head_dim)?,
             iw: b.buf(p * c.index_heads)?,
             sel: b.ids(p * c.index_topk)?,
@@ -198,7 +202,6 @@ impl<B: Backend> Scratch<B> {
     fn bytes(c: &Config, p: usize) -> u64 {
         let (d, n) = (c.n_embd, c.hc_mult);
         let hq = c.n_head * c.head_dim;
-        let src = (2 * c.head_dim).max(2 * c.index_head_dim);
         let ff = c.n_ff_exp.max(c.n_ff_shexp);
         let per_tok = n * d
             + 4 * d
@@ -206,7 +209,7 @@ impl<B: Backend> Scratch<B> {
             + 2 * c.q_lora_rank
             + 3 * hq
             + 2 * c.head_dim
-            + 2 * src
+            + 4 * (c.head_dim + c.index_head_dim)
             + c.index_heads * (c.index_head_dim + 1)
             + c.index_topk
             + c.o_groups * c.o_lora_rank
