@@ -1,38 +1,44 @@
 #!/usr/bin/env bash
-# A paired comparison of two gpu_check binaries on the GPU machine (the protocol of
-# docs/benchmarks.md): the old and the new binary alternated ROUNDS times per model in one
-# session, then one line per model with every run's figures, old beside new. Decode (the
-# default): `bench SPEC --runs 5 --decode 32 --prefill ""`, each run's device ms per graph
-# replay and tok/s median. With --prefill SIZES (e.g. 512,4096): `bench SPEC --runs 3
-# --decode 4 --prefill SIZES`, each run's prefill tok/s medians, one per size.
+# A paired comparison of gpu_check binaries on the GPU machine (the protocol of
+# docs/benchmarks.md): the old binary and each new one alternated ROUNDS times per model
+# in one session, then one line per model with every run's figures, old beside new.
+# Decode (the default): `bench SPEC --runs 5 --decode 32 --prefill ""`, each run's device
+# ms per graph replay and tok/s median. With --prefill SIZES (e.g. 512,4096): `bench SPEC
+# --runs 3 --decode 4 --prefill SIZES`, each run's prefill tok/s medians, one per size.
 #
-#   scripts/gpu-ab.sh OLD_BIN NEW_BIN [--rounds N] [--log FILE] [--prefill SIZES] [--fixtures] [SPEC ...]
+#   scripts/gpu-ab.sh OLD_BIN NEW_BIN [NEW_BIN ...] [--rounds N] [--log FILE] [--prefill SIZES] [--fixtures] [SPEC ...]
+#
+# Arguments that are executable files are the new binaries (several variants of one change
+# share the old binary's runs); the others are SPECs.
 #
 # --fixtures first runs `gpu_check model` on the f32 golden masters that carry llama.cpp's
-# file (GLM-5.3 and DeepSeek-V4) with both binaries and prints, per fixture, whether the
-# two RESULT lines (errors against the reference and the CPU, greedy agreement, pieces,
-# rewind) are identical — a kernel change that keeps the arithmetic must keep them.
+# file (GLM-5.3 and DeepSeek-V4) with every binary and prints, per fixture and new binary,
+# whether its RESULT line (errors against the reference and the CPU, greedy agreement,
+# pieces, rewind) is identical to the old one's — a kernel change that keeps the
+# arithmetic must keep it.
 #
 # SPECs default to glm53-flash:q2 deepseek4-flash:q2. Each bench's whole output goes to
 # the log (default gpu-ab.log), so nothing is lost when only the end of the output comes
-# back. Both binaries read their kernels from DS4_CUDA_CACHE when it is set (warm it here
+# back. Every binary reads its kernels from DS4_CUDA_CACHE when it is set (warm it here
 # with `gpu_check warm-cache sm_90a` for each binary and carry it).
 set -u
-[ $# -ge 2 ] || { sed -n '2,19p' "$0"; exit 2; }
-OLD="$1" NEW="$2"; shift 2
-ROUNDS=2 LOG=gpu-ab.log PREFILL= FIXTURES=0 SPECS=()
+HELP_LINES='2,23p'
+[ $# -ge 2 ] || { sed -n "$HELP_LINES" "$0"; exit 2; }
+OLD="$1"; shift
+ROUNDS=2 LOG=gpu-ab.log PREFILL= FIXTURES=0 SPECS=() NEWS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) ROUNDS="$2"; shift 2 ;;
     --log) LOG="$2"; shift 2 ;;
     --prefill) PREFILL="$2"; shift 2 ;;
     --fixtures) FIXTURES=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
-    *) SPECS+=("$1"); shift ;;
+    -h|--help) sed -n "$HELP_LINES" "$0"; exit 0 ;;
+    *) if [ -f "$1" ] && [ -x "$1" ]; then NEWS+=("$1"); else SPECS+=("$1"); fi; shift ;;
   esac
 done
 [ ${#SPECS[@]} -gt 0 ] || SPECS=(glm53-flash:q2 deepseek4-flash:q2)
-for b in "$OLD" "$NEW"; do [ -x "$b" ] || { echo "not an executable: $b" >&2; exit 2; }; done
+[ -x "$OLD" ] || { echo "not an executable: $OLD" >&2; exit 2; }
+[ ${#NEWS[@]} -gt 0 ] || { echo "no new binary (an executable file after OLD_BIN)" >&2; exit 2; }
 export LD_LIBRARY_PATH="${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}"
 : > "$LOG"
 
@@ -59,25 +65,33 @@ if [ "$FIXTURES" = 1 ]; then
   for fx in crates/engine/tests/fixtures/*/*_f32; do
     [ -f "$fx/llamacpp.gguf" ] || continue
     r=()
-    for b in "$OLD" "$NEW"; do
+    for b in "$OLD" "${NEWS[@]}"; do
       out=$(timeout "${MODEL_TIMEOUT:-300}" "$b" model "$fx" "$fx/llamacpp.gguf" 2>&1)
       { echo "== $b model $fx"; echo "$out"; } >> "$LOG"
       r+=("$(grep '^RESULT ' <<< "$out" | head -1)")
     done
-    if [ -z "${r[0]}" ] || [ -z "${r[1]}" ]; then verdict="failed (see $LOG)"
-    elif [ "${r[0]}" = "${r[1]}" ]; then verdict="identical"
-    else verdict="DIFFERENT"; fi
-    echo "fixture $fx: $verdict"
+    for i in "${!NEWS[@]}"; do
+      n="${r[$((i + 1))]}"
+      if [ -z "${r[0]}" ] || [ -z "$n" ]; then verdict="failed (see $LOG)"
+      elif [ "${r[0]}" = "$n" ]; then verdict="identical"
+      else verdict="DIFFERENT"; fi
+      name=""; [ ${#NEWS[@]} -gt 1 ] && name=" ($(basename "${NEWS[$i]}"))"
+      echo "fixture $fx$name: $verdict"
+    done
   done
 fi
 
 for spec in "${SPECS[@]}"; do
-  old=() new=()
+  old=() runs=()
   for _ in $(seq "$ROUNDS"); do
     old+=("$(bench "$OLD" "$spec")")
-    new+=("$(bench "$NEW" "$spec")")
+    for i in "${!NEWS[@]}"; do runs[i]+="${runs[i]:+,}$(bench "${NEWS[$i]}" "$spec")"; done
   done
   what="ms per replay, tok/s"; [ -n "$PREFILL" ] && what="prefill tokens:tok/s"
-  printf '%s: old %s | new %s   (%s; log %s)\n' "$spec" \
-    "$(IFS=,; echo "${old[*]}")" "$(IFS=,; echo "${new[*]}")" "$what" "$LOG"
+  line="$spec: old $(IFS=,; echo "${old[*]}")"
+  for i in "${!NEWS[@]}"; do
+    name="new"; [ ${#NEWS[@]} -gt 1 ] && name="$(basename "${NEWS[$i]}")"
+    line+=" | $name ${runs[i]}"
+  done
+  printf '%s   (%s; log %s)\n' "$line" "$what" "$LOG"
 done
