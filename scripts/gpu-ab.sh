@@ -39,6 +39,12 @@ done
 [ ${#SPECS[@]} -gt 0 ] || SPECS=(glm53-flash:q2 deepseek4-flash:q2)
 [ -x "$OLD" ] || { echo "not an executable: $OLD" >&2; exit 2; }
 [ ${#NEWS[@]} -gt 0 ] || { echo "no new binary (an executable file after OLD_BIN)" >&2; exit 2; }
+BINS=("$OLD" "${NEWS[@]}")
+# Each binary's name in the output: old, then new (one) or the new binaries' file names.
+NAMES=(old)
+for b in "${NEWS[@]}"; do
+  if [ ${#NEWS[@]} -gt 1 ]; then NAMES+=("$(basename "$b")"); else NAMES+=(new); fi
+done
 export LD_LIBRARY_PATH="${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}"
 : > "$LOG"
 
@@ -65,33 +71,31 @@ if [ "$FIXTURES" = 1 ]; then
   for fx in crates/engine/tests/fixtures/*/*_f32; do
     [ -f "$fx/llamacpp.gguf" ] || continue
     r=()
-    for b in "$OLD" "${NEWS[@]}"; do
+    for b in "${BINS[@]}"; do
       out=$(timeout "${MODEL_TIMEOUT:-300}" "$b" model "$fx" "$fx/llamacpp.gguf" 2>&1)
       { echo "== $b model $fx"; echo "$out"; } >> "$LOG"
       r+=("$(grep '^RESULT ' <<< "$out" | head -1)")
     done
-    for i in "${!NEWS[@]}"; do
-      n="${r[$((i + 1))]}"
-      if [ -z "${r[0]}" ] || [ -z "$n" ]; then verdict="failed (see $LOG)"
-      elif [ "${r[0]}" = "$n" ]; then verdict="identical"
+    for ((i = 1; i < ${#BINS[@]}; i++)); do
+      if [ -z "${r[0]}" ] || [ -z "${r[i]}" ]; then verdict="failed (see $LOG)"
+      elif [ "${r[0]}" = "${r[i]}" ]; then verdict="identical"
       else verdict="DIFFERENT"; fi
-      name=""; [ ${#NEWS[@]} -gt 1 ] && name=" ($(basename "${NEWS[$i]}"))"
+      name=""; [ ${#NEWS[@]} -gt 1 ] && name=" (${NAMES[i]})"
       echo "fixture $fx$name: $verdict"
     done
   done
 fi
 
 for spec in "${SPECS[@]}"; do
-  old=() runs=()
+  runs=()
   for _ in $(seq "$ROUNDS"); do
-    old+=("$(bench "$OLD" "$spec")")
-    for i in "${!NEWS[@]}"; do runs[i]+="${runs[i]:+,}$(bench "${NEWS[$i]}" "$spec")"; done
+    for i in "${!BINS[@]}"; do runs[i]+="${runs[i]:+,}$(bench "${BINS[$i]}" "$spec")"; done
   done
   what="ms per replay, tok/s"; [ -n "$PREFILL" ] && what="prefill tokens:tok/s"
-  line="$spec: old $(IFS=,; echo "${old[*]}")"
-  for i in "${!NEWS[@]}"; do
-    name="new"; [ ${#NEWS[@]} -gt 1 ] && name="$(basename "${NEWS[$i]}")"
-    line+=" | $name ${runs[i]}"
+  line="$spec:"
+  for i in "${!BINS[@]}"; do
+    [ "$i" -gt 0 ] && line+=" |"
+    line+=" ${NAMES[i]} ${runs[i]}"
   done
   printf '%s   (%s; log %s)\n' "$line" "$what" "$LOG"
 done
