@@ -1,35 +1,78 @@
 // Row norms in the PyTorch references' arithmetic (`Prec::F32`/`Bf16`): RMSNorm with
-// the reference's two roundings (`round(round(x·r)·w)`), LayerNorm, and the gated
-// output norm of delta-rule layers. Sums of squares and statistics in f64, as the CPU
+// the reference's two roundings (`round(round(x·r)·w)`), alone or with the rope of its
+// rows (DeepSeek-V4's per-head norms), LayerNorm, and the gated output norm of
+// delta-rule layers. Sums of squares and statistics in f64, as the CPU
 // backend (`engine/src/backend/cpu/torch_math.rs`, `delta.rs`); `rb` rounds to bf16
 // at the reference's cast points.
 
 #include "common.cuh"
 
-// One block per row of `cols`. cast_once = 0 (GLM-5.3's RMSNorm): out =
-// round(round(x·r)·w), w optional. cast_once = 1 (DeepSeek-V4's norms,
-// `Backend::rms_norm_cast_once`): round(w·(x·r)), or without w round(x·round(r)).
-extern "C" __global__ void rms_norm_ref(const float* x, const float* w, float* out, int cols, float eps, int rb,
-                                        int cast_once) {
+// `rms_norm_ref`'s parameters (crate::ops::NormRefArgs): rows of `cols`, one per block.
+// cast_once = 0 (GLM-5.3's RMSNorm): out = round(round(x·r)·w), w optional. cast_once = 1
+// (DeepSeek-V4's norms, `Backend::rms_norm_cast_once`): round(w·(x·r)), or without w
+// round(x·round(r)).
+struct NormRef {
+    const float* x;
+    const float* w;
+    float* out;
+    i32 cols;
+    float eps;
+    i32 rb, cast_once;
+};
+
+// Row `row` of a NormRef, by the whole block.
+__device__ __forceinline__ void norm_ref_row(const NormRef& N, int row) {
     __shared__ double red[32];
-    pdl_wait();
-    pdl_trigger();
-    const float* xr = x + (i64)blockIdx.x * cols;
-    float* yr = out + (i64)blockIdx.x * cols;
+    const float* xr = N.x + (i64)row * N.cols;
+    float* yr = N.out + (i64)row * N.cols;
     double ss = 0.0;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
+    for (int i = threadIdx.x; i < N.cols; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
     ss = block_sum_d(ss, red);
-    const float r = inv_rms(ss, cols, eps);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float r = inv_rms(ss, N.cols, N.eps);
+    for (int i = threadIdx.x; i < N.cols; i += blockDim.x) {
         float v;
-        if (!cast_once) {
-            v = rnd(__fmul_rn(xr[i], r), rb);
-            if (w) v = rnd(__fmul_rn(v, w[i]), rb);
+        if (!N.cast_once) {
+            v = rnd(__fmul_rn(xr[i], r), N.rb);
+            if (N.w) v = rnd(__fmul_rn(v, N.w[i]), N.rb);
         } else {
-            v = w ? rnd(__fmul_rn(w[i], __fmul_rn(xr[i], r)), rb) : rnd(__fmul_rn(xr[i], rnd(r, rb)), rb);
+            v = N.w ? rnd(__fmul_rn(N.w[i], __fmul_rn(xr[i], r)), N.rb) : rnd(__fmul_rn(xr[i], rnd(r, N.rb)), N.rb);
         }
         yr[i] = v;
     }
+}
+
+extern "C" __global__ void rms_norm_ref(const NormRef N) {
+    pdl_wait();
+    pdl_trigger();
+    norm_ref_row(N, blockIdx.x);
+}
+
+// `rope_torch`'s parameters (rope.cu, crate::ops::RopeTorchArgs).
+struct RopeTorch {
+    float* x;
+    const StepInfo* step;
+    const float* inv_freq;
+    i32 n_head, head_dim, n_dims, neox, trailing;
+    float sign, mscale;
+    i32 rb;
+};
+
+// A NormRef whose rows are the heads of a rope_torch's tokens (N.out = R.x, N.cols =
+// R.head_dim), both in one launch: block b normalises row b, then rotates it as head
+// b % n_head of token b / n_head, after the block's barrier (its own row only, so the
+// values are those of the two launches).
+extern "C" __global__ void rms_norm_rope(const NormRef N, const RopeTorch R) {
+    pdl_wait();
+    pdl_trigger();
+    norm_ref_row(N, blockIdx.x);
+    __syncthreads();
+    const int t = blockIdx.x / R.n_head;
+    if (t >= R.step->n_tok) return;
+    const int half = R.n_dims / 2, start = R.trailing ? R.head_dim - R.n_dims : 0;
+    const float pos = (float)(R.step->pos0 + t);
+    float* seg = R.x + (i64)blockIdx.x * R.head_dim + start;
+    for (int j = threadIdx.x; j < half; j += blockDim.x)
+        rotate_torch(seg, j, half, R.neox, __fmul_rn(pos, R.inv_freq[j]), R.mscale, R.sign, R.rb);
 }
 
 // One block per row: out = round(((x − mean)·rsqrt(var + eps))·w + b), statistics in f64.

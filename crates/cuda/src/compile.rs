@@ -131,7 +131,12 @@ pub const SOURCES: &[Source] = &[
     Source {
         file: "norm.cu",
         text: include_str!("../kernels/norm.cu"),
-        kernels: &["rms_norm_ref", "layer_norm_ref", "gated_norm"],
+        kernels: &[
+            "rms_norm_ref",
+            "rms_norm_rope",
+            "layer_norm_ref",
+            "gated_norm",
+        ],
     },
     Source {
         file: "float_gemv.cu",

@@ -413,6 +413,26 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         cmds.push(delta_step(p, block, cx));
         return Ok(1);
     }
+    // A norm whose rows are the heads the next rope rotates: one launch, a block per row.
+    if let (Op::NormRef { a, rows }, Some(&Op::RopeTorch { a: r, n_tok })) =
+        (ops[i], ops.get(i + 1))
+        && r.x == a.out
+        && a.cols == r.head_dim
+        && rows == n_tok * r.n_head as u32
+    {
+        let mut args = Args::new();
+        args.push(a).push(r);
+        cmds.push(Cmd::Launch(Launch {
+            f: cx.k.rms_norm_rope,
+            grid: (rows, 1, 1),
+            block: 256,
+            smem: 0,
+            args,
+            label: "rms_norm + rope",
+            bytes: 0,
+        }));
+        return Ok(2);
+    }
     if let Op::FloatGemv(_) = ops[i] {
         let (used, cmd) = float_group(ops, i, cx);
         cmds.push(cmd);
@@ -1211,6 +1231,42 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         Op::Sgemm(g) => cmds.push(Cmd::Sgemm(g)),
         // (`lower_at` lowers delta steps itself; alone, one waits before loading its state.)
         Op::DeltaStep { p, block } => cmds.push(delta_step(p, block, cx)),
+        Op::NormRef { a, rows } => {
+            let mut args = Args::new();
+            args.push(a);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.rms_norm_ref,
+                grid: (rows, 1, 1),
+                block: 256,
+                smem: 0,
+                args,
+                label: "rms_norm",
+                bytes: 0,
+            }));
+        }
+        Op::RopeTorch { a, n_tok } => {
+            let mut args = Args::new();
+            args.push(a.x)
+                .push(a.step)
+                .push(a.inv_freq)
+                .push(a.n_head)
+                .push(a.head_dim)
+                .push(a.n_dims)
+                .push(a.neox)
+                .push(a.trailing)
+                .push(a.sign)
+                .push(a.mscale)
+                .push(a.rb);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.rope_torch,
+                grid: (n_tok, 1, 1),
+                block: 256,
+                smem: 0,
+                args,
+                label: "rope",
+                bytes: 0,
+            }));
+        }
         Op::GatedNorm(g) => {
             let mut a = Args::new();
             a.push(g.o)
@@ -1300,7 +1356,9 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::{GatedNormArgs, HcPostArgs, HcPreArgs, float_lanes};
+    use crate::ops::{
+        GatedNormArgs, HcPostArgs, HcPreArgs, NormRefArgs, RopeTorchArgs, float_lanes,
+    };
     use ds4_gguf::GgmlType;
 
     fn mat(id: u64, ty: GgmlType, rows: u32, cols: u32) -> MatRef {
@@ -1934,6 +1992,62 @@ mod tests {
         assert_eq!(l.bytes, 8192 * 1024 * 2 + 64 * 4096 * 4);
         // 8 rows of 32 threads per block, then a block per f32 row of 256 threads.
         assert_eq!(l.grid.0, 8192 / 8 + 64);
+    }
+
+    #[test]
+    fn a_norm_of_the_heads_a_rope_rotates_shares_its_launch() {
+        // DeepSeek-V4's queries: 64 heads of 512 normalised per head, then rotated.
+        let k = Kernels::fake();
+        let norm = |out: u64, rows: u32| Op::NormRef {
+            a: NormRefArgs {
+                x: 1 << 40,
+                w: 0,
+                out: out << 40,
+                cols: 512,
+                eps: 1e-6,
+                rb: 0,
+                cast_once: 1,
+            },
+            rows,
+        };
+        let rope = |x: u64| Op::RopeTorch {
+            a: RopeTorchArgs {
+                x: x << 40,
+                step: 99 << 40,
+                inv_freq: 3 << 40,
+                n_head: 64,
+                head_dim: 512,
+                n_dims: 64,
+                neox: 0,
+                trailing: 1,
+                sign: 1.0,
+                mscale: 1.0,
+                rb: 0,
+            },
+            n_tok: 1,
+        };
+        let cmds = lowered(&[norm(2, 64), rope(2)], 1, &k);
+        let [Cmd::Launch(l)] = &cmds[..] else {
+            panic!("one launch expected");
+        };
+        assert_eq!((l.f, l.grid.0), (k.rms_norm_rope, 64));
+        // Another buffer rotated, or rows that are not the heads: two launches.
+        assert_eq!(
+            funcs(&lowered(&[norm(2, 64), rope(4)], 1, &k)),
+            [k.rms_norm_ref, k.rope_torch]
+        );
+        assert_eq!(
+            funcs(&lowered(&[norm(2, 1), rope(2)], 1, &k)),
+            [k.rms_norm_ref, k.rope_torch]
+        );
+    }
+
+    #[test]
+    fn norm_and_rope_params_match_the_kernel_layout() {
+        // kernels/norm.cu: NormRef = 3 pointers + 4 4-byte fields; RopeTorch = 3 pointers
+        // + 8 4-byte fields.
+        assert_eq!(std::mem::size_of::<NormRefArgs>(), 3 * 8 + 4 * 4);
+        assert_eq!(std::mem::size_of::<RopeTorchArgs>(), 3 * 8 + 8 * 4);
     }
 
     #[test]

@@ -28,7 +28,8 @@ use crate::gemm::Sgemm;
 use crate::layout::{act_need, gemv_smem_bytes};
 use crate::ops::{
     DeltaParams, ExpertGemv, FG_THREADS, FloatSeg, GatedNormArgs, HC_COLS, HcPostArgs, HcPreArgs,
-    KArgs, KernelOp, MatRef, Op, ReduceTail, RouteParams, float_blocks, float_lanes,
+    KArgs, KernelOp, MatRef, NormRefArgs, Op, ReduceTail, RopeTorchArgs, RouteParams, float_blocks,
+    float_lanes,
 };
 use crate::weights::CudaWeight;
 
@@ -717,24 +718,23 @@ impl CudaBackend {
         out: &CudaBuf,
     ) -> Result<()> {
         let mut keep = vec![&x.mem, &out.mem];
-        let wp = opt_values(w, cols, "rms_norm: weight", &mut keep)?;
-        let mut a = KArgs::default();
-        a.push(self.buf_of(x, rows * cols, "rms_norm")?)
-            .push(wp)
-            .push(self.buf_of(out, rows * cols, "rms_norm")?)
-            .push(cols as i32)
-            .push(eps)
-            .push(rb(p))
-            .push(cast_once as i32);
-        self.launch_op(Launch {
-            f: self.k.rms_norm_ref,
-            grid: (rows as u32, 1, 1),
-            block: 256,
-            smem: 0,
-            args: a,
-            label: "rms_norm",
-            keep,
-        });
+        let w = opt_values(w, cols, "rms_norm: weight", &mut keep)?;
+        let a = NormRefArgs {
+            x: self.buf_of(x, rows * cols, "rms_norm")?,
+            w,
+            out: self.buf_of(out, rows * cols, "rms_norm")?,
+            cols: cols as i32,
+            eps,
+            rb: rb(p),
+            cast_once: cast_once as i32,
+        };
+        self.record(
+            Op::NormRef {
+                a,
+                rows: rows as u32,
+            },
+            &keep,
+        );
         Ok(())
     }
 
@@ -1809,27 +1809,26 @@ impl CudaBackend {
             )));
         }
         let inv = self.rope_table(rope)?;
-        let mut a = KArgs::default();
-        a.push(self.buf_of(x, n_tok * n_head * head_dim, "rope")?)
-            .push(self.step_ptr())
-            .push(inv.ptr())
-            .push(n_head as i32)
-            .push(head_dim as i32)
-            .push(rope.n_dims as i32)
-            .push(rope.neox as i32)
-            .push(rope.trailing as i32)
-            .push(if rope.inverse { -1f32 } else { 1f32 })
-            .push(rope.yarn.map_or(1.0, |y| y.mscale))
-            .push(rb(p));
-        self.launch_op(Launch {
-            f: self.k.rope_torch,
-            grid: (n_tok as u32, 1, 1),
-            block: 256,
-            smem: 0,
-            args: a,
-            label: "rope",
-            keep: vec![&x.mem, &inv],
-        });
+        let a = RopeTorchArgs {
+            x: self.buf_of(x, n_tok * n_head * head_dim, "rope")?,
+            step: self.step_ptr(),
+            inv_freq: inv.ptr(),
+            n_head: n_head as i32,
+            head_dim: head_dim as i32,
+            n_dims: rope.n_dims as i32,
+            neox: rope.neox as i32,
+            trailing: rope.trailing as i32,
+            sign: if rope.inverse { -1.0 } else { 1.0 },
+            mscale: rope.yarn.map_or(1.0, |y| y.mscale),
+            rb: rb(p),
+        };
+        self.record(
+            Op::RopeTorch {
+                a,
+                n_tok: n_tok as u32,
+            },
+            &[&x.mem, &inv],
+        );
         Ok(())
     }
 

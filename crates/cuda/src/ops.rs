@@ -135,6 +135,18 @@ pub enum Op {
         block: u32,
     },
     GatedNorm(GatedNormArgs),
+    /// The references' RMSNorm (`rms_norm_ref`) of `rows` rows; a [`Op::RopeTorch`] of its
+    /// output right after it, one row per head, runs in the same launch
+    /// (`rms_norm_rope`).
+    NormRef {
+        a: NormRefArgs,
+        rows: u32,
+    },
+    /// transformers' rope in place (`rope_torch`) on `n_tok` tokens.
+    RopeTorch {
+        a: RopeTorchArgs,
+        n_tok: u32,
+    },
     /// A launch recorded as is (the MoE families' operations, `crate::moe_ops`).
     Kernel(KernelOp),
 }
@@ -204,6 +216,36 @@ pub struct GatedNormArgs {
     pub dv: i32,
     pub eps: f32,
     pub silu: i32,
+    pub rb: i32,
+}
+
+/// `NormRef` of kernels/norm.cu: rows of `cols` values.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NormRefArgs {
+    pub x: DPtr,
+    pub w: DPtr,
+    pub out: DPtr,
+    pub cols: i32,
+    pub eps: f32,
+    pub rb: i32,
+    pub cast_once: i32,
+}
+
+/// `RopeTorch` of kernels/norm.cu, the parameters of `rope_torch` (kernels/rope.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeTorchArgs {
+    pub x: DPtr,
+    pub step: DPtr,
+    pub inv_freq: DPtr,
+    pub n_head: i32,
+    pub head_dim: i32,
+    pub n_dims: i32,
+    pub neox: i32,
+    pub trailing: i32,
+    pub sign: f32,
+    pub mscale: f32,
     pub rb: i32,
 }
 
