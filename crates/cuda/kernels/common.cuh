@@ -421,11 +421,11 @@ __device__ __forceinline__ void chunk_dots(const uint4 (&raw)[4], int ty, int c0
 // Row r of one product for every token, by the `lanes` threads of the calling thread's
 // group (group g = threadIdx.x / lanes of a FG_THREADS-thread block; every thread of the
 // block calls this, `valid` false for groups past the last row). Thread j takes the
-// 16-byte chunks j, j + lanes, … when the row is whole aligned chunks and `x` is 16-byte
-// aligned (the first four loaded before the wait for the previous kernel, which is this
-// function's: the weights do not depend on it), else the values j, j + lanes, …. The
-// group's sums in a fixed order: a warp's lanes by shuffles, then (groups wider than a
-// warp) the warps in order.
+// 16-byte chunks j, j + lanes, … when the row is whole aligned chunks and every token's
+// `x` is 16-byte aligned (the first four loaded before the wait for the previous kernel,
+// which is this function's: the weights do not depend on it), else the values j,
+// j + lanes, …. The group's sums in a fixed order: a warp's lanes by shuffles, then
+// (groups wider than a warp) the warps in order.
 __device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int n_tok,
                                           float* out, i64 o_ts, const float* bias, int r, int rb, int lanes,
                                           bool valid) {
@@ -434,7 +434,7 @@ __device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int span = lanes < 32 ? lanes : 32;
     const int per = ty == T_F32 ? 4 : 8;
-    const bool vec = n_in % per == 0 && ((u64)wr & 15) == 0 && ((u64)x & 15) == 0;
+    const bool vec = n_in % per == 0 && ((u64)wr & 15) == 0 && ((u64)x & 15) == 0 && (x_ts & 3) == 0;
     const int chunks = n_in / per;
     uint4 raw[4];
     if (valid && vec) chunk_loads(wr, j, lanes, chunks, raw);

@@ -558,7 +558,7 @@ impl CudaBackend {
             block: FG_THREADS,
             smem: 0,
             args: Self::args(prm),
-            label: "gemv_float",
+            label: "gemv_float_grouped",
             keep,
         });
         Ok(())
