@@ -1773,16 +1773,19 @@ impl CudaBackend {
             eps: sh.norm_eps,
             mscale: rope.and_then(|r| r.yarn).map_or(1.0, |y| y.mscale),
         };
+        // A thread per entry value (a window's values each take its slots one after
+        // another: with 128 threads, DeepSeek-V4's 512 took four in a row per thread).
+        let block = (sh.dim as u32).next_multiple_of(32).clamp(128, 1024);
         self.launch_op(Launch {
             f: self.k.compress_windows,
-            // A block per window that may close, and enough for the stores (about 8
-            // values per thread).
+            // A block per window that may close, and enough for the stores (1024
+            // values per block).
             grid: (
                 (step.n_tok / sh.rate + 2).max((step.n_tok * rl).div_ceil(1024)) as u32,
                 1,
                 1,
             ),
-            block: 128,
+            block,
             smem: (sh.dim * 4) as u32,
             args: Self::args(prm),
             label: "compress",
