@@ -8,7 +8,7 @@
 
 #include "common.cuh"
 
-#define FG_SEGS 4
+#define FG_SEGS 6
 
 struct FloatGemv {
     const u8* w;      // group 0's matrix, n_out × n_in

@@ -456,7 +456,7 @@ struct FloatMulti {
 }
 
 /// Segments of one `gemv_float_multi` launch.
-const FLOAT_SEGS: usize = 4;
+const FLOAT_SEGS: usize = 6;
 
 fn overlaps(a: &std::ops::Range<DPtr>, b: &std::ops::Range<DPtr>) -> bool {
     a.start < b.end && b.start < a.end
@@ -2054,7 +2054,7 @@ mod tests {
     fn float_params_match_the_kernel_layout() {
         // kernels/common.cuh: FloatSeg = 4 pointers + 7 4-byte fields, padded to 64 bytes.
         assert_eq!(std::mem::size_of::<FloatSeg>(), 64);
-        assert_eq!(std::mem::size_of::<FloatMulti>(), 4 * 64 + 8);
+        assert_eq!(std::mem::size_of::<FloatMulti>(), 6 * 64 + 8);
     }
 
     #[test]

@@ -158,8 +158,8 @@ impl<B: Backend> Attention<B> {
             b.copy(&sc.kv0, 0, &mut sc.kv, 0, s * hd)?;
         }
         b.rope(call.step, &call.rope, 1, hd, p, &mut sc.kv)?;
-        // Compressed entries and the indexer's choice. Both compressors' products of the
-        // normalised input first (one launch on a backend that groups float products).
+        // Compressed entries and the indexer's choice. The compressors' and the indexer's
+        // products first (one launch on a backend that groups float products).
         let comp = self.compressor.as_ref().zip(st.comp.as_mut());
         let index = self.indexer.as_ref().zip(st.index.as_mut());
         if let Some((c, _)) = &comp {
@@ -168,6 +168,10 @@ impl<B: Backend> Attention<B> {
         if let Some((ix, _)) = &index {
             ix.compressor
                 .project(b, &sc.hn, s, p, [&mut sc.ic, &mut sc.ig])?;
+            if call.indexer_select {
+                b.matmul(&ix.q_b_proj, None, &sc.qr, s, p, &mut sc.iq)?;
+                b.matmul(&ix.weights_proj, None, &sc.hn, s, p, &mut sc.iw)?;
+            }
         }
         if let Some((c, cs)) = comp {
             c.compress(
@@ -193,8 +197,6 @@ impl<B: Backend> Attention<B> {
                 is,
             )?;
             if call.indexer_select {
-                b.matmul(&ix.q_b_proj, None, &sc.qr, s, p, &mut sc.iq)?;
-                b.matmul(&ix.weights_proj, None, &sc.hn, s, p, &mut sc.iw)?;
                 if call.indexer_rope {
                     b.rope(
                         call.step,
