@@ -540,6 +540,7 @@ impl CudaBackend {
                 None
             };
             if let Some(c) = whole {
+                rec.timed = self.timing_begin(&mut st.graph_events)?;
                 self.launch_segments(st, &mut rec, c, 0)?;
             } else if replayed.is_some() {
                 self.timing_end(st, &rec)?;
@@ -604,7 +605,9 @@ impl CudaBackend {
                 segments = parts.len(),
                 "captured a decode graph"
             );
-            // Its segments from the first op not launched yet, when one begins there.
+            // Its segments from the first op not launched yet, when one begins there. Not
+            // a replay: neither the capture nor a new graph's first launch is timed.
+            rec.timed = false;
             let Some(first) = segs.iter().position(|(_, o)| o.start == rec.launched) else {
                 return self.run_rest_eager(st, &rec, pdl);
             };
@@ -615,8 +618,8 @@ impl CudaBackend {
         // `rec.keep` drops here, after its kernels were enqueued.
     }
 
-    /// Launches chain `c`'s segments from `first` on, the rest of `rec`'s step (timed
-    /// from here when nothing of it was launched before).
+    /// Launches chain `c`'s segments from `first` on, the rest of `rec`'s step (the end of
+    /// its timing when `rec.timed`).
     fn launch_segments(
         &self,
         st: &mut State,
@@ -624,9 +627,6 @@ impl CudaBackend {
         c: usize,
         first: usize,
     ) -> Result<()> {
-        if rec.launched == 0 {
-            rec.timed = self.timing_begin(&mut st.graph_events)?;
-        }
         for s in first..st.graphs.segments(c) {
             st.graphs.launch(&self.gpu, c, s)?;
         }
