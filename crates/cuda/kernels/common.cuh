@@ -660,6 +660,17 @@ struct StepInfo {
 
 __device__ __forceinline__ const u32* step_tokens(const StepInfo* s) { return (const u32*)(s + 1); }
 
+// `rope_torch`'s parameters (rope.cu, crate::ops::RopeTorchArgs), also carried by the
+// kernels that rotate their own output (norm.cu, sparse.cu).
+struct RopeTorch {
+    float* x;
+    const StepInfo* step;
+    const float* inv_freq;
+    i32 n_head, head_dim, n_dims, neox, trailing;
+    float sign, mscale;
+    i32 rb;
+};
+
 // The k slots of one token in increasing expert id (the order the CPU backend sums
 // them): an insertion sort of the ids (k ≤ 32).
 __device__ __forceinline__ void slot_order(const i32* ids, int k, int* order) {

@@ -47,16 +47,6 @@ extern "C" __global__ void rms_norm_ref(const NormRef N) {
     norm_ref_row(N, blockIdx.x);
 }
 
-// `rope_torch`'s parameters (rope.cu, crate::ops::RopeTorchArgs).
-struct RopeTorch {
-    float* x;
-    const StepInfo* step;
-    const float* inv_freq;
-    i32 n_head, head_dim, n_dims, neox, trailing;
-    float sign, mscale;
-    i32 rb;
-};
-
 // A NormRef whose rows are the heads of a rope_torch's tokens (N.out = R.x, N.cols =
 // R.head_dim), both in one launch: block b normalises row b, then rotates it as head
 // b % n_head of token b / n_head, after the block's barrier (its own row only, so the

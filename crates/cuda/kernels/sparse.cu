@@ -574,8 +574,10 @@ struct SinkBatch {
 // (it starts at +0 and never becomes −0), and a batch of padding alone is skipped (short
 // contexts pad most of the 512 selections). The block's warps read the same rows (L1
 // hits).
+// With Y.x set (= P.out) the warp that holds a head's rotated columns then rotates them
+// (the rope of the next launch, `rope_torch`'s arithmetic, at the query's position).
 template <bool AHEAD>
-__device__ __forceinline__ void sink_mix_body(const SinkParams& P) {
+__device__ __forceinline__ void sink_mix_body(const SinkParams& P, const RopeTorch& Y) {
     pdl_wait();
     pdl_trigger();
     const int i = blockIdx.x, lane = threadIdx.x & 31;
@@ -662,10 +664,18 @@ __device__ __forceinline__ void sink_mix_body(const SinkParams& P) {
     float* o = P.out + ((i64)i * P.heads + h) * P.hd;
     if (in0) o[c0] = rnd(a0, P.rb);
     if (in1) o[c1] = rnd(a1, P.rb);
+    const int start = Y.trailing ? P.hd - Y.n_dims : 0;
+    if (Y.x && start / 64 == (int)blockIdx.y) {
+        __syncwarp();
+        const int half = Y.n_dims / 2;
+        const float pos = (float)(P.step->pos0 + i);
+        for (int j = lane; j < half; j += 32)
+            rotate_torch(o + start, j, half, Y.neox, __fmul_rn(pos, Y.inv_freq[j]), Y.mscale, Y.sign, Y.rb);
+    }
 }
 
 // One query (decode: 64 blocks, fewer than the SMs) loads a batch ahead; many queries
 // (prefill) keep the registers of one batch, so that three blocks fit on an SM and the
 // other blocks' warps hide the loads.
-extern "C" __global__ void sink_mix(const SinkParams P) { sink_mix_body<true>(P); }
-extern "C" __global__ void sink_mix_rows(const SinkParams P) { sink_mix_body<false>(P); }
+extern "C" __global__ void sink_mix(const SinkParams P, const RopeTorch Y) { sink_mix_body<true>(P, Y); }
+extern "C" __global__ void sink_mix_rows(const SinkParams P, const RopeTorch Y) { sink_mix_body<false>(P, Y); }

@@ -23,7 +23,7 @@ use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
 use crate::kernels::{GEMV_TYPES, Kernels};
 use crate::layout::{act_need, gemv_smem_bytes};
-use crate::ops::{DeltaParams, FG_THREADS, FloatSeg, HC_COLS, MatRef, Op, RopeArgs};
+use crate::ops::{DeltaParams, FG_THREADS, FloatSeg, HC_COLS, MatRef, Op, RopeArgs, RopeTorchArgs};
 use crate::ops::{ExpertGemv, ReduceTail};
 
 /// A kernel launch.
@@ -433,6 +433,17 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         }));
         return Ok(2);
     }
+    // Attention sums whose heads' rotated columns a warp holds, and their inverse rope.
+    if let (Op::SinkMix { p, rows }, Some(&Op::RopeTorch { a: r, n_tok })) =
+        (ops[i], ops.get(i + 1))
+        && r.x == p.out
+        && (r.n_head, r.head_dim) == (p.heads, p.hd)
+        && rows == n_tok
+        && sink_mix_holds(&r)
+    {
+        cmds.push(sink_mix(p, rows, r, cx));
+        return Ok(2);
+    }
     if let Op::FloatGemv(_) = ops[i] {
         let (used, cmd) = float_group(ops, i, cx);
         cmds.push(cmd);
@@ -445,6 +456,46 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
     }
     single(&ops[i], cx, cmds)?;
     Ok(1)
+}
+
+/// Columns of a head each warp of `sink_mix` sums (kernels/sparse.cu: lane and lane + 32
+/// of a 64-column block).
+const SINK_MIX_COLS: i32 = 64;
+
+/// Whether the rotated columns of a rope's heads lie in one warp's columns of `sink_mix`.
+fn sink_mix_holds(r: &RopeTorchArgs) -> bool {
+    let start = if r.trailing != 0 {
+        r.head_dim - r.n_dims
+    } else {
+        0
+    };
+    r.n_dims > 0 && start / SINK_MIX_COLS == (start + r.n_dims - 1) / SINK_MIX_COLS
+}
+
+/// `sink_mix` of `rows` queries (one loads a batch of keys ahead, its 64 blocks leaving
+/// SMs idle; many keep three blocks on an SM), with the rope `r` of its output when
+/// `r.x` is set (zero: none).
+fn sink_mix(p: crate::ops::SinkParams, rows: u32, r: RopeTorchArgs, cx: &Ctx) -> Cmd {
+    let (f, label) = if rows == 1 {
+        (cx.k.sink_mix, "sink_mix")
+    } else {
+        (cx.k.sink_mix_rows, "sink_mix_rows")
+    };
+    let mut args = Args::new();
+    args.push(p).push(r);
+    Cmd::Launch(Launch {
+        f,
+        grid: (
+            rows,
+            (p.hd as u32).div_ceil(SINK_MIX_COLS as u32),
+            (p.heads as u32).div_ceil(8),
+        ),
+        block: 256,
+        smem: 0,
+        args,
+        label,
+        bytes: 0,
+    })
 }
 
 /// `gemv_float_multi`'s parameters (kernels/float_gemv.cu).
@@ -1231,6 +1282,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         Op::Sgemm(g) => cmds.push(Cmd::Sgemm(g)),
         // (`lower_at` lowers delta steps itself; alone, one waits before loading its state.)
         Op::DeltaStep { p, block } => cmds.push(delta_step(p, block, cx)),
+        Op::SinkMix { p, rows } => cmds.push(sink_mix(p, rows, RopeTorchArgs::default(), cx)),
         Op::NormRef { a, rows } => {
             let mut args = Args::new();
             args.push(a);
@@ -2043,11 +2095,77 @@ mod tests {
     }
 
     #[test]
+    fn the_inverse_rope_of_the_attention_sums_shares_their_launch() {
+        // DeepSeek-V4: 64 heads of 512, the trailing 64 columns rotated back by the query's
+        // angle — one 64-column block of `sink_mix`, whose warp rotates them.
+        let k = Kernels::fake();
+        let p = crate::ops::SinkParams {
+            step: 99 << 40,
+            q: 1 << 40,
+            kv: 2 << 40,
+            window: 3 << 40,
+            entries: 0,
+            sel: 0,
+            sinks: 4 << 40,
+            out: 5 << 40,
+            scores: 6 << 40,
+            cap: 128,
+            heads: 64,
+            hd: 512,
+            window_len: 128,
+            rate: 0,
+            per_q: 0,
+            rb: 0,
+            n_stride: 128,
+            scale: 0.04,
+        };
+        let rope = |x: u64, n_dims: i32| RopeTorchArgs {
+            x: x << 40,
+            step: 99 << 40,
+            inv_freq: 7 << 40,
+            n_head: 64,
+            head_dim: 512,
+            n_dims,
+            neox: 0,
+            trailing: 1,
+            sign: -1.0,
+            mscale: 1.0,
+            rb: 0,
+        };
+        let ops = |r: RopeTorchArgs| [Op::SinkMix { p, rows: 1 }, Op::RopeTorch { a: r, n_tok: 1 }];
+        let cmds = lowered(&ops(rope(5, 64)), 1, &k);
+        let [Cmd::Launch(l)] = &cmds[..] else {
+            panic!("one launch expected");
+        };
+        assert_eq!((l.f, l.grid), (k.sink_mix, (1, 8, 8)));
+        let mut want = Args::new();
+        want.push(p).push(rope(5, 64));
+        assert_eq!(l.args, want);
+        // Another buffer, or rotated columns across two warps' blocks: two launches, the
+        // sums without a rope.
+        for r in [rope(6, 64), rope(5, 128)] {
+            let cmds = lowered(&ops(r), 1, &k);
+            assert_eq!(funcs(&cmds), [k.sink_mix, k.rope_torch]);
+            let Cmd::Launch(l) = &cmds[0] else {
+                unreachable!()
+            };
+            let mut want = Args::new();
+            want.push(p).push(RopeTorchArgs::default());
+            assert_eq!(l.args, want);
+        }
+    }
+
+    #[test]
     fn norm_and_rope_params_match_the_kernel_layout() {
         // kernels/norm.cu: NormRef = 3 pointers + 4 4-byte fields; RopeTorch = 3 pointers
         // + 8 4-byte fields.
         assert_eq!(std::mem::size_of::<NormRefArgs>(), 3 * 8 + 4 * 4);
         assert_eq!(std::mem::size_of::<RopeTorchArgs>(), 3 * 8 + 8 * 4);
+        // kernels/sparse.cu: SinkParams = 9 pointers + 9 4-byte fields, padded to 112.
+        assert_eq!(
+            std::mem::size_of::<crate::ops::SinkParams>(),
+            9 * 8 + 9 * 4 + 4
+        );
     }
 
     #[test]

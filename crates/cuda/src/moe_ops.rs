@@ -28,8 +28,8 @@ use crate::gemm::Sgemm;
 use crate::layout::{act_need, gemv_smem_bytes};
 use crate::ops::{
     DeltaParams, ExpertGemv, FG_THREADS, FloatSeg, GatedNormArgs, HC_COLS, HcPostArgs, HcPreArgs,
-    KArgs, KernelOp, MatRef, NormRefArgs, Op, ReduceTail, RopeTorchArgs, RouteParams, float_blocks,
-    float_lanes,
+    KArgs, KernelOp, MatRef, NormRefArgs, Op, ReduceTail, RopeTorchArgs, RouteParams, SinkParams,
+    float_blocks, float_lanes,
 };
 use crate::weights::CudaWeight;
 
@@ -364,29 +364,6 @@ struct MlaParams {
     per_q: i32,
     tail: i32,
     rb: i32,
-    scale: f32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct SinkParams {
-    step: DPtr,
-    q: DPtr,
-    kv: DPtr,
-    window: DPtr,
-    entries: DPtr,
-    sel: DPtr,
-    sinks: DPtr,
-    out: DPtr,
-    scores: DPtr,
-    cap: i32,
-    heads: i32,
-    hd: i32,
-    window_len: i32,
-    rate: i32,
-    per_q: i32,
-    rb: i32,
-    n_stride: i32,
     scale: f32,
 }
 
@@ -1925,22 +1902,13 @@ impl CudaBackend {
             label: "sink_scores",
             keep: keep.clone(),
         });
-        // One query loads a batch of keys ahead (its 64 blocks leave SMs idle); many
-        // keep three blocks on an SM.
-        let (f, label) = if rows == 1 {
-            (self.k.sink_mix, "sink_mix")
-        } else {
-            (self.k.sink_mix_rows, "sink_mix_rows")
-        };
-        self.launch_op(Launch {
-            f,
-            grid: (rows as u32, hd.div_ceil(64) as u32, h.div_ceil(8) as u32),
-            block: 256,
-            smem: 0,
-            args: Self::args(prm),
-            label,
-            keep,
-        });
+        self.record(
+            Op::SinkMix {
+                p: prm,
+                rows: rows as u32,
+            },
+            &keep,
+        );
         Ok(())
     }
 

@@ -142,6 +142,13 @@ pub enum Op {
         a: NormRefArgs,
         rows: u32,
     },
+    /// DeepSeek-V4's attention's weighted sums (`sink_mix`, after `sink_scores`) of
+    /// `rows` queries; a [`Op::RopeTorch`] of its output right after it (the inverse rope)
+    /// runs in the same launch when one warp holds a head's rotated columns.
+    SinkMix {
+        p: SinkParams,
+        rows: u32,
+    },
     /// transformers' rope in place (`rope_torch`) on `n_tok` tokens.
     RopeTorch {
         a: RopeTorchArgs,
@@ -232,9 +239,34 @@ pub struct NormRefArgs {
     pub cast_once: i32,
 }
 
-/// `RopeTorch` of kernels/norm.cu, the parameters of `rope_torch` (kernels/rope.cu).
+/// `SinkParams` of kernels/sparse.cu.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SinkParams {
+    pub step: DPtr,
+    pub q: DPtr,
+    pub kv: DPtr,
+    pub window: DPtr,
+    pub entries: DPtr,
+    pub sel: DPtr,
+    pub sinks: DPtr,
+    pub out: DPtr,
+    pub scores: DPtr,
+    pub cap: i32,
+    pub heads: i32,
+    pub hd: i32,
+    pub window_len: i32,
+    pub rate: i32,
+    pub per_q: i32,
+    pub rb: i32,
+    pub n_stride: i32,
+    pub scale: f32,
+}
+
+/// `RopeTorch` of kernels/common.cuh, the parameters of `rope_torch` (kernels/rope.cu);
+/// all zero: no rope (`sink_mix`'s second parameter).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct RopeTorchArgs {
     pub x: DPtr,
     pub step: DPtr,

@@ -232,11 +232,12 @@ impl<B: Backend> Attention<B> {
             p,
             &mut sc.o,
         )?;
-        // The raw keys enter the window after this step's queries read them from `kv`.
-        b.store_rows(call.step, &sc.kv, s, hd, &mut st.window, st.wcap)?;
+        // Right after the sums (a backend may rotate them in the same launch).
         if call.inverse_rope {
             b.rope(call.step, &call.rope_inv, h, hd, p, &mut sc.o)?;
         }
+        // The raw keys enter the window after this step's queries read them from `kv`.
+        b.store_rows(call.step, &sc.kv, s, hd, &mut st.window, st.wcap)?;
         let o = if call.groups_swapped {
             // Test switch: the head groups enter the grouped projection in reverse order.
             let gw = h * hd / call.o_groups;
