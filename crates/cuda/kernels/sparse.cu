@@ -43,7 +43,10 @@ struct CompressParams {
 // rope_dims (interleaved pairs). A window reads the step's rows from the source (the
 // values the rings get) and older ones from the rings, whose slots this step does not
 // write (the rings hold the step and a window's span).
-extern "C" __global__ void compress_windows(const CompressParams P) {
+// Two compressors in one launch: blockIdx.y picks P0 or P1.
+extern "C" __global__ void compress_windows(const __grid_constant__ CompressParams P0,
+                                            const __grid_constant__ CompressParams P1) {
+    const CompressParams& P = blockIdx.y ? P1 : P0;
     extern __shared__ float ent[];  // c values
     __shared__ double red[32];
     pdl_wait();

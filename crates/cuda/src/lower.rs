@@ -23,7 +23,9 @@ use crate::driver::{Args, DPtr, Func};
 use crate::error::{CudaError, Result};
 use crate::kernels::{GEMV_TYPES, Kernels};
 use crate::layout::{act_need, gemv_smem_bytes};
-use crate::ops::{DeltaParams, FG_THREADS, FloatSeg, HC_COLS, MatRef, Op, RopeArgs, RopeTorchArgs};
+use crate::ops::{
+    CompressParams, DeltaParams, FG_THREADS, FloatSeg, HC_COLS, MatRef, Op, RopeArgs, RopeTorchArgs,
+};
 use crate::ops::{ExpertGemv, ReduceTail};
 
 /// A kernel launch.
@@ -433,6 +435,22 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         }));
         return Ok(2);
     }
+    // Two compressors (DeepSeek-V4's CSA layers: the attention's and the indexer's).
+    if let (
+        Op::Compress { p, blocks, block },
+        Some(&Op::Compress {
+            p: p2,
+            blocks: b2,
+            block: k2,
+        }),
+    ) = (ops[i], ops.get(i + 1))
+        && [p2.src_kv, p2.src_gate, p2.kv, p2.gate, p2.entries]
+            .iter()
+            .all(|x| ![p.kv, p.gate, p.entries].contains(x))
+    {
+        cmds.push(compress([p, p2], blocks.max(b2), block.max(k2), cx));
+        return Ok(2);
+    }
     // Attention sums whose heads' rotated columns a warp holds, and their inverse rope.
     if let (Op::SinkMix { p, rows }, Some(&Op::RopeTorch { a: r, n_tok })) =
         (ops[i], ops.get(i + 1))
@@ -456,6 +474,23 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
     }
     single(&ops[i], cx, cmds)?;
     Ok(1)
+}
+
+/// `compress_windows` of one compressor (`ps[1]` all zero) or two (grid.y 2), `blocks`
+/// blocks of `block` threads each; shared memory for the larger entry.
+fn compress(ps: [CompressParams; 2], blocks: u32, block: u32, cx: &Ctx) -> Cmd {
+    let two = ps[1] != CompressParams::default();
+    let mut args = Args::new();
+    args.push(ps[0]).push(ps[1]);
+    Cmd::Launch(Launch {
+        f: cx.k.compress_windows,
+        grid: (blocks, 1 + two as u32, 1),
+        block,
+        smem: ps[0].c.max(ps[1].c) as u32 * 4,
+        args,
+        label: "compress",
+        bytes: 0,
+    })
 }
 
 /// Columns of a head each warp of `sink_mix` sums (kernels/sparse.cu: lane and lane + 32
@@ -1283,6 +1318,9 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         // (`lower_at` lowers delta steps itself; alone, one waits before loading its state.)
         Op::DeltaStep { p, block } => cmds.push(delta_step(p, block, cx)),
         Op::SinkMix { p, rows } => cmds.push(sink_mix(p, rows, RopeTorchArgs::default(), cx)),
+        Op::Compress { p, blocks, block } => {
+            cmds.push(compress([p, CompressParams::default()], blocks, block, cx))
+        }
         Op::NormRef { a, rows } => {
             let mut args = Args::new();
             args.push(a);
@@ -2095,6 +2133,57 @@ mod tests {
     }
 
     #[test]
+    fn two_compressors_share_a_launch() {
+        // DeepSeek-V4's CSA layer: the attention's compressor (entries of 512, 512
+        // threads) and the indexer's (128), one after the other.
+        let k = Kernels::fake();
+        let comp = |base: u64, c: i32| CompressParams {
+            step: 99 << 40,
+            src_kv: base << 40,
+            src_gate: (base + 1) << 40,
+            kv: (base + 2) << 40,
+            gate: (base + 3) << 40,
+            ape: (base + 4) << 40,
+            entries: (base + 5) << 40,
+            cap: 8,
+            m: 4,
+            c,
+            overlap: 1,
+            ..CompressParams::default()
+        };
+        let op = |p, block| Op::Compress {
+            p,
+            blocks: 3,
+            block,
+        };
+        let (a, b) = (comp(10, 512), comp(20, 128));
+        let cmds = lowered(&[op(a, 512), op(b, 128)], 1, &k);
+        let [Cmd::Launch(l)] = &cmds[..] else {
+            panic!("one launch expected");
+        };
+        assert_eq!(
+            (l.f, l.grid, l.block, l.smem),
+            (k.compress_windows, (3, 2, 1), 512, 2048)
+        );
+        let mut want = Args::new();
+        want.push(a).push(b);
+        assert_eq!(l.args, want);
+        // One alone: the second parameter all zero. One reading the other's entries: two.
+        let cmds = lowered(&[op(b, 128)], 1, &k);
+        let [Cmd::Launch(l)] = &cmds[..] else {
+            panic!("one launch expected");
+        };
+        let mut want = Args::new();
+        want.push(b).push(CompressParams::default());
+        assert_eq!((l.grid, &l.args), ((3, 1, 1), &want));
+        let reads = CompressParams {
+            src_kv: a.entries,
+            ..b
+        };
+        assert_eq!(lowered(&[op(a, 512), op(reads, 128)], 1, &k).len(), 2);
+    }
+
+    #[test]
     fn the_inverse_rope_of_the_attention_sums_shares_their_launch() {
         // DeepSeek-V4: 64 heads of 512, the trailing 64 columns rotated back by the query's
         // angle — one 64-column block of `sink_mix`, whose warp rotates them.
@@ -2166,6 +2255,8 @@ mod tests {
             std::mem::size_of::<crate::ops::SinkParams>(),
             9 * 8 + 9 * 4 + 4
         );
+        // CompressParams = 9 pointers + 8 4-byte fields.
+        assert_eq!(std::mem::size_of::<CompressParams>(), 9 * 8 + 8 * 4);
     }
 
     #[test]

@@ -27,9 +27,9 @@ use crate::driver::{DPtr, DevMem, Func};
 use crate::gemm::Sgemm;
 use crate::layout::{act_need, gemv_smem_bytes};
 use crate::ops::{
-    DeltaParams, ExpertGemv, FG_THREADS, FloatSeg, GatedNormArgs, HC_COLS, HcPostArgs, HcPreArgs,
-    KArgs, KernelOp, MatRef, NormRefArgs, Op, ReduceTail, RopeTorchArgs, RouteParams, SinkParams,
-    float_blocks, float_lanes,
+    CompressParams, DeltaParams, ExpertGemv, FG_THREADS, FloatSeg, GatedNormArgs, HC_COLS,
+    HcPostArgs, HcPreArgs, KArgs, KernelOp, MatRef, NormRefArgs, Op, ReduceTail, RopeTorchArgs,
+    RouteParams, SinkParams, float_blocks, float_lanes,
 };
 use crate::weights::CudaWeight;
 
@@ -300,28 +300,6 @@ impl<'a> MlaIo<'a> {
             }
         }
     }
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct CompressParams {
-    step: DPtr,
-    src_kv: DPtr,
-    src_gate: DPtr,
-    kv: DPtr,
-    gate: DPtr,
-    ape: DPtr,
-    norm: DPtr,
-    entries: DPtr,
-    inv_freq: DPtr,
-    cap: i32,
-    m: i32,
-    c: i32,
-    overlap: i32,
-    rope_dims: i32,
-    rb: i32,
-    eps: f32,
-    mscale: f32,
 }
 
 #[repr(C)]
@@ -1750,24 +1728,19 @@ impl CudaBackend {
             eps: sh.norm_eps,
             mscale: rope.and_then(|r| r.yarn).map_or(1.0, |y| y.mscale),
         };
-        // A thread per entry value (a window's values each take its slots one after
-        // another: with 128 threads, DeepSeek-V4's 512 took four in a row per thread).
-        let block = (sh.dim as u32).next_multiple_of(32).clamp(128, 1024);
-        self.launch_op(Launch {
-            f: self.k.compress_windows,
-            // A block per window that may close, and enough for the stores (1024
-            // values per block).
-            grid: (
-                (step.n_tok / sh.rate + 2).max((step.n_tok * rl).div_ceil(1024)) as u32,
-                1,
-                1,
-            ),
-            block,
-            smem: (sh.dim * 4) as u32,
-            args: Self::args(prm),
-            label: "compress",
-            keep,
-        });
+        self.record(
+            Op::Compress {
+                p: prm,
+                // A block per window that may close, and enough for the stores (1024
+                // values per block).
+                blocks: (step.n_tok / sh.rate + 2).max((step.n_tok * rl).div_ceil(1024)) as u32,
+                // A thread per entry value (a window's values each take its slots one
+                // after another: with 128 threads, DeepSeek-V4's 512 took four in a row
+                // per thread).
+                block: (sh.dim as u32).next_multiple_of(32).clamp(128, 1024),
+            },
+            &keep,
+        );
         Ok(())
     }
 

@@ -142,6 +142,14 @@ pub enum Op {
         a: NormRefArgs,
         rows: u32,
     },
+    /// The step's rows into a compressor's rings and the entries of its windows that
+    /// close (`compress_windows`, `blocks` blocks of `block` threads); a second one right
+    /// after it runs in the same launch (blockIdx.y picks the compressor).
+    Compress {
+        p: CompressParams,
+        blocks: u32,
+        block: u32,
+    },
     /// DeepSeek-V4's attention's weighted sums (`sink_mix`, after `sink_scores`) of
     /// `rows` queries; a [`Op::RopeTorch`] of its output right after it (the inverse rope)
     /// runs in the same launch when one warp holds a head's rotated columns.
@@ -237,6 +245,29 @@ pub struct NormRefArgs {
     pub eps: f32,
     pub rb: i32,
     pub cast_once: i32,
+}
+
+/// `CompressParams` of kernels/sparse.cu (all zero: no second compressor).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CompressParams {
+    pub step: DPtr,
+    pub src_kv: DPtr,
+    pub src_gate: DPtr,
+    pub kv: DPtr,
+    pub gate: DPtr,
+    pub ape: DPtr,
+    pub norm: DPtr,
+    pub entries: DPtr,
+    pub inv_freq: DPtr,
+    pub cap: i32,
+    pub m: i32,
+    pub c: i32,
+    pub overlap: i32,
+    pub rope_dims: i32,
+    pub rb: i32,
+    pub eps: f32,
+    pub mscale: f32,
 }
 
 /// `SinkParams` of kernels/sparse.cu.
