@@ -671,6 +671,15 @@ struct RopeTorch {
     i32 rb;
 };
 
+// `store_rows`' parameters (sparse.cu, crate::ops::StoreRowsArgs): the step's `rows` rows
+// of `row_len` values from `src` into the ring `dst` of `cap` rows.
+struct StoreRows {
+    const StepInfo* step;
+    const float* src;
+    float* dst;
+    i32 rows, row_len, cap;
+};
+
 // The k slots of one token in increasing expert id (the order the CPU backend sums
 // them): an insertion sort of the ids (k ≤ 32).
 __device__ __forceinline__ void slot_order(const i32* ids, int k, int* order) {

@@ -30,20 +30,37 @@ extern "C" __global__ void rope_rows(float* x, const StepInfo* step, int n_head,
 // configured), on the leading or trailing n_dims of each head; sign −1 un-rotates
 // (DeepSeek-V4's attention output). x: n_tok rows of n_head * head_dim; one block per
 // token.
-extern "C" __global__ void rope_torch(float* x, const StepInfo* step, const float* inv_freq, int n_head,
-                                      int head_dim, int n_dims, int neox, int trailing, float sign, float mscale,
-                                      int rb) {
+__device__ __forceinline__ void rope_torch_row(const RopeTorch& R, int t) {
+    const int half = R.n_dims / 2, start = R.trailing ? R.head_dim - R.n_dims : 0;
+    const float pos = (float)(R.step->pos0 + t);
+    float* row = R.x + (i64)t * R.n_head * R.head_dim;
+    for (int p = threadIdx.x; p < R.n_head * half; p += blockDim.x) {
+        const int h = p / half, j = p % half;
+        rotate_torch(row + h * R.head_dim + start, j, half, R.neox, __fmul_rn(pos, R.inv_freq[j]), R.mscale, R.sign,
+                     R.rb);
+    }
+}
+
+extern "C" __global__ void rope_torch(const RopeTorch R) {
     pdl_wait();
     pdl_trigger();
     const int t = blockIdx.x;
-    if (t >= step->n_tok) return;
-    const int half = n_dims / 2, start = trailing ? head_dim - n_dims : 0;
-    const float pos = (float)(step->pos0 + t);
-    float* row = x + (i64)t * n_head * head_dim;
-    for (int p = threadIdx.x; p < n_head * half; p += blockDim.x) {
-        const int h = p / half, j = p % half;
-        rotate_torch(row + h * head_dim + start, j, half, neox, __fmul_rn(pos, inv_freq[j]), mscale, sign, rb);
-    }
+    if (t >= R.step->n_tok) return;
+    rope_torch_row(R, t);
+}
+
+// `rope_torch`, then the rotated row of its token into a ring (`store_rows` of the same
+// rows, S.src = R.x, S.row_len = n_head·head_dim), after the block's barrier.
+extern "C" __global__ void rope_torch_store(const RopeTorch R, const StoreRows S) {
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x;
+    if (t >= R.step->n_tok) return;
+    rope_torch_row(R, t);
+    __syncthreads();
+    const float* row = S.src + (i64)t * S.row_len;
+    float* dst = S.dst + (i64)((R.step->pos0 + t) % S.cap) * S.row_len;
+    for (int i = threadIdx.x; i < S.row_len; i += blockDim.x) dst[i] = row[i];
 }
 
 // Stores n_tok rows of k and v (kv_dim each) as f16 at the step's positions.

@@ -13,13 +13,12 @@ __device__ __forceinline__ i64 ring_at(i64 i, int pos0, int row_len, int cap) {
 }
 
 // dst[(pos0 + i) mod cap] = src[i] for the step's rows of `row_len` values.
-extern "C" __global__ void store_rows(const StepInfo* step, const float* src, float* dst, i32 rows, i32 row_len,
-                                      i32 cap) {
+extern "C" __global__ void store_rows(const StoreRows S) {
     pdl_wait();
     pdl_trigger();
-    const i64 n = (i64)rows * row_len;
+    const i64 n = (i64)S.rows * S.row_len;
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
-        dst[ring_at(i, step->pos0, row_len, cap)] = src[i];
+        S.dst[ring_at(i, S.step->pos0, S.row_len, S.cap)] = S.src[i];
 }
 
 struct CompressParams {

@@ -113,7 +113,13 @@ pub const SOURCES: &[Source] = &[
     Source {
         file: "rope.cu",
         text: include_str!("../kernels/rope.cu"),
-        kernels: &["rope_rows", "rope_torch", "kv_store", "rope_qk_store"],
+        kernels: &[
+            "rope_rows",
+            "rope_torch",
+            "rope_torch_store",
+            "kv_store",
+            "rope_qk_store",
+        ],
     },
     Source {
         file: "attention.cu",

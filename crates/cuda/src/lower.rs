@@ -451,6 +451,26 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         cmds.push(compress([p, p2], blocks.max(b2), block.max(k2), cx));
         return Ok(2);
     }
+    // A rope, then its rotated rows into a ring (DeepSeek-V4's keys into the window).
+    if let (Op::RopeTorch { a: r, n_tok }, Some(&Op::StoreRows { a: st, .. })) =
+        (ops[i], ops.get(i + 1))
+        && st.src == r.x
+        && st.rows as u32 == n_tok
+        && st.row_len == r.n_head * r.head_dim
+    {
+        let mut args = Args::new();
+        args.push(r).push(st);
+        cmds.push(Cmd::Launch(Launch {
+            f: cx.k.rope_torch_store,
+            grid: (n_tok, 1, 1),
+            block: 256,
+            smem: 0,
+            args,
+            label: "rope + store_rows",
+            bytes: 0,
+        }));
+        return Ok(2);
+    }
     // Attention sums whose heads' rotated columns a warp holds, and their inverse rope.
     if let (Op::SinkMix { p, rows }, Some(&Op::RopeTorch { a: r, n_tok })) =
         (ops[i], ops.get(i + 1))
@@ -1336,17 +1356,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         }
         Op::RopeTorch { a, n_tok } => {
             let mut args = Args::new();
-            args.push(a.x)
-                .push(a.step)
-                .push(a.inv_freq)
-                .push(a.n_head)
-                .push(a.head_dim)
-                .push(a.n_dims)
-                .push(a.neox)
-                .push(a.trailing)
-                .push(a.sign)
-                .push(a.mscale)
-                .push(a.rb);
+            args.push(a);
             cmds.push(Cmd::Launch(Launch {
                 f: cx.k.rope_torch,
                 grid: (n_tok, 1, 1),
@@ -1354,6 +1364,19 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
                 smem: 0,
                 args,
                 label: "rope",
+                bytes: 0,
+            }));
+        }
+        Op::StoreRows { a, grid } => {
+            let mut args = Args::new();
+            args.push(a);
+            cmds.push(Cmd::Launch(Launch {
+                f: cx.k.store_rows,
+                grid: (grid, 1, 1),
+                block: 256,
+                smem: 0,
+                args,
+                label: "store_rows",
                 bytes: 0,
             }));
         }
@@ -2245,6 +2268,47 @@ mod tests {
     }
 
     #[test]
+    fn a_rope_stores_its_rows_into_the_ring_after_it() {
+        // DeepSeek-V4's key: one head of 512, then into the window's ring of 383 rows.
+        let k = Kernels::fake();
+        let rope = RopeTorchArgs {
+            x: 1 << 40,
+            step: 99 << 40,
+            inv_freq: 3 << 40,
+            n_head: 1,
+            head_dim: 512,
+            n_dims: 64,
+            neox: 0,
+            trailing: 1,
+            sign: 1.0,
+            mscale: 1.0,
+            rb: 0,
+        };
+        let store = |src: u64| Op::StoreRows {
+            a: crate::ops::StoreRowsArgs {
+                step: 99 << 40,
+                src: src << 40,
+                dst: 2 << 40,
+                rows: 1,
+                row_len: 512,
+                cap: 383,
+            },
+            grid: 2,
+        };
+        let ops = |src| [Op::RopeTorch { a: rope, n_tok: 1 }, store(src)];
+        let cmds = lowered(&ops(1), 1, &k);
+        let [Cmd::Launch(l)] = &cmds[..] else {
+            panic!("one launch expected");
+        };
+        assert_eq!((l.f, l.grid), (k.rope_torch_store, (1, 1, 1)));
+        // Other rows stored: two launches.
+        assert_eq!(
+            funcs(&lowered(&ops(4), 1, &k)),
+            [k.rope_torch, k.store_rows]
+        );
+    }
+
+    #[test]
     fn norm_and_rope_params_match_the_kernel_layout() {
         // kernels/norm.cu: NormRef = 3 pointers + 4 4-byte fields; RopeTorch = 3 pointers
         // + 8 4-byte fields.
@@ -2255,6 +2319,8 @@ mod tests {
             std::mem::size_of::<crate::ops::SinkParams>(),
             9 * 8 + 9 * 4 + 4
         );
+        // StoreRows = 3 pointers + 3 4-byte fields, padded to 40.
+        assert_eq!(std::mem::size_of::<crate::ops::StoreRowsArgs>(), 40);
         // CompressParams = 9 pointers + 8 4-byte fields.
         assert_eq!(std::mem::size_of::<CompressParams>(), 9 * 8 + 8 * 4);
     }

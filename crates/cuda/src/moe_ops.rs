@@ -29,7 +29,7 @@ use crate::layout::{act_need, gemv_smem_bytes};
 use crate::ops::{
     CompressParams, DeltaParams, ExpertGemv, FG_THREADS, FloatSeg, GatedNormArgs, HC_COLS,
     HcPostArgs, HcPreArgs, KArgs, KernelOp, MatRef, NormRefArgs, Op, ReduceTail, RopeTorchArgs,
-    RouteParams, SinkParams, float_blocks, float_lanes,
+    RouteParams, SinkParams, StoreRowsArgs, float_blocks, float_lanes,
 };
 use crate::weights::CudaWeight;
 
@@ -1653,20 +1653,16 @@ impl CudaBackend {
         if rows > cap {
             return Err(bad("store_rows: more rows than slots"));
         }
-        let mut a = KArgs::default();
-        a.push(self.step_ptr())
-            .push(self.buf_of(src, rows * row_len, "store_rows")?)
-            .push(self.buf_of(dst, cap * row_len, "store_rows")?)
-            .push(rows as i32)
-            .push(row_len as i32)
-            .push(cap as i32);
-        self.elementwise(
-            self.k.store_rows,
-            (rows * row_len) as u64,
-            a,
-            "store_rows",
-            vec![&src.mem, &dst.mem],
-        );
+        let a = StoreRowsArgs {
+            step: self.step_ptr(),
+            src: self.buf_of(src, rows * row_len, "store_rows")?,
+            dst: self.buf_of(dst, cap * row_len, "store_rows")?,
+            rows: rows as i32,
+            row_len: row_len as i32,
+            cap: cap as i32,
+        };
+        let grid = blocks((rows * row_len) as u64, 256).min(self.gpu.n_sm * 16);
+        self.record(Op::StoreRows { a, grid }, &[&src.mem, &dst.mem]);
         Ok(())
     }
 

@@ -157,7 +157,14 @@ pub enum Op {
         p: SinkParams,
         rows: u32,
     },
-    /// transformers' rope in place (`rope_torch`) on `n_tok` tokens.
+    /// The step's rows into a ring (`store_rows`, `grid` blocks of 256 threads); right
+    /// after a [`Op::RopeTorch`] of the same rows it runs in the rope's launch.
+    StoreRows {
+        a: StoreRowsArgs,
+        grid: u32,
+    },
+    /// transformers' rope in place (`rope_torch`) on `n_tok` tokens; a
+    /// [`Op::StoreRows`] of its rows right after it runs in the same launch.
     RopeTorch {
         a: RopeTorchArgs,
         n_tok: u32,
@@ -245,6 +252,18 @@ pub struct NormRefArgs {
     pub eps: f32,
     pub rb: i32,
     pub cast_once: i32,
+}
+
+/// `StoreRows` of kernels/common.cuh.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StoreRowsArgs {
+    pub step: DPtr,
+    pub src: DPtr,
+    pub dst: DPtr,
+    pub rows: i32,
+    pub row_len: i32,
+    pub cap: i32,
 }
 
 /// `CompressParams` of kernels/sparse.cu (all zero: no second compressor).

@@ -158,6 +158,10 @@ impl<B: Backend> Attention<B> {
             b.copy(&sc.kv0, 0, &mut sc.kv, 0, s * hd)?;
         }
         b.rope(call.step, &call.rope, 1, hd, p, &mut sc.kv)?;
+        // The step's keys enter the window now (a backend may store them in the rope's
+        // launch): its `s` slots held positions `wcap ≥ W − 1 + s` back (pieces are at
+        // most the rewind reach R), older than any key the step's queries read.
+        b.store_rows(call.step, &sc.kv, s, hd, &mut st.window, st.wcap)?;
         // Compressed entries and the indexer's choice. The compressors' and the indexer's
         // products first (one launch on a backend that groups float products).
         let comp = self.compressor.as_ref().zip(st.comp.as_mut());
@@ -236,8 +240,6 @@ impl<B: Backend> Attention<B> {
         if call.inverse_rope {
             b.rope(call.step, &call.rope_inv, h, hd, p, &mut sc.o)?;
         }
-        // The raw keys enter the window after this step's queries read them from `kv`.
-        b.store_rows(call.step, &sc.kv, s, hd, &mut st.window, st.wcap)?;
         let o = if call.groups_swapped {
             // Test switch: the head groups enter the grouped projection in reverse order.
             let gw = h * hd / call.o_groups;
