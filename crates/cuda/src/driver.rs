@@ -413,6 +413,13 @@ impl Args {
         Args::default()
     }
 
+    /// Arguments of one value.
+    pub fn with<T: Copy>(v: T) -> Self {
+        let mut a = Args::new();
+        a.push(v);
+        a
+    }
+
     /// Appends one argument (a scalar, a pointer or a `#[repr(C)]` struct).
     pub fn push<T: Copy>(&mut self, v: T) -> &mut Self {
         let n = std::mem::size_of::<T>().div_ceil(8).max(1);

@@ -422,17 +422,14 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         && a.cols == r.head_dim
         && rows == n_tok * r.n_head as u32
     {
-        let mut args = Args::new();
-        args.push(a).push(r);
-        cmds.push(Cmd::Launch(Launch {
-            f: cx.k.rms_norm_rope,
-            grid: (rows, 1, 1),
-            block: 256,
-            smem: 0,
+        let mut args = Args::with(a);
+        args.push(r);
+        cmds.push(launch_256(
+            cx.k.rms_norm_rope,
+            rows,
             args,
-            label: "rms_norm + rope",
-            bytes: 0,
-        }));
+            "rms_norm + rope",
+        ));
         return Ok(2);
     }
     // Two compressors (DeepSeek-V4's CSA layers: the attention's and the indexer's).
@@ -458,17 +455,14 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         && st.rows as u32 == n_tok
         && st.row_len == r.n_head * r.head_dim
     {
-        let mut args = Args::new();
-        args.push(r).push(st);
-        cmds.push(Cmd::Launch(Launch {
-            f: cx.k.rope_torch_store,
-            grid: (n_tok, 1, 1),
-            block: 256,
-            smem: 0,
+        let mut args = Args::with(r);
+        args.push(st);
+        cmds.push(launch_256(
+            cx.k.rope_torch_store,
+            n_tok,
             args,
-            label: "rope + store_rows",
-            bytes: 0,
-        }));
+            "rope + store_rows",
+        ));
         return Ok(2);
     }
     // Attention sums whose heads' rotated columns a warp holds, and their inverse rope.
@@ -509,6 +503,19 @@ fn compress(ps: [CompressParams; 2], blocks: u32, block: u32, cx: &Ctx) -> Cmd {
         smem: ps[0].c.max(ps[1].c) as u32 * 4,
         args,
         label: "compress",
+        bytes: 0,
+    })
+}
+
+/// A launch of 256-thread blocks on a one-dimensional grid.
+fn launch_256(f: Func, grid: u32, args: Args, label: &'static str) -> Cmd {
+    Cmd::Launch(Launch {
+        f,
+        grid: (grid, 1, 1),
+        block: 256,
+        smem: 0,
+        args,
+        label,
         bytes: 0,
     })
 }
@@ -1341,45 +1348,21 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         Op::Compress { p, blocks, block } => {
             cmds.push(compress([p, CompressParams::default()], blocks, block, cx))
         }
-        Op::NormRef { a, rows } => {
-            let mut args = Args::new();
-            args.push(a);
-            cmds.push(Cmd::Launch(Launch {
-                f: cx.k.rms_norm_ref,
-                grid: (rows, 1, 1),
-                block: 256,
-                smem: 0,
-                args,
-                label: "rms_norm",
-                bytes: 0,
-            }));
-        }
+        Op::NormRef { a, rows } => cmds.push(launch_256(
+            cx.k.rms_norm_ref,
+            rows,
+            Args::with(a),
+            "rms_norm",
+        )),
         Op::RopeTorch { a, n_tok } => {
-            let mut args = Args::new();
-            args.push(a);
-            cmds.push(Cmd::Launch(Launch {
-                f: cx.k.rope_torch,
-                grid: (n_tok, 1, 1),
-                block: 256,
-                smem: 0,
-                args,
-                label: "rope",
-                bytes: 0,
-            }));
+            cmds.push(launch_256(cx.k.rope_torch, n_tok, Args::with(a), "rope"))
         }
-        Op::StoreRows { a, grid } => {
-            let mut args = Args::new();
-            args.push(a);
-            cmds.push(Cmd::Launch(Launch {
-                f: cx.k.store_rows,
-                grid: (grid, 1, 1),
-                block: 256,
-                smem: 0,
-                args,
-                label: "store_rows",
-                bytes: 0,
-            }));
-        }
+        Op::StoreRows { a, grid } => cmds.push(launch_256(
+            cx.k.store_rows,
+            grid,
+            Args::with(a),
+            "store_rows",
+        )),
         Op::GatedNorm(g) => {
             let mut a = Args::new();
             a.push(g.o)
@@ -2107,6 +2090,24 @@ mod tests {
         assert_eq!(l.grid.0, 8192 / 8 + 64);
     }
 
+    /// DeepSeek-V4's rope of `n_head` heads of 512 on `x`, the trailing `n_dims` rotated
+    /// (`sign` −1: back).
+    fn ds4_rope(x: u64, n_head: i32, n_dims: i32, sign: f32) -> RopeTorchArgs {
+        RopeTorchArgs {
+            x,
+            step: 99 << 40,
+            inv_freq: 3 << 40,
+            n_head,
+            head_dim: 512,
+            n_dims,
+            neox: 0,
+            trailing: 1,
+            sign,
+            mscale: 1.0,
+            rb: 0,
+        }
+    }
+
     #[test]
     fn a_norm_of_the_heads_a_rope_rotates_shares_its_launch() {
         // DeepSeek-V4's queries: 64 heads of 512 normalised per head, then rotated.
@@ -2124,19 +2125,7 @@ mod tests {
             rows,
         };
         let rope = |x: u64| Op::RopeTorch {
-            a: RopeTorchArgs {
-                x: x << 40,
-                step: 99 << 40,
-                inv_freq: 3 << 40,
-                n_head: 64,
-                head_dim: 512,
-                n_dims: 64,
-                neox: 0,
-                trailing: 1,
-                sign: 1.0,
-                mscale: 1.0,
-                rb: 0,
-            },
+            a: ds4_rope(x << 40, 64, 64, 1.0),
             n_tok: 1,
         };
         let cmds = lowered(&[norm(2, 64), rope(2)], 1, &k);
@@ -2231,19 +2220,7 @@ mod tests {
             n_stride: 128,
             scale: 0.04,
         };
-        let rope = |x: u64, n_dims: i32| RopeTorchArgs {
-            x: x << 40,
-            step: 99 << 40,
-            inv_freq: 7 << 40,
-            n_head: 64,
-            head_dim: 512,
-            n_dims,
-            neox: 0,
-            trailing: 1,
-            sign: -1.0,
-            mscale: 1.0,
-            rb: 0,
-        };
+        let rope = |x: u64, n_dims| ds4_rope(x << 40, 64, n_dims, -1.0);
         let ops = |r: RopeTorchArgs| [Op::SinkMix { p, rows: 1 }, Op::RopeTorch { a: r, n_tok: 1 }];
         let cmds = lowered(&ops(rope(5, 64)), 1, &k);
         let [Cmd::Launch(l)] = &cmds[..] else {
@@ -2271,19 +2248,7 @@ mod tests {
     fn a_rope_stores_its_rows_into_the_ring_after_it() {
         // DeepSeek-V4's key: one head of 512, then into the window's ring of 383 rows.
         let k = Kernels::fake();
-        let rope = RopeTorchArgs {
-            x: 1 << 40,
-            step: 99 << 40,
-            inv_freq: 3 << 40,
-            n_head: 1,
-            head_dim: 512,
-            n_dims: 64,
-            neox: 0,
-            trailing: 1,
-            sign: 1.0,
-            mscale: 1.0,
-            rb: 0,
-        };
+        let rope = ds4_rope(1 << 40, 1, 64, 1.0);
         let store = |src: u64| Op::StoreRows {
             a: crate::ops::StoreRowsArgs {
                 step: 99 << 40,
