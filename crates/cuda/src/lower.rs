@@ -15,6 +15,12 @@
 //!   [`Ctx::fused_attention`] off, one kernel rotating q and k and storing k and v, then
 //!   the split-K attention and the merge as two more launches.
 //!
+//! Row kernels of any step are paired where the second only continues the first's rows:
+//! a per-head norm and the rope of those heads (`rms_norm_rope`), a rope and the store
+//! of its rows into a ring (`rope_torch_store`), two compressions (`compress_windows`
+//! over two compressors), DeepSeek-V4's attention sums and the inverse rope of their
+//! trailing columns (`sink_mix`).
+//!
 //! A fusion only applies when the outputs alias none of the inputs, so the fused kernels
 //! compute exactly what the op-by-op sequence would. Everything else lowers one op to
 //! one kernel (multi-row products to a dequantize + cuBLAS GEMM, see [`Cmd::Gemm`]).
@@ -85,9 +91,11 @@ pub struct Ctx<'a> {
     /// One-token `rope, rope, attention` as one launch (`attn_decode_fused`) rather than
     /// three (correct, measured slower; off by default).
     pub fused_attention: bool,
-    /// Decode fusions across operations: an mHC write-back and the next pre
-    /// (`hc_post_pre`), the router and the routing (`router_route`), the experts' sum
-    /// and the add after it.
+    /// Fusions across operations: an mHC write-back and the next pre (`hc_post_pre`),
+    /// the router and the routing (`router_route`), the experts' sum and the add after
+    /// it, a delta step and its gated norm, and the row kernels' pairs (a norm and its
+    /// rope, a rope and its store, two compressions, the attention sums and their
+    /// rope). Off: one launch per op, for bisecting.
     pub fuse_decode: bool,
     /// Whether single-type launches of rows up to [`TYPED_GEMV_MAX_INPUTS`] inputs run on
     /// the typed GEMV kernels (`Kernels::gemv_typed`); off: the generic kernel for all.
@@ -418,6 +426,7 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
     // A norm whose rows are the heads the next rope rotates: one launch, a block per row.
     if let (Op::NormRef { a, rows }, Some(&Op::RopeTorch { a: r, n_tok })) =
         (ops[i], ops.get(i + 1))
+        && cx.fuse_decode
         && r.x == a.out
         && a.cols == r.head_dim
         && rows == n_tok * r.n_head as u32
@@ -441,9 +450,8 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
             block: k2,
         }),
     ) = (ops[i], ops.get(i + 1))
-        && [p2.src_kv, p2.src_gate, p2.kv, p2.gate, p2.entries]
-            .iter()
-            .all(|x| ![p.kv, p.gate, p.entries].contains(x))
+        && cx.fuse_decode
+        && apart(&p, &p2)
     {
         cmds.push(compress([p, p2], blocks.max(b2), block.max(k2), cx));
         return Ok(2);
@@ -451,6 +459,7 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
     // A rope, then its rotated rows into a ring (DeepSeek-V4's keys into the window).
     if let (Op::RopeTorch { a: r, n_tok }, Some(&Op::StoreRows { a: st, .. })) =
         (ops[i], ops.get(i + 1))
+        && cx.fuse_decode
         && st.src == r.x
         && st.rows as u32 == n_tok
         && st.row_len == r.n_head * r.head_dim
@@ -468,6 +477,7 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
     // Attention sums whose heads' rotated columns a warp holds, and their inverse rope.
     if let (Op::SinkMix { p, rows }, Some(&Op::RopeTorch { a: r, n_tok })) =
         (ops[i], ops.get(i + 1))
+        && cx.fuse_decode
         && r.x == p.out
         && (r.n_head, r.head_dim) == (p.heads, p.hd)
         && rows == n_tok
@@ -488,6 +498,15 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
     }
     single(&ops[i], cx, cmds)?;
     Ok(1)
+}
+
+/// Whether two compressors share no buffer that either writes (rings and entries; their
+/// buffers are whole allocations, so equal starts are the only overlap).
+fn apart(a: &CompressParams, b: &CompressParams) -> bool {
+    let writes = |c: &CompressParams| [c.kv, c.gate, c.entries];
+    let touches = |c: &CompressParams| [c.src_kv, c.src_gate, c.kv, c.gate, c.entries];
+    writes(a).iter().all(|x| !touches(b).contains(x))
+        && writes(b).iter().all(|x| !touches(a).contains(x))
 }
 
 /// `compress_windows` of one compressor (`ps[1]` all zero) or two (grid.y 2), `blocks`
@@ -2193,6 +2212,9 @@ mod tests {
             ..b
         };
         assert_eq!(lowered(&[op(a, 512), op(reads, 128)], 1, &k).len(), 2);
+        // One writing what the other reads: two.
+        let writes = CompressParams { kv: a.src_kv, ..b };
+        assert_eq!(lowered(&[op(a, 512), op(writes, 128)], 1, &k).len(), 2);
     }
 
     #[test]
@@ -2275,8 +2297,8 @@ mod tests {
 
     #[test]
     fn norm_and_rope_params_match_the_kernel_layout() {
-        // kernels/norm.cu: NormRef = 3 pointers + 4 4-byte fields; RopeTorch = 3 pointers
-        // + 8 4-byte fields.
+        // kernels/norm.cu: NormRef = 3 pointers + 4 4-byte fields; kernels/common.cuh:
+        // RopeTorch = 3 pointers + 8 4-byte fields.
         assert_eq!(std::mem::size_of::<NormRefArgs>(), 3 * 8 + 4 * 4);
         assert_eq!(std::mem::size_of::<RopeTorchArgs>(), 3 * 8 + 8 * 4);
         // kernels/sparse.cu: SinkParams = 9 pointers + 9 4-byte fields, padded to 112.

@@ -627,7 +627,9 @@ pub trait Backend: Buffers + Send + Sync + 'static {
     /// [rows, hd]` and earlier ones from `window [cap, hd]` (slot `pos mod cap`) — plus,
     /// with `entries`, the compressed entries `e < (t+1)/rate` (all of them, or only the
     /// ids of `sel`), and one learned sink logit per head (`sinks [H]`, f32) in the
-    /// softmax denominator. Writes `out [rows, H·hd]` (rounded).
+    /// softmax denominator. Writes `out [rows, H·hd]` (rounded). The ring may already
+    /// hold this step's rows (slots of positions `cap` back, so `cap ≥ window − 1 + rows`
+    /// when they were stored first).
     #[allow(clippy::too_many_arguments)]
     fn sink_attention(
         &self,

@@ -161,6 +161,10 @@ impl<B: Backend> Attention<B> {
         // The step's keys enter the window now (a backend may store them in the rope's
         // launch): its `s` slots held positions `wcap ≥ W − 1 + s` back (pieces are at
         // most the rewind reach R), older than any key the step's queries read.
+        debug_assert!(
+            st.wcap + 1 >= sh.window + s,
+            "a piece longer than the rewind reach"
+        );
         b.store_rows(call.step, &sc.kv, s, hd, &mut st.window, st.wcap)?;
         // Compressed entries and the indexer's choice. The compressors' and the indexer's
         // products first (one launch on a backend that groups float products).
