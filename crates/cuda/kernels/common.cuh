@@ -671,6 +671,13 @@ struct RopeTorch {
     i32 rb;
 };
 
+// Pair j of the rotated segment of one head (`head`: its first value) at position `pos`,
+// in `rope_torch`'s arithmetic.
+__device__ __forceinline__ void rope_torch_pair(const RopeTorch& R, float* head, float pos, int j) {
+    const int start = R.trailing ? R.head_dim - R.n_dims : 0;
+    rotate_torch(head + start, j, R.n_dims / 2, R.neox, __fmul_rn(pos, R.inv_freq[j]), R.mscale, R.sign, R.rb);
+}
+
 // `store_rows`' parameters (sparse.cu, crate::ops::StoreRowsArgs): the step's `rows` rows
 // of `row_len` values from `src` into the ring `dst` of `cap` rows.
 struct StoreRows {

@@ -58,11 +58,9 @@ extern "C" __global__ void rms_norm_rope(const NormRef N, const RopeTorch R) {
     __syncthreads();
     const int t = blockIdx.x / R.n_head;
     if (t >= R.step->n_tok) return;
-    const int half = R.n_dims / 2, start = R.trailing ? R.head_dim - R.n_dims : 0;
     const float pos = (float)(R.step->pos0 + t);
-    float* seg = R.x + (i64)blockIdx.x * R.head_dim + start;
-    for (int j = threadIdx.x; j < half; j += blockDim.x)
-        rotate_torch(seg, j, half, R.neox, __fmul_rn(pos, R.inv_freq[j]), R.mscale, R.sign, R.rb);
+    for (int j = threadIdx.x; j < R.n_dims / 2; j += blockDim.x)
+        rope_torch_pair(R, R.x + (i64)blockIdx.x * R.head_dim, pos, j);
 }
 
 // One block per row: out = round(((x − mean)·rsqrt(var + eps))·w + b), statistics in f64.

@@ -31,14 +31,11 @@ extern "C" __global__ void rope_rows(float* x, const StepInfo* step, int n_head,
 // (DeepSeek-V4's attention output). x: n_tok rows of n_head * head_dim; one block per
 // token.
 __device__ __forceinline__ void rope_torch_row(const RopeTorch& R, int t) {
-    const int half = R.n_dims / 2, start = R.trailing ? R.head_dim - R.n_dims : 0;
+    const int half = R.n_dims / 2;
     const float pos = (float)(R.step->pos0 + t);
     float* row = R.x + (i64)t * R.n_head * R.head_dim;
-    for (int p = threadIdx.x; p < R.n_head * half; p += blockDim.x) {
-        const int h = p / half, j = p % half;
-        rotate_torch(row + h * R.head_dim + start, j, half, R.neox, __fmul_rn(pos, R.inv_freq[j]), R.mscale, R.sign,
-                     R.rb);
-    }
+    for (int p = threadIdx.x; p < R.n_head * half; p += blockDim.x)
+        rope_torch_pair(R, row + p / half * R.head_dim, pos, p % half);
 }
 
 extern "C" __global__ void rope_torch(const RopeTorch R) {

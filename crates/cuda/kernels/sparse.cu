@@ -666,13 +666,10 @@ __device__ __forceinline__ void sink_mix_body(const SinkParams& P, const RopeTor
     float* o = P.out + ((i64)i * P.heads + h) * P.hd;
     if (in0) o[c0] = rnd(a0, P.rb);
     if (in1) o[c1] = rnd(a1, P.rb);
-    const int start = Y.trailing ? P.hd - Y.n_dims : 0;
-    if (Y.x && start / 64 == (int)blockIdx.y) {
+    if (Y.x && (Y.trailing ? P.hd - Y.n_dims : 0) / 64 == (int)blockIdx.y) {
         __syncwarp();
-        const int half = Y.n_dims / 2;
         const float pos = (float)(P.step->pos0 + i);
-        for (int j = lane; j < half; j += 32)
-            rotate_torch(o + start, j, half, Y.neox, __fmul_rn(pos, Y.inv_freq[j]), Y.mscale, Y.sign, Y.rb);
+        for (int j = lane; j < Y.n_dims / 2; j += 32) rope_torch_pair(Y, o, pos, j);
     }
 }
 
