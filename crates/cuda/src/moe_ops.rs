@@ -1660,6 +1660,7 @@ impl CudaBackend {
             rows: rows as i32,
             row_len: row_len as i32,
             cap: cap as i32,
+            pad: 0,
         };
         let grid = blocks((rows * row_len) as u64, 256).min(self.gpu.n_sm * 16);
         self.record(Op::StoreRows { a, grid }, &[&src.mem, &dst.mem]);
@@ -1857,6 +1858,7 @@ impl CudaBackend {
             rb: rb(p),
             n_stride: n_stride as i32,
             scale: sh.scale,
+            pad: 0,
         };
         self.launch_op(Launch {
             f: self.k.sink_scores,

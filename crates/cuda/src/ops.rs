@@ -264,6 +264,8 @@ pub struct StoreRowsArgs {
     pub rows: i32,
     pub row_len: i32,
     pub cap: i32,
+    /// Tail padding, zero (see [`SinkParams::pad`]).
+    pub pad: i32,
 }
 
 /// `CompressParams` of kernels/sparse.cu (all zero: no second compressor).
@@ -311,6 +313,9 @@ pub struct SinkParams {
     pub rb: i32,
     pub n_stride: i32,
     pub scale: f32,
+    /// The C struct's tail padding, named so that it is zero: arguments are compared
+    /// byte for byte (a captured graph's ops, the lowering's tests).
+    pub pad: i32,
 }
 
 /// `RopeTorch` of kernels/common.cuh, the parameters of `rope_torch` (kernels/rope.cu);
