@@ -414,14 +414,14 @@ impl Args {
     }
 
     /// Arguments of one value.
-    pub fn with<T: Copy>(v: T) -> Self {
+    pub fn with<T: bytemuck::NoUninit>(v: T) -> Self {
         let mut a = Args::new();
         a.push(v);
         a
     }
 
     /// Appends one argument (a scalar, a pointer or a `#[repr(C)]` struct).
-    pub fn push<T: Copy>(&mut self, v: T) -> &mut Self {
+    pub fn push<T: bytemuck::NoUninit>(&mut self, v: T) -> &mut Self {
         let n = std::mem::size_of::<T>().div_ceil(8).max(1);
         let off = self.words.len();
         self.words.resize(off + n, 0);

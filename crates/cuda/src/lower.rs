@@ -106,11 +106,11 @@ pub struct Ctx<'a> {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Clone, Copy, Default)]
 struct Planes([DPtr; 4]);
 
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Clone, Copy, Default)]
 struct Seg {
     w: Planes,
     w2: Planes,
@@ -129,7 +129,7 @@ struct Seg {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Clone, Copy, Default)]
 struct GemvParams {
     seg: [Seg; 3],
     x: DPtr,
@@ -581,10 +581,12 @@ fn sink_mix(p: crate::ops::SinkParams, rows: u32, r: RopeTorchArgs, cx: &Ctx) ->
 
 /// `gemv_float_multi`'s parameters (kernels/float_gemv.cu).
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Clone, Copy)]
 struct FloatMulti {
     s: [FloatSeg; FLOAT_SEGS],
     n: i32,
+    /// Padding, zero (see `SinkParams::pad`).
+    pad: i32,
 }
 
 /// Segments of one `gemv_float_multi` launch.
@@ -598,6 +600,7 @@ fn overlaps(a: &std::ops::Range<DPtr>, b: &std::ops::Range<DPtr>) -> bool {
 /// [`FLOAT_SEGS`], none reading or overwriting an earlier one's output.
 fn float_group(ops: &[Op], i: usize, cx: &Ctx) -> (usize, Cmd) {
     let mut p = FloatMulti {
+        pad: 0,
         s: [FloatSeg::default(); FLOAT_SEGS],
         n: 0,
     };
@@ -1795,6 +1798,7 @@ mod tests {
             n: 4,
             d,
             rb: 0,
+            pad: 0,
         };
         let pre = HcPreArgs {
             fn_: 4 << 40,

@@ -68,7 +68,7 @@ fn opt_values<'a>(
 }
 
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Clone, Copy)]
 struct FloatGemv {
     w: DPtr,
     w_gstride: i64,
@@ -88,7 +88,7 @@ struct FloatGemv {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Clone, Copy)]
 struct FloatExperts {
     w: DPtr,
     w2: DPtr,
@@ -104,11 +104,13 @@ struct FloatExperts {
     rb: i32,
     pair: i32,
     lim: f32,
+    /// Padding, zero (see `SinkParams::pad`).
+    pad: i32,
 }
 
 /// `MoeSorted` of kernels/moe_mma.cu.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Clone, Copy)]
 struct MoeSorted {
     offs: DPtr,
     tiles: DPtr,
@@ -117,7 +119,7 @@ struct MoeSorted {
 
 /// `MoeMma` of kernels/moe_mma.cu.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Clone, Copy)]
 struct MoeMma {
     w: [DPtr; 4],
     w2: [DPtr; 4],
@@ -303,7 +305,7 @@ impl<'a> MlaIo<'a> {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Clone, Copy)]
 struct SelectParams {
     step: DPtr,
     q: DPtr,
@@ -322,7 +324,7 @@ struct SelectParams {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Clone, Copy)]
 struct MlaParams {
     step: DPtr,
     q: DPtr,
@@ -343,6 +345,8 @@ struct MlaParams {
     tail: i32,
     rb: i32,
     scale: f32,
+    /// Padding, zero (see `SinkParams::pad`).
+    pad: i32,
 }
 
 /// `sink_scores`' limits (kernels/sparse.cu): heads per block, keys per block, and the
@@ -401,7 +405,7 @@ impl CudaBackend {
         );
     }
 
-    fn args<T: Copy>(v: T) -> KArgs {
+    fn args<T: bytemuck::NoUninit>(v: T) -> KArgs {
         let mut a = KArgs::default();
         a.push(v);
         a
@@ -475,6 +479,7 @@ impl CudaBackend {
         }
         if groups == 1 {
             let seg = FloatSeg {
+                pad: 0,
                 w: wm.ptr(),
                 x: xp,
                 out: op,
@@ -944,6 +949,7 @@ impl CudaBackend {
                     return self.moe_reduce(&y, ids, weights, rows, k, d, wp, p, out);
                 }
                 let gu = ExpertGemv {
+                    pad: 0,
                     w: g.planes,
                     w2: u.planes,
                     estride: gs.map(|v| v as i64),
@@ -979,6 +985,7 @@ impl CudaBackend {
                     keep: vec![gm, um, &x.mem, &ids.mem, &h],
                 });
                 let dn = ExpertGemv {
+                    pad: 0,
                     w: dmat.planes,
                     w2: dmat.planes,
                     estride: ds.map(|v| v as i64),
@@ -1038,6 +1045,7 @@ impl CudaBackend {
                     return Err(bad("moe_experts: gate and up of different types"));
                 }
                 let gu = FloatExperts {
+                    pad: 0,
                     w: gm.ptr(),
                     w2: um.ptr(),
                     w_gstride: (ff * d) as i64,
@@ -1063,6 +1071,7 @@ impl CudaBackend {
                     keep: vec![gm, um, &x.mem, &ids.mem, &h],
                 });
                 let dn = FloatExperts {
+                    pad: 0,
                     w: dm.ptr(),
                     w2: dm.ptr(),
                     w_gstride: (d * ff) as i64,
@@ -1287,6 +1296,7 @@ impl CudaBackend {
     ) -> Result<()> {
         if rows == 1 {
             let args = HcPostArgs {
+                pad: 0,
                 x: self.buf_of(x, s.n * s.d, "hc_post")?,
                 y: self.buf_of(y, s.d, "hc_post")?,
                 mix: self.buf_of(mix, s.mix_len(), "hc_post")?,
@@ -1982,6 +1992,7 @@ impl CudaBackend {
             None => 0,
         };
         let common = MlaParams {
+            pad: 0,
             step: self.step_ptr(),
             q: 0,
             keys: 0,
@@ -2285,6 +2296,7 @@ impl CudaBackend {
         }
         let (n_out, n_in) = (m.rows as usize, m.cols as usize);
         let prm = ExpertGemv {
+            pad: 0,
             w: m.planes,
             w2: m.planes,
             estride: estride.map(|v| v as i64),

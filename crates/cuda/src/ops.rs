@@ -176,7 +176,7 @@ pub enum Op {
 /// `DeltaParams` of kernels/delta.cu: a delta-rule call's inputs, state, journal and
 /// shape (see `CudaBackend::delta_net_op`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, Default, PartialEq)]
 pub struct DeltaParams {
     pub q: DPtr,
     pub k: DPtr,
@@ -224,6 +224,8 @@ pub struct DeltaParams {
     /// `delta_step` loads the state before waiting for the previous kernel (set by the
     /// lowering when that kernel cannot write it).
     pub early: i32,
+    /// Padding, zero (see `SinkParams::pad`).
+    pub pad: i32,
 }
 
 /// The gated output norm per head (`gated_norm` of kernels/norm.cu): `out` from `o` and
@@ -243,7 +245,7 @@ pub struct GatedNormArgs {
 
 /// `NormRef` of kernels/norm.cu: rows of `cols` values.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq)]
 pub struct NormRefArgs {
     pub x: DPtr,
     pub w: DPtr,
@@ -256,7 +258,7 @@ pub struct NormRefArgs {
 
 /// `StoreRows` of kernels/common.cuh.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq)]
 pub struct StoreRowsArgs {
     pub step: DPtr,
     pub src: DPtr,
@@ -270,7 +272,7 @@ pub struct StoreRowsArgs {
 
 /// `CompressParams` of kernels/sparse.cu (all zero: no second compressor).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq, Default)]
 pub struct CompressParams {
     pub step: DPtr,
     pub src_kv: DPtr,
@@ -293,7 +295,7 @@ pub struct CompressParams {
 
 /// `SinkParams` of kernels/sparse.cu.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq)]
 pub struct SinkParams {
     pub step: DPtr,
     pub q: DPtr,
@@ -321,7 +323,7 @@ pub struct SinkParams {
 /// `RopeTorch` of kernels/common.cuh, the parameters of `rope_torch` (kernels/rope.cu);
 /// all zero: no rope (`sink_mix`'s second parameter).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq, Default)]
 pub struct RopeTorchArgs {
     pub x: DPtr,
     pub step: DPtr,
@@ -338,7 +340,7 @@ pub struct RopeTorchArgs {
 
 /// `HcPostArgs` of kernels/mhc.cu.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HcPostArgs {
     pub x: DPtr,
     pub y: DPtr,
@@ -346,11 +348,13 @@ pub struct HcPostArgs {
     pub n: i32,
     pub d: i32,
     pub rb: i32,
+    /// Padding, zero (see `SinkParams::pad`).
+    pub pad: i32,
 }
 
 /// `HcPreArgs` of kernels/mhc.cu.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq)]
 pub struct HcPreArgs {
     pub fn_: DPtr,
     pub m: DPtr,
@@ -398,7 +402,7 @@ pub fn float_blocks(n_out: usize, lanes: i32) -> u32 {
 /// `n_in` contiguous values, `n_tok` tokens, `lanes` threads per row ([`float_lanes`]);
 /// `first` is filled in by the lowering.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FloatSeg {
     pub w: DPtr,
     pub x: DPtr,
@@ -411,6 +415,8 @@ pub struct FloatSeg {
     pub rb: i32,
     pub first: i32,
     pub lanes: i32,
+    /// Padding, zero (see `SinkParams::pad`).
+    pub pad: i32,
 }
 
 impl FloatSeg {
@@ -477,7 +483,7 @@ impl KArgs {
     /// # Panics
     /// When the arguments exceed the capacity (a programming error: every kernel's
     /// parameters are fixed).
-    pub fn push<T: Copy>(&mut self, v: T) -> &mut Self {
+    pub fn push<T: bytemuck::NoUninit>(&mut self, v: T) -> &mut Self {
         let n = std::mem::size_of::<T>().div_ceil(8).max(1);
         let off = self.n_words as usize;
         assert!(
@@ -589,7 +595,7 @@ pub fn step_bytes(tokens: &[u32], pos0: usize) -> Vec<u8> {
 
 /// `ExpertGemv` of kernels/gemv.cu.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq)]
 pub struct ExpertGemv {
     pub w: [DPtr; 4],
     pub w2: [DPtr; 4],
@@ -599,6 +605,8 @@ pub struct ExpertGemv {
     pub ty2: i32,
     pub x: DPtr,
     pub x_tstride: i32,
+    /// Padding, zero (see `SinkParams::pad`).
+    pub pad: i32,
     pub ids: DPtr,
     pub k: i32,
     pub n_in: i32,
@@ -611,7 +619,7 @@ pub struct ExpertGemv {
 
 /// `RouteParams` of kernels/moe.cu.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq)]
 pub struct RouteParams {
     pub logits: DPtr,
     pub bias: DPtr,
@@ -633,7 +641,7 @@ pub struct RouteParams {
 
 /// `ReduceTail` of kernels/gemv.cu.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq)]
 pub struct ReduceTail {
     pub w: DPtr,
     pub out: DPtr,
