@@ -6,13 +6,13 @@
 #include "common.cuh"
 
 
-// One block per row: out[r] = x[r] * 1/sqrt(mean(x[r]²) + eps) * w.
-extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* out, int n, float eps) {
+// Row `row` by the whole block: out[row] = x[row] * 1/sqrt(mean(x[row]²) + eps) * w, and
+// the same values into `ring` when set.
+__device__ __forceinline__ void rms_norm_row(const float* x, const float* w, float* out, int n, float eps, int row,
+                                             float* ring) {
     __shared__ double red[32];
-    pdl_wait();
-    pdl_trigger();
-    const float* xr = x + (i64)blockIdx.x * n;
-    float* yr = out + (i64)blockIdx.x * n;
+    const float* xr = x + (i64)row * n;
+    float* yr = out + (i64)row * n;
     double ss = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)__fmul_rn(xr[i], xr[i]);
 #pragma unroll
@@ -28,7 +28,28 @@ extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* 
     __syncthreads();
     const float mean = (float)(red[0] / (double)n);
     const float scale = 1.0f / sqrtf(mean + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        yr[i] = v;
+        if (ring) ring[i] = v;
+    }
+}
+
+// One block per row.
+extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* out, int n, float eps) {
+    pdl_wait();
+    pdl_trigger();
+    rms_norm_row(x, w, out, n, eps, blockIdx.x, nullptr);
+}
+
+// One block per row (token), its normalised row also stored into a ring (`store_rows` of
+// the output: S.src = out, S.row_len = n; GLM-5.3's latent row into its cache).
+extern "C" __global__ void rms_norm_store(const float* x, const float* w, float* out, int n, float eps,
+                                          const StoreRows S) {
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x;
+    rms_norm_row(x, w, out, n, eps, t, S.dst + (i64)((S.step->pos0 + t) % S.cap) * S.row_len);
 }
 
 extern "C" __global__ void add_inplace(float* x, const float* y, i64 n) {

@@ -86,6 +86,7 @@ pub const SOURCES: &[Source] = &[
         text: include_str!("../kernels/elementwise.cu"),
         kernels: &[
             "rms_norm_rows",
+            "rms_norm_store",
             "add_inplace",
             "swiglu",
             "add_bias_rows",

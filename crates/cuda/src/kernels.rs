@@ -24,6 +24,7 @@ pub struct Kernels {
     /// [`Kernels::experts_for`].
     pub experts_typed: [[Func; 3]; 9],
     pub rms_norm_rows: Func,
+    pub rms_norm_store: Func,
     pub add_inplace: Func,
     pub swiglu: Func,
     pub add_bias_rows: Func,
@@ -199,6 +200,7 @@ impl Kernels {
             gemv_typed,
             experts_typed,
             rms_norm_rows: get("rms_norm_rows")?,
+            rms_norm_store: get("rms_norm_store")?,
             add_inplace: get("add_inplace")?,
             swiglu: get("swiglu")?,
             add_bias_rows: get("add_bias_rows")?,
@@ -337,6 +339,7 @@ impl Kernels {
             gemv_typed: std::array::from_fn(|_| [f(), f()]),
             experts_typed: std::array::from_fn(|_| [f(), f(), f()]),
             rms_norm_rows: f(),
+            rms_norm_store: f(),
             add_inplace: f(),
             swiglu: f(),
             add_bias_rows: f(),

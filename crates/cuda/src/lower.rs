@@ -456,6 +456,37 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         cmds.push(compress([p, p2], blocks.max(b2), block.max(k2), cx));
         return Ok(2);
     }
+    // A norm, then its rows into a ring (GLM-5.3's latent row into its cache).
+    if let (
+        Op::RmsNorm {
+            x,
+            w,
+            n,
+            rows,
+            eps,
+            out,
+        },
+        Some(&Op::StoreRows { a: st, .. }),
+    ) = (ops[i], ops.get(i + 1))
+        && st.src == out
+        && st.rows as u32 == rows
+        && st.row_len as u32 == n
+    {
+        let mut args = Args::new();
+        args.push(x)
+            .push(w)
+            .push(out)
+            .push(n as i32)
+            .push(eps)
+            .push(st);
+        cmds.push(launch_256(
+            cx.k.rms_norm_store,
+            rows,
+            args,
+            "rms_norm + store_rows",
+        ));
+        return Ok(2);
+    }
     // A rope, then its rotated rows into a ring (DeepSeek-V4's keys into the window).
     if let (Op::RopeTorch { a: r, n_tok }, Some(&Op::StoreRows { a: st, .. })) =
         (ops[i], ops.get(i + 1))
@@ -1173,15 +1204,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         } => {
             let mut a = Args::new();
             a.push(x).push(w).push(out).push(n as i32).push(eps);
-            cmds.push(Cmd::Launch(Launch {
-                f: cx.k.rms_norm_rows,
-                grid: (rows, 1, 1),
-                block: 256,
-                smem: 0,
-                args: a,
-                label: "rms_norm",
-                bytes: 0,
-            }));
+            cmds.push(launch_256(cx.k.rms_norm_rows, rows, a, "rms_norm"));
         }
         Op::Matmul {
             w,
@@ -2298,6 +2321,40 @@ mod tests {
         assert_eq!(
             funcs(&lowered(&ops(4), 1, &k)),
             [k.rope_torch, k.store_rows]
+        );
+    }
+
+    #[test]
+    fn a_norm_stores_its_rows_into_the_ring_after_it() {
+        // GLM-5.3's latent row: 512 values normalised, then into the cache.
+        let k = Kernels::fake();
+        let norm = Op::RmsNorm {
+            x: 1 << 40,
+            w: 2 << 40,
+            n: 512,
+            rows: 1,
+            eps: 1e-6,
+            out: 3 << 40,
+        };
+        let store = |src: u64| Op::StoreRows {
+            a: crate::ops::StoreRowsArgs {
+                step: 99 << 40,
+                src: src << 40,
+                dst: 4 << 40,
+                rows: 1,
+                row_len: 512,
+                cap: 4096,
+            },
+            grid: 2,
+        };
+        let cmds = lowered(&[norm, store(3)], 1, &k);
+        let [Cmd::Launch(l)] = &cmds[..] else {
+            panic!("one launch expected");
+        };
+        assert_eq!((l.f, l.grid), (k.rms_norm_store, (1, 1, 1)));
+        assert_eq!(
+            funcs(&lowered(&[norm, store(5)], 1, &k)),
+            [k.rms_norm_rows, k.store_rows]
         );
     }
 
