@@ -2344,6 +2344,7 @@ mod tests {
                 rows: 1,
                 row_len: 512,
                 cap: 4096,
+                pad: 0,
             },
             grid: 2,
         };
