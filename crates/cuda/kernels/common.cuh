@@ -425,10 +425,11 @@ __device__ __forceinline__ void chunk_dots(const uint4 (&raw)[4], int ty, int c0
 // `x` is 16-byte aligned (the first four loaded before the wait for the previous kernel,
 // which is this function's: the weights do not depend on it), else the values j,
 // j + lanes, …. The group's sums in a fixed order: a warp's lanes by shuffles, then
-// (groups wider than a warp) the warps in order.
+// (groups wider than a warp) the warps in order. Without `wait` the caller waits for the
+// previous kernel itself.
 __device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int n_tok,
                                           float* out, i64 o_ts, const float* bias, int r, int rb, int lanes,
-                                          bool valid) {
+                                          bool valid, bool wait = true) {
     __shared__ float part[FG_TOK][FG_THREADS / 32];
     const int j = threadIdx.x & (lanes - 1);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -438,8 +439,10 @@ __device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, 
     const int chunks = n_in / per;
     uint4 raw[4];
     if (valid && vec) chunk_loads(wr, j, lanes, chunks, raw);
-    pdl_wait();
-    pdl_trigger();
+    if (wait) {
+        pdl_wait();
+        pdl_trigger();
+    }
     for (int t0 = 0; t0 < n_tok; t0 += FG_TOK) {
         float acc[FG_TOK];
 #pragma unroll

@@ -144,14 +144,19 @@ extern "C" __global__ void moe_route(const RouteParams P) {
 
 // The router's logits (a float product, `float_row`'s groups) and, in the last block to
 // finish, the routing of the one token (decode): one launch for both. `float_row` waits
-// for the previous kernel.
+// for the previous kernel; with `beside` (the lowering's `router_beside`: the previous
+// kernel is a GEMV that touches none of this launch's buffers and lets it start once
+// its own wait has passed, when everything before it has finished) the products run
+// beside that GEMV and each block waits for it only before its sums are counted.
 extern "C" __global__ void __launch_bounds__(FG_THREADS) router_route(const FloatSeg S, const RouteParams P,
-                                                                      u32* counter) {
+                                                                      u32* counter, int beside) {
     __shared__ bool last;
     const int r = float_row_index(blockIdx.x, S.lanes);
     const int bytes = S.ty == T_F32 ? 4 : 2;
+    if (beside) pdl_trigger();
     float_row(S.w + (i64)r * S.n_in * bytes, S.ty, S.x, S.n_in, S.n_in, 1, S.out, S.n_out, S.bias, r, S.rb, S.lanes,
-              r < S.n_out);
+              r < S.n_out, !beside);
+    if (beside) pdl_wait();
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;

@@ -354,7 +354,10 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         && cx.fuse_decode
     {
         let mut a = Args::new();
-        a.push(seg).push(p).push(counter);
+        a.push(seg)
+            .push(p)
+            .push(counter)
+            .push(router_beside(ops, i, &seg, &p, cmds, cx) as i32);
         cmds.push(Cmd::Launch(Launch {
             f: cx.k.router_route,
             grid: (seg.blocks(), 1, 1),
@@ -529,6 +532,29 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
     }
     single(&ops[i], cx, cmds)?;
     Ok(1)
+}
+
+/// Whether `router_route` of the router product `seg` (op `i`) and the routing `p` may run
+/// beside the command before it (kernels/moe.cu `beside`): that command is a GEMV (it
+/// lets the next kernel start once its own wait has passed, so every earlier kernel has
+/// finished) of op `i − 1`, a product that touches neither the router's input nor
+/// anything the routing writes.
+fn router_beside(
+    ops: &[Op],
+    i: usize,
+    seg: &FloatSeg,
+    p: &crate::ops::RouteParams,
+    cmds: &[Cmd],
+    cx: &Ctx,
+) -> bool {
+    let Some(&Op::Matmul { x, out, .. }) = i.checked_sub(1).map(|j| &ops[j]) else {
+        return false;
+    };
+    let Some(Cmd::Launch(prev)) = cmds.last() else {
+        return false;
+    };
+    let routed = [seg.x, seg.out, p.ids, p.weights];
+    is_gemv(prev, cx) && !routed.contains(&x) && !routed.contains(&out)
 }
 
 /// Whether two compressors share no buffer that either writes (rings and entries; their
@@ -2188,6 +2214,59 @@ mod tests {
             funcs(&lowered(&[norm(2, 1), rope(2)], 1, &k)),
             [k.rms_norm_ref, k.rope_torch]
         );
+    }
+
+    #[test]
+    fn the_router_runs_beside_a_product_it_does_not_touch() {
+        // The shared expert's down product, then the router and the routing of one token.
+        let k = Kernels::fake();
+        let hn = 10u64 << 40;
+        let seg = FloatSeg {
+            w: 1 << 40,
+            x: hn,
+            out: 11 << 40,
+            n_out: 256,
+            n_in: 4096,
+            n_tok: 1,
+            lanes: 32,
+            ..FloatSeg::default()
+        };
+        let p = crate::ops::RouteParams {
+            logits: seg.out,
+            ids: 12 << 40,
+            weights: 13 << 40,
+            ..Default::default()
+        };
+        let route = Op::MoeRoute {
+            p,
+            counter: 14 << 40,
+        };
+        let down = |x: u64, out: u64| Op::Matmul {
+            w: mat(1, GgmlType::Q8_0, 4096, 2048),
+            bias: None,
+            x,
+            rows: 1,
+            out,
+        };
+        let beside = |ops: &[Op]| {
+            let cmds = lowered(ops, 1, &k);
+            let Some(Cmd::Launch(l)) = cmds.last() else {
+                panic!("a launch expected")
+            };
+            assert_eq!(l.f, k.router_route);
+            [0, 1].into_iter().find(|&b: &i32| {
+                let mut want = Args::new();
+                want.push(seg).push(p).push(14u64 << 40).push(b);
+                l.args == want
+            })
+        };
+        let router = Op::FloatGemv(seg);
+        assert_eq!(beside(&[down(20 << 40, 21 << 40), router, route]), Some(1));
+        // A product writing the router's input or reading the routing's output, or none
+        // before it: the router waits first.
+        assert_eq!(beside(&[down(20 << 40, hn), router, route]), Some(0));
+        assert_eq!(beside(&[down(p.ids, 21 << 40), router, route]), Some(0));
+        assert_eq!(beside(&[router, route]), Some(0));
     }
 
     #[test]

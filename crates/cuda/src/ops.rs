@@ -619,7 +619,7 @@ pub struct ExpertGemv {
 
 /// `RouteParams` of kernels/moe.cu.
 #[repr(C)]
-#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq, Default)]
 pub struct RouteParams {
     pub logits: DPtr,
     pub bias: DPtr,

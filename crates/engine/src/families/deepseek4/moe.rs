@@ -71,10 +71,12 @@ impl<B: Backend> Mlp<B> {
 }
 
 impl<B: Backend> Moe<B> {
-    /// `sc.y [s, D]` for `sc.hn [s, D]`. The shared expert's activation is computed
-    /// first and its down projection last (the order of independent products does not
-    /// change a value): its gate/up products then follow the norm, and its down product
-    /// precedes the add, which a backend that fuses neighbours takes in one launch each.
+    /// `sc.y [s, D]` for `sc.hn [s, D]`. The shared expert runs first (the order of
+    /// independent products does not change a value): its gate/up products follow the
+    /// norm, and its down product comes before the router, which touches none of its
+    /// buffers (a backend may run the router beside it); the routed experts' sum is then
+    /// followed by the add of the shared output, which a backend may take into the sum's
+    /// launch.
     pub(crate) fn forward(&self, b: &B, sc: &mut Scratch<B>, call: &MoeCall<'_, B>) -> Result<()> {
         let (s, p) = (call.s, call.p);
         if call.shared {
@@ -86,6 +88,7 @@ impl<B: Backend> Moe<B> {
                 p,
                 [&mut sc.ff_gate, &mut sc.ff_up, &mut sc.ff_act],
             )?;
+            b.matmul(&self.shared.down_proj, None, &sc.ff_act, s, p, &mut sc.y2)?;
         }
         // The router runs in the model dtype (unlike GLM-5.3's f32 router): its logits,
         // scores and weights are bf16 tensors in the bf16 model.
@@ -120,7 +123,6 @@ impl<B: Backend> Moe<B> {
             &mut sc.y,
         )?;
         if call.shared {
-            b.matmul(&self.shared.down_proj, None, &sc.ff_act, s, p, &mut sc.y2)?;
             b.add(&mut sc.y, &sc.y2, s * call.d, p)?;
         }
         Ok(())
