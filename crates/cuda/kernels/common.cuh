@@ -418,31 +418,27 @@ __device__ __forceinline__ void chunk_dots(const uint4 (&raw)[4], int ty, int c0
     }
 }
 
-// Row r of one product for every token, by the `lanes` threads of the calling thread's
-// group (group g = threadIdx.x / lanes of a FG_THREADS-thread block; every thread of the
-// block calls this, `valid` false for groups past the last row). Thread j takes the
-// 16-byte chunks j, j + lanes, … when the row is whole aligned chunks and every token's
-// `x` is 16-byte aligned (the first four loaded before the wait for the previous kernel,
-// which is this function's: the weights do not depend on it), else the values j,
-// j + lanes, …. The group's sums in a fixed order: a warp's lanes by shuffles, then
-// (groups wider than a warp) the warps in order. Without `wait` the caller waits for the
-// previous kernel itself.
-__device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int n_tok,
-                                          float* out, i64 o_ts, const float* bias, int r, int rb, int lanes,
-                                          bool valid, bool wait = true) {
+// The first loads of `float_row` (its parameters), which a kernel issues before its wait
+// for the previous kernel (the weights do not depend on it); whether the row is taken in
+// 16-byte chunks (whole aligned chunks, every token's `x` 16-byte aligned).
+__device__ __forceinline__ bool float_row_loads(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int lanes,
+                                                bool valid, uint4 (&raw)[4]) {
+    const int per = ty == T_F32 ? 4 : 8;
+    const bool vec = n_in % per == 0 && ((u64)wr & 15) == 0 && ((u64)x & 15) == 0 && (x_ts & 3) == 0;
+    if (valid && vec) chunk_loads(wr, threadIdx.x & (lanes - 1), lanes, n_in / per, raw);
+    return vec;
+}
+
+// `float_row` after its first loads (`raw` and `vec`, from `float_row_loads`) and its wait.
+__device__ __forceinline__ void float_row_sums(uint4 (&raw)[4], bool vec, const u8* wr, int ty, const float* x, i64 x_ts,
+                                               int n_in, int n_tok, float* out, i64 o_ts, const float* bias, int r,
+                                               int rb, int lanes, bool valid) {
     __shared__ float part[FG_TOK][FG_THREADS / 32];
     const int j = threadIdx.x & (lanes - 1);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int span = lanes < 32 ? lanes : 32;
     const int per = ty == T_F32 ? 4 : 8;
-    const bool vec = n_in % per == 0 && ((u64)wr & 15) == 0 && ((u64)x & 15) == 0 && (x_ts & 3) == 0;
     const int chunks = n_in / per;
-    uint4 raw[4];
-    if (valid && vec) chunk_loads(wr, j, lanes, chunks, raw);
-    if (wait) {
-        pdl_wait();
-        pdl_trigger();
-    }
     for (int t0 = 0; t0 < n_tok; t0 += FG_TOK) {
         float acc[FG_TOK];
 #pragma unroll
@@ -487,6 +483,32 @@ __device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, 
                 }
         }
     }
+}
+
+// Row r of one product for every token, by the `lanes` threads of the calling thread's
+// group (group g = threadIdx.x / lanes of a FG_THREADS-thread block; every thread of the
+// block calls this, `valid` false for groups past the last row). Thread j takes the
+// 16-byte chunks j, j + lanes, … when the row is whole aligned chunks and every token's
+// `x` is 16-byte aligned (the first four loaded before the wait for the previous kernel,
+// which is this function's: the weights do not depend on it), else the values j,
+// j + lanes, …. The group's sums in a fixed order: a warp's lanes by shuffles, then
+// (groups wider than a warp) the warps in order. Without `wait` the caller waits for the
+// previous kernel itself.
+__device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int n_tok,
+                                          float* out, i64 o_ts, const float* bias, int r, int rb, int lanes,
+                                          bool valid, bool wait = true) {
+    uint4 raw[4];
+    const bool vec = float_row_loads(wr, ty, x, x_ts, n_in, lanes, valid, raw);
+    if (wait) {
+        pdl_wait();
+        pdl_trigger();
+    }
+    float_row_sums(raw, vec, wr, ty, x, x_ts, n_in, n_tok, out, o_ts, bias, r, rb, lanes, valid);
+}
+
+// Row r of product S's weight.
+__device__ __forceinline__ const u8* float_seg_row(const FloatSeg& S, int r) {
+    return S.w + (i64)r * S.n_in * (S.ty == T_F32 ? 4 : 2);
 }
 
 // ---- quantized matrices ----

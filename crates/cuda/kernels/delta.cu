@@ -16,7 +16,8 @@
 //    recurrence computes the same up to f32 rounding (doc §4.6).
 // 5. `delta_step`: one token with as many key as value heads (KDA's decode step) as one
 //    launch: 1-4 per value head in the same arithmetic, bit for bit, the state in shared
-//    memory; optionally followed by the gated output norm of the head (`gated_norm`).
+//    memory; optionally preceded by the float products that form the head's gate inputs
+//    and followed by the gated output norm of the head (`gated_norm`).
 
 #include "common.cuh"
 
@@ -67,6 +68,9 @@ struct DeltaParams {
     float geps;
     i32 gsilu;
     i32 early;  // `delta_step`: load the state before the wait for the previous kernel
+    // `delta_step`: the products whose rows are g0 (a head's gc rows) and gz (its dv rows),
+    // formed by each block for its head first (null w: given).
+    FloatSeg g0_prod, gz_prod;
 };
 
 __device__ __forceinline__ int qk_len(const DeltaParams& P) { return P.hk * P.dk; }
@@ -388,12 +392,14 @@ __device__ __forceinline__ float step_column(float* st, float* Sh, const float* 
     return __fadd_rn(update(0, dh), update(dh, dk));
 }
 
-// grid hv (= hk), blockDim ≥ max(dk, dv, gc) a multiple of 32, conv kernel ≤ STEP_KC,
-// dynamic shared memory dk·dv floats: one token with as many key as value heads (KDA's
-// decode step) in one launch — the conv of the head's q, k and v channels (this block
-// owns them, so it may shift their state), the kernel inputs, the recurrence, the
-// journal, and with `P.gz` the gated output norm (`gated_norm`'s arithmetic, into
-// `P.gout`).
+// grid hv (= hk), blockDim ≥ max(dk, dv, gc) and each product's rows times its lanes
+// (≤ 32), a multiple of 32, conv kernel ≤ STEP_KC, dynamic shared memory dk·dv floats:
+// one token with as many key as value heads (KDA's decode step) in one launch — the conv
+// of the head's q, k and v channels (this block owns them, so it may shift their state),
+// the kernel inputs, the recurrence, the journal, and with `P.gz` the gated output norm
+// (`gated_norm`'s arithmetic, into `P.gout`). With `P.g0_prod.w` (`P.gz_prod.w`) the
+// block first forms its head's rows of g0 (gz) as `gemv_float_multi` does (`float_row`,
+// `lanes` threads per row: the same values), their weights loaded before the wait.
 //
 // With `P.early` (set by the host when the launch before this one cannot write the
 // delta-rule state: in a model's step that is a projection) it starts copying the head's
@@ -424,9 +430,22 @@ extern "C" __global__ void delta_step(const DeltaParams P) {
         if (j < dv) conv_load(P, 2 * qk + h * dv + j, C, cv);
     };
     if (P.early) load_state();
+    const FloatSeg &G = P.g0_prod, &Z = P.gz_prod;
+    const int gr = h * P.gc + j / max(G.lanes, 1), zr = h * dv + j / max(Z.lanes, 1);
+    const bool gv = G.w && j < P.gc * G.lanes, zv = Z.w && j < dv * Z.lanes;
+    uint4 graw[4], zraw[4];
+    const bool gvec = G.w && float_row_loads(float_seg_row(G, gr), G.ty, G.x, G.n_in, G.n_in, G.lanes, gv, graw);
+    const bool zvec = Z.w && float_row_loads(float_seg_row(Z, zr), Z.ty, Z.x, Z.n_in, Z.n_in, Z.lanes, zv, zraw);
     pdl_wait();
     pdl_trigger();
     if (!P.early) load_state();
+    if (G.w)
+        float_row_sums(graw, gvec, float_seg_row(G, gr), G.ty, G.x, G.n_in, G.n_in, 1, G.out, G.n_out, G.bias, gr, G.rb,
+                       G.lanes, gv);
+    if (Z.w)
+        float_row_sums(zraw, zvec, float_seg_row(Z, zr), Z.ty, Z.x, Z.n_in, Z.n_in, 1, Z.out, Z.n_out, Z.bias, zr, Z.rb,
+                       Z.lanes, zv);
+    if (G.w || Z.w) __syncthreads();
     const int slot = P.cap ? (P.step->pos0 + P.row0) % P.cap : 0;
     float mq = 0.f, mk = 0.f, mv = 0.f;
     if (j < dk) {

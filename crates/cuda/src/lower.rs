@@ -395,36 +395,8 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         return Ok(used);
     }
     if let Op::DeltaStep { p, block } = ops[i] {
-        let p = DeltaParams {
-            early: state_untouched_before(ops, i, &p) as i32,
-            ..p
-        };
-        // The gated output norm of the step's output: in the step's launch, each block
-        // normalising its own head (in place too: a block reads only its head's o and z),
-        // unless the norm's output is one of the step's inputs, which other blocks still
-        // read.
-        if let Some(Op::GatedNorm(g)) = ops.get(i + 1)
-            && cx.fuse_decode
-            && p.row0 == 0
-            && g.o == p.out
-            && g.heads == p.hv as i64
-            && g.dv == p.dv
-            && g.rb == p.rb
-            && ![p.q, p.k, p.v, p.g0, p.b, p.conv_state, p.s].contains(&g.out)
-        {
-            let p = DeltaParams {
-                gz: g.z,
-                gw: g.w,
-                gout: g.out,
-                geps: g.eps,
-                gsilu: g.silu,
-                ..p
-            };
-            cmds.push(delta_step(p, block, cx));
-            return Ok(2);
-        }
-        cmds.push(delta_step(p, block, cx));
-        return Ok(1);
+        cmds.push(delta_step_launch(ops, i, p, block, [None; 2], cx));
+        return Ok(1 + norm_in_step(ops, i, &p, cx).is_some() as usize);
     }
     // A norm whose rows are the heads the next rope rotates: one launch, a block per row.
     if let (Op::NormRef { a, rows }, Some(&Op::RopeTorch { a: r, n_tok })) =
@@ -519,6 +491,12 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
     {
         cmds.push(sink_mix(p, rows, r, cx));
         return Ok(2);
+    }
+    if let Some((n, gates)) = step_gates(ops, i, cx)
+        && let Op::DeltaStep { p, block } = ops[i + n]
+    {
+        cmds.push(delta_step_launch(ops, i + n, p, block, gates, cx));
+        return Ok(n + 1 + norm_in_step(ops, i + n, &p, cx).is_some() as usize);
     }
     if let Op::FloatGemv(_) = ops[i] {
         let (used, cmd) = float_group(ops, i, cx);
@@ -722,19 +700,140 @@ fn state_untouched_before(ops: &[Op], i: usize, p: &DeltaParams) -> bool {
     seen
 }
 
-/// One token's delta-rule step (`delta_step`): one block per head, the head's state in
-/// dynamic shared memory.
-fn delta_step(p: DeltaParams, block: u32, cx: &Ctx) -> Cmd {
+/// The gated output norm right after the delta step at `ops[i]` that runs in the step's
+/// launch, each block normalising its own head (in place too: a block reads only its
+/// head's o and z), unless the norm's output is one of the step's inputs, which other
+/// blocks still read.
+fn norm_in_step(
+    ops: &[Op],
+    i: usize,
+    p: &DeltaParams,
+    cx: &Ctx,
+) -> Option<crate::ops::GatedNormArgs> {
+    match ops.get(i + 1) {
+        Some(&Op::GatedNorm(g))
+            if cx.fuse_decode
+                && p.row0 == 0
+                && g.o == p.out
+                && g.heads == p.hv as i64
+                && g.dv == p.dv
+                && g.rb == p.rb
+                && ![p.q, p.k, p.v, p.g0, p.b, p.conv_state, p.s].contains(&g.out) =>
+        {
+            Some(g)
+        }
+        _ => None,
+    }
+}
+
+/// The one or two float products from `ops[i]` on that the delta step right after them
+/// forms in its launch, each block its head's rows (kernels/delta.cu): products of one
+/// token whose outputs are the step's gate input `g0` and its fused norm's gate `z`,
+/// whole heads of rows, at most 32 threads per row and 1024 per block, reading nothing
+/// the step writes. `[g0's, z's]` product.
+fn step_gates(ops: &[Op], i: usize, cx: &Ctx) -> Option<(usize, [Option<FloatSeg>; 2])> {
+    let n = ops[i..]
+        .iter()
+        .take(2)
+        .take_while(|op| matches!(op, Op::FloatGemv(_)))
+        .count();
+    let Some(&Op::DeltaStep { p, block }) = ops.get(i + n) else {
+        return None;
+    };
+    if n == 0 || !cx.fuse_decode || p.row0 != 0 {
+        return None;
+    }
+    let norm = norm_in_step(ops, i + n, &p, cx);
+    let z = norm.map(|g| g.z);
+    // The one-token buffers the step reads and writes beside its gates.
+    let (hk_dk, hv_dv) = ((p.hk * p.dk) as u64, (p.hv * p.dv) as u64);
+    let f32s = |ptr: DPtr, n: u64| ptr..ptr + 4 * n;
+    let reads = [
+        f32s(p.q, hk_dk),
+        f32s(p.k, hk_dk),
+        f32s(p.v, hv_dv),
+        f32s(p.b, p.hv as u64),
+    ];
+    let writes = [
+        f32s(p.out, hv_dv),
+        f32s(norm.map_or(0, |g| g.out), hv_dv),
+        f32s(
+            p.conv_state,
+            (p.kc as u64).saturating_sub(1) * (2 * hk_dk + hv_dv),
+        ),
+        f32s(p.s, hv_dv * p.dk as u64),
+    ];
+    let mut gates = [None; 2];
+    for op in &ops[i..i + n] {
+        let Op::FloatGemv(seg) = *op else {
+            return None;
+        };
+        let (slot, rows) = if seg.out == p.g0 {
+            (0, p.gc)
+        } else if Some(seg.out) == z {
+            (1, p.dv)
+        } else {
+            return None;
+        };
+        let threads = rows as u32 * seg.lanes as u32;
+        if gates[slot].is_some()
+            || seg.n_tok != 1
+            || seg.n_out != p.hv * rows
+            || seg.lanes > 32
+            || threads.max(block) > 1024
+            || writes.iter().any(|w| overlaps(w, &seg.reads()))
+            || reads.iter().any(|r| overlaps(r, &seg.writes()))
+        {
+            return None;
+        }
+        gates[slot] = Some(seg);
+    }
+    Some((n, gates))
+}
+
+/// The launch of the delta step at `ops[i]`: with its fused norm ([`norm_in_step`]) and
+/// the products that form its gates (`gates`, from [`step_gates`]); it loads the state
+/// early when the launch before it cannot write it.
+fn delta_step_launch(
+    ops: &[Op],
+    i: usize,
+    p: DeltaParams,
+    block: u32,
+    gates: [Option<FloatSeg>; 2],
+    cx: &Ctx,
+) -> Cmd {
+    let mut p = DeltaParams {
+        early: state_untouched_before(ops, i, &p) as i32,
+        ..p
+    };
+    if let Some(g) = norm_in_step(ops, i, &p, cx) {
+        p = DeltaParams {
+            gz: g.z,
+            gw: g.w,
+            gout: g.out,
+            geps: g.eps,
+            gsilu: g.silu,
+            ..p
+        };
+    }
+    let [g0, gz] = gates;
+    p.g0_prod = g0.unwrap_or_default();
+    p.gz_prod = gz.unwrap_or_default();
+    let threads = |seg: &FloatSeg, rows: i32| (rows * seg.lanes) as u32;
+    let block = block
+        .max(threads(&p.g0_prod, p.gc))
+        .max(threads(&p.gz_prod, p.dv));
+    let bytes = [g0, gz].iter().flatten().map(FloatSeg::weight_bytes).sum();
     let mut a = Args::new();
     a.push(p);
     Cmd::Launch(Launch {
         f: cx.k.delta_step,
         grid: (p.hv as u32, 1, 1),
-        block,
+        block: block.next_multiple_of(32),
         smem: 4 * (p.dk * p.dv) as u32,
         args: a,
         label: "delta_step",
-        bytes: 0,
+        bytes,
     })
 }
 
@@ -1414,7 +1513,14 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         Op::FloatGemv(_) => cmds.push(float_group(std::slice::from_ref(op), 0, cx).1),
         Op::Sgemm(g) => cmds.push(Cmd::Sgemm(g)),
         // (`lower_at` lowers delta steps itself; alone, one waits before loading its state.)
-        Op::DeltaStep { p, block } => cmds.push(delta_step(p, block, cx)),
+        Op::DeltaStep { p, block } => cmds.push(delta_step_launch(
+            std::slice::from_ref(op),
+            0,
+            p,
+            block,
+            [None; 2],
+            cx,
+        )),
         Op::SinkMix { p, rows } => cmds.push(sink_mix(p, rows, RopeTorchArgs::default(), cx)),
         Op::Compress { p, blocks, block } => {
             cmds.push(compress([p, CompressParams::default()], blocks, block, cx))
@@ -2065,6 +2171,81 @@ mod tests {
     }
 
     #[test]
+    fn the_delta_steps_gate_products_run_in_its_launch() {
+        // KDA's f_b (→ g0) and g_b (→ the norm's z): bf16, 128 in, a head's 128 rows each.
+        let k = Kernels::fake();
+        let [step, norm] = delta_pair(5 << 40, 4 << 40);
+        let (Op::DeltaStep { p, .. }, Op::GatedNorm(g)) = (step, norm) else {
+            unreachable!()
+        };
+        let p = DeltaParams { g0: 6 << 40, ..p };
+        let step = Op::DeltaStep { p, block: 128 };
+        let gate = |x: u64, out: u64| FloatSeg {
+            w: 50 << 40,
+            x,
+            out,
+            ty: GgmlType::BF16 as i32,
+            n_out: 64 * 128,
+            n_in: 128,
+            n_tok: 1,
+            lanes: float_lanes(128, 2),
+            ..FloatSeg::default()
+        };
+        let (f_b, g_b) = (gate(40 << 40, p.g0), gate(41 << 40, g.z));
+        let want = DeltaParams {
+            early: 1,
+            gz: g.z,
+            gw: g.w,
+            gout: g.out,
+            geps: g.eps,
+            g0_prod: f_b,
+            gz_prod: g_b,
+            ..p
+        };
+        for ops in [
+            [Op::FloatGemv(f_b), Op::FloatGemv(g_b), step, norm],
+            [Op::FloatGemv(g_b), Op::FloatGemv(f_b), step, norm],
+        ] {
+            let cmds = lowered(&ops, 1, &k);
+            let [Cmd::Launch(l)] = &cmds[..] else {
+                panic!("one launch expected");
+            };
+            assert_eq!((l.f, l.grid, l.block), (k.delta_step, (64, 1, 1), 512));
+            assert_eq!(l.args, Args::with(want));
+            assert_eq!(l.bytes, 2 * 64 * 128 * 128 * 2);
+        }
+        // One of them alone.
+        let cmds = lowered(&[Op::FloatGemv(g_b), step, norm], 1, &k);
+        let [Cmd::Launch(l)] = &cmds[..] else {
+            panic!("one launch expected");
+        };
+        let g0_given = DeltaParams {
+            g0_prod: FloatSeg::default(),
+            ..want
+        };
+        assert_eq!(l.args, Args::with(g0_given));
+        // Not: a product reading what the step writes, one that is neither gate, rows
+        // that are not whole heads, or without the norm whose gate is z.
+        let reads_o = FloatSeg { x: p.out, ..f_b };
+        let other = FloatSeg {
+            out: 7 << 40,
+            ..f_b
+        };
+        let short = FloatSeg {
+            n_out: 64 * 127,
+            ..f_b
+        };
+        for (ops, n) in [
+            (vec![Op::FloatGemv(reads_o), step, norm], 2),
+            (vec![Op::FloatGemv(other), step, norm], 2),
+            (vec![Op::FloatGemv(short), step, norm], 2),
+            (vec![Op::FloatGemv(f_b), Op::FloatGemv(g_b), step], 2),
+        ] {
+            assert_eq!(lowered(&ops, 1, &k).len(), n, "{ops:?}");
+        }
+    }
+
+    #[test]
     fn a_delta_step_loads_its_state_early_only_after_projections() {
         let [step, _] = delta_pair(5 << 40, 4 << 40);
         let Op::DeltaStep { p, .. } = step else {
@@ -2104,8 +2285,13 @@ mod tests {
 
     #[test]
     fn delta_params_match_the_kernel_layout() {
-        // kernels/delta.cu: 28 pointers (conv_w three) + 17 4-byte fields, padded to 8.
-        assert_eq!(std::mem::size_of::<DeltaParams>(), 28 * 8 + 17 * 4 + 4);
+        // kernels/delta.cu: 28 pointers (conv_w three) + 17 4-byte fields, padded to 8,
+        // then two FloatSeg (4 pointers + 7 4-byte fields, padded to 8).
+        assert_eq!(std::mem::size_of::<FloatSeg>(), 4 * 8 + 7 * 4 + 4);
+        assert_eq!(
+            std::mem::size_of::<DeltaParams>(),
+            28 * 8 + 17 * 4 + 4 + 2 * (4 * 8 + 7 * 4 + 4)
+        );
     }
 
     #[test]

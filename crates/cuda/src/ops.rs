@@ -226,6 +226,10 @@ pub struct DeltaParams {
     pub early: i32,
     /// Padding, zero (see `SinkParams::pad`).
     pub pad: i32,
+    /// `delta_step`'s products that form `g0` and `gz` in its launch, each block its
+    /// head's rows (zero `w`: given), set by the lowering.
+    pub g0_prod: FloatSeg,
+    pub gz_prod: FloatSeg,
 }
 
 /// The gated output norm per head (`gated_norm` of kernels/norm.cu): `out` from `o` and
