@@ -581,7 +581,7 @@ impl CudaBackend {
                 let gpu = self.gpu.clone();
                 st.graphs.capture(&self.gpu, rec.step_ptr, &parts, n, |i| {
                     for l in &launches[i] {
-                        gpu.launch(l.f, l.grid, l.block, l.smem, &l.args, pdl)?;
+                        l.run(&gpu, pdl)?;
                     }
                     Ok(())
                 })
@@ -720,8 +720,7 @@ impl CudaBackend {
             }
             let (label, bytes) = match c {
                 Cmd::Launch(l) => {
-                    self.gpu
-                        .launch(l.f, l.grid, l.block, l.smem, &l.args, pdl && !profile)?;
+                    l.run(&self.gpu, pdl && !profile)?;
                     launches += 1;
                     (l.label, l.bytes)
                 }

@@ -338,6 +338,22 @@ pub struct Func(pub sys::CUfunction);
 unsafe impl Send for Func {}
 unsafe impl Sync for Func {}
 
+impl Func {
+    /// Its compiled resources, for an error message: registers per thread, the most
+    /// threads a block may have with them, static shared memory.
+    pub fn resources(&self) -> String {
+        use sys::CUfunction_attribute as A;
+        // SAFETY: a valid function handle; a failed query reads as -1.
+        let get = |a| unsafe { result::function::get_function_attribute(self.0, a) }.unwrap_or(-1);
+        format!(
+            "{} registers per thread, at most {} threads per block, {} bytes of static shared memory",
+            get(A::CU_FUNC_ATTRIBUTE_NUM_REGS),
+            get(A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
+            get(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+        )
+    }
+}
+
 /// Device memory, freed in stream order when dropped.
 pub struct DevMem {
     ptr: DPtr,

@@ -25,7 +25,7 @@
 //! compute exactly what the op-by-op sequence would. Everything else lowers one op to
 //! one kernel (multi-row products to a dequantize + cuBLAS GEMM, see [`Cmd::Gemm`]).
 
-use crate::driver::{Args, DPtr, Func};
+use crate::driver::{Args, DPtr, Func, Gpu};
 use crate::error::{CudaError, Result};
 use crate::kernels::{GEMV_TYPES, Kernels};
 use crate::layout::{act_need, gemv_smem_bytes};
@@ -45,6 +45,28 @@ pub struct Launch {
     pub label: &'static str,
     /// Weight bytes it reads (GEMV), for profiles.
     pub bytes: u64,
+}
+
+impl Launch {
+    /// Enqueues it on `gpu`'s stream (`pdl`: see [`Gpu::launch`]); a failure names the
+    /// kernel and its shape.
+    pub fn run(&self, gpu: &Gpu, pdl: bool) -> Result<()> {
+        gpu.launch(self.f, self.grid, self.block, self.smem, &self.args, pdl)
+            .map_err(|e| match e {
+                CudaError::Driver { call, detail } => CudaError::Driver {
+                    call,
+                    detail: format!(
+                        "{detail} (kernel {}: grid {:?}, {} threads, {} bytes of dynamic shared memory; {})",
+                        self.label,
+                        self.grid,
+                        self.block,
+                        self.smem,
+                        self.f.resources()
+                    ),
+                },
+                e => e,
+            })
+    }
 }
 
 /// One enqueued unit of work.
