@@ -28,6 +28,8 @@
 #define DELTA_KC 9
 #define DELTA_D 256
 #define STEP_KC 4
+// The most threads of a `delta_step` block (a head's gate products take rows × lanes).
+#define DELTA_STEP_THREADS 512
 
 struct DeltaParams {
     // Inputs of the call, rows row0 .. row0+n of: q, k [·, hk·dk], v [·, hv·dv],
@@ -408,7 +410,7 @@ __device__ __forceinline__ float step_column(float* st, float* Sh, const float* 
 // the host cannot see into) after the wait. Thread j < dv then runs column j's
 // recurrence from shared memory in `recurrent_body`'s order of operations: the same
 // values bit for bit.
-extern "C" __global__ void delta_step(const DeltaParams P) {
+extern "C" __global__ void __launch_bounds__(DELTA_STEP_THREADS) delta_step(const DeltaParams P) {
     extern __shared__ float st[];  // [dk, dv]
     __shared__ float ks[DELTA_D], qs[DELTA_D], es[DELTA_D], gs[DELTA_D], os[DELTA_D];
     __shared__ double red[32];

@@ -748,11 +748,14 @@ fn norm_in_step(
     }
 }
 
+/// Threads per block `delta_step` allows (kernels/delta.cu `DELTA_STEP_THREADS`).
+const DELTA_STEP_THREADS: u32 = 512;
+
 /// The one or two float products from `ops[i]` on that the delta step right after them
 /// forms in its launch, each block its head's rows (kernels/delta.cu): products of one
 /// token whose outputs are the step's gate input `g0` and its fused norm's gate `z`,
-/// whole heads of rows, at most 32 threads per row and 1024 per block, reading nothing
-/// the step writes. `[g0's, z's]` product.
+/// whole heads of rows, at most 32 threads per row and [`DELTA_STEP_THREADS`] per block,
+/// reading nothing the step writes. `[g0's, z's]` product.
 fn step_gates(ops: &[Op], i: usize, cx: &Ctx) -> Option<(usize, [Option<FloatSeg>; 2])> {
     let n = ops[i..]
         .iter()
@@ -802,7 +805,7 @@ fn step_gates(ops: &[Op], i: usize, cx: &Ctx) -> Option<(usize, [Option<FloatSeg
             || seg.n_tok != 1
             || seg.n_out != p.hv * rows
             || seg.lanes > 32
-            || threads.max(block) > 1024
+            || threads.max(block) > DELTA_STEP_THREADS
             || writes.iter().any(|w| overlaps(w, &seg.reads()))
             || reads.iter().any(|r| overlaps(r, &seg.writes()))
         {
