@@ -250,6 +250,34 @@ __device__ __forceinline__ double block_sum_d(double v, double* red) {
     return t;
 }
 
+// `layer_norm_ref`'s parameters (crate::ops::LayerNormArgs): rows of `cols`,
+// out = round(((x − mean)·rsqrt(var + eps))·w + b), statistics in f64.
+struct LayerNorm {
+    const float* x;
+    const float* w;
+    const float* b;
+    float* out;
+    i32 cols;
+    float eps;
+    i32 rb;
+};
+
+// Row `row` of a LayerNorm into `yr`, by the whole block (`red` as above).
+__device__ __forceinline__ void layer_norm_row(const LayerNorm& L, int row, float* yr, double* red) {
+    const float* xr = L.x + (i64)row * L.cols;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < L.cols; i += blockDim.x) s += (double)xr[i];
+    const double mean = block_sum_d(s, red) / (double)L.cols;
+    double v = 0.0;
+    for (int i = threadIdx.x; i < L.cols; i += blockDim.x) v += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+    const double var = block_sum_d(v, red) / (double)L.cols;
+    const double r = 1.0 / sqrt(var + (double)L.eps);
+    for (int i = threadIdx.x; i < L.cols; i += blockDim.x) {
+        const float n = (float)(((double)xr[i] - mean) * r);
+        yr[i] = rnd(__fadd_rn(__fmul_rn(n, L.w[i]), L.b[i]), L.rb);
+    }
+}
+
 // Block-wide max of a float; `red` as above (floats).
 __device__ __forceinline__ float block_max_f(float v, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -63,25 +63,12 @@ extern "C" __global__ void rms_norm_rope(const NormRef N, const RopeTorch R) {
         rope_torch_pair(R, R.x + (i64)blockIdx.x * R.head_dim, pos, j);
 }
 
-// One block per row: out = round(((x − mean)·rsqrt(var + eps))·w + b), statistics in f64.
-extern "C" __global__ void layer_norm_ref(const float* x, const float* w, const float* b, float* out, int cols,
-                                          float eps, int rb) {
+// One block per row (common.cuh `LayerNorm`).
+extern "C" __global__ void layer_norm_ref(const LayerNorm L) {
     __shared__ double red[32];
     pdl_wait();
     pdl_trigger();
-    const float* xr = x + (i64)blockIdx.x * cols;
-    float* yr = out + (i64)blockIdx.x * cols;
-    double s = 0.0;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) s += (double)xr[i];
-    const double mean = block_sum_d(s, red) / (double)cols;
-    double v = 0.0;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) v += ((double)xr[i] - mean) * ((double)xr[i] - mean);
-    const double var = block_sum_d(v, red) / (double)cols;
-    const double r = 1.0 / sqrt(var + (double)eps);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        const float n = (float)(((double)xr[i] - mean) * r);
-        yr[i] = rnd(__fadd_rn(__fmul_rn(n, w[i]), b[i]), rb);
-    }
+    layer_norm_row(L, blockIdx.x, L.out + (i64)blockIdx.x * L.cols, red);
 }
 
 // The gated output norm per head of `dv` values: one warp per (row, head).

@@ -33,8 +33,13 @@ struct CompressParams {
     const float* inv_freq;  // optional RoPE inverse frequencies [rope_dims/2]
     i32 cap, m, c, overlap, rope_dims, rb;
     float eps, mscale;
+    // Optional (null w): the LayerNorm whose output is src_kv, one row (decode), formed by
+    // every block from its input (its output also written, by block 0).
+    LayerNorm ln;
 };
 
+// With `P.ln.w` each block first normalises the step's one key row into shared memory
+// (`layer_norm_ref`'s arithmetic) and reads it there instead of `src_kv`.
 // The step's source rows go into the rings (`store_rows`, over the whole grid); then one
 // block per window that may close in this step (blockIdx.x counts from pos0/m):
 // entries[w][d] = round(Σ_slots round(round(softmax(gate + ape)) · kv)), then the
@@ -46,15 +51,24 @@ struct CompressParams {
 extern "C" __global__ void compress_windows(const __grid_constant__ CompressParams P0,
                                             const __grid_constant__ CompressParams P1) {
     const CompressParams& P = blockIdx.y ? P1 : P0;
-    extern __shared__ float ent[];  // c values
+    extern __shared__ float ent[];  // c values (with P.ln.w: then the normalised row)
     __shared__ double red[32];
     pdl_wait();
     pdl_trigger();
+    const float* src_kv = P.src_kv;
+    if (P.ln.w) {
+        float* row = ent + P.c;
+        layer_norm_row(P.ln, 0, row, red);
+        __syncthreads();
+        if (blockIdx.x == 0)
+            for (int i = threadIdx.x; i < P.c; i += blockDim.x) P.ln.out[i] = row[i];
+        src_kv = row;
+    }
     const int pos0 = P.step->pos0, n = P.step->n_tok;
     const int rl = P.overlap ? 2 * P.c : P.c;
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < (i64)n * rl; i += (i64)gridDim.x * blockDim.x) {
         const i64 slot = ring_at(i, pos0, rl, P.cap);
-        P.kv[slot] = P.src_kv[i];
+        P.kv[slot] = src_kv[i];
         P.gate[slot] = P.src_gate[i];
     }
     // Source value `col` of position pos.
@@ -87,7 +101,7 @@ extern "C" __global__ void compress_windows(const __grid_constant__ CompressPara
             if (P.overlap && w > 0 && s < P.m) { pos = (w - 1) * P.m + s; col = d; }
             else { const int ss = (P.overlap && w > 0) ? s - P.m : s; pos = w * P.m + ss; col = P.overlap ? P.c + d : d; }
             const float a = rnd(__fmul_rn(logit[s & 255], inv), P.rb);
-            acc = __fadd_rn(acc, rnd(__fmul_rn(a, at(P.kv, P.src_kv, pos, col)), P.rb));
+            acc = __fadd_rn(acc, rnd(__fmul_rn(a, at(P.kv, src_kv, pos, col)), P.rb));
         }
         ent[d] = rnd(acc, P.rb);
     }

@@ -115,8 +115,9 @@ pub struct Ctx<'a> {
     pub fused_attention: bool,
     /// Fusions across operations: an mHC write-back and the next pre (`hc_post_pre`),
     /// the router and the routing (`router_route`), the experts' sum and the add after
-    /// it, a delta step and its gated norm, and the row kernels' pairs (a norm and its
-    /// rope, a rope and its store, two compressions, the attention sums and their
+    /// it, a delta step with its gate products and its gated norm, and the row kernels'
+    /// pairs (a norm and its rope, a norm and its store, a rope and its store, a
+    /// LayerNorm and its compression, two compressions, the attention sums and their
     /// rope). Off: one launch per op, for bisecting.
     pub fuse_decode: bool,
     /// Whether single-type launches of rows up to [`TYPED_GEMV_MAX_INPUTS`] inputs run on
@@ -438,6 +439,18 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         ));
         return Ok(2);
     }
+    // A LayerNorm of the one row a compressor takes next (GLM-5.3's indexer keys).
+    if let (Op::LayerNorm { a, rows: 1 }, Some(&Op::Compress { p, blocks, block })) =
+        (ops[i], ops.get(i + 1))
+        && cx.fuse_decode
+        && p.src_kv == a.out
+        && p.overlap == 0
+        && a.cols == p.c
+    {
+        let p = CompressParams { ln: a, ..p };
+        cmds.push(compress([p, CompressParams::default()], blocks, block, cx));
+        return Ok(2);
+    }
     // Two compressors (DeepSeek-V4's CSA layers: the attention's and the indexer's).
     if let (
         Op::Compress { p, blocks, block },
@@ -560,14 +573,20 @@ fn router_beside(
 /// Whether two compressors share no buffer that either writes (rings and entries; their
 /// buffers are whole allocations, so equal starts are the only overlap).
 fn apart(a: &CompressParams, b: &CompressParams) -> bool {
-    let writes = |c: &CompressParams| [c.kv, c.gate, c.entries];
-    let touches = |c: &CompressParams| [c.src_kv, c.src_gate, c.kv, c.gate, c.entries];
-    writes(a).iter().all(|x| !touches(b).contains(x))
-        && writes(b).iter().all(|x| !touches(a).contains(x))
+    let writes = |c: &CompressParams| [c.kv, c.gate, c.entries, c.ln.out];
+    let touches =
+        |c: &CompressParams| [c.src_kv, c.src_gate, c.kv, c.gate, c.entries, c.ln.x, c.ln.out];
+    let clash = |w: &CompressParams, t: &CompressParams| {
+        writes(w)
+            .iter()
+            .any(|&x| x != 0 && touches(t).contains(&x))
+    };
+    !clash(a, b) && !clash(b, a)
 }
 
 /// `compress_windows` of one compressor (`ps[1]` all zero) or two (grid.y 2), `blocks`
-/// blocks of `block` threads each; shared memory for the larger entry.
+/// blocks of `block` threads each; shared memory for the larger entry (and the
+/// normalised row of a LayerNorm in the launch).
 fn compress(ps: [CompressParams; 2], blocks: u32, block: u32, cx: &Ctx) -> Cmd {
     let two = ps[1] != CompressParams::default();
     let mut args = Args::new();
@@ -576,7 +595,11 @@ fn compress(ps: [CompressParams; 2], blocks: u32, block: u32, cx: &Ctx) -> Cmd {
         f: cx.k.compress_windows,
         grid: (blocks, 1 + two as u32, 1),
         block,
-        smem: ps[0].c.max(ps[1].c) as u32 * 4,
+        smem: ps
+            .iter()
+            .map(|p| 4 * p.c as u32 * (1 + (p.ln.w != 0) as u32))
+            .max()
+            .unwrap_or(0),
         args,
         label: "compress",
         bytes: 0,
@@ -1550,6 +1573,12 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         Op::Compress { p, blocks, block } => {
             cmds.push(compress([p, CompressParams::default()], blocks, block, cx))
         }
+        Op::LayerNorm { a, rows } => cmds.push(launch_256(
+            cx.k.layer_norm_ref,
+            rows,
+            Args::with(a),
+            "layer_norm",
+        )),
         Op::NormRef { a, rows } => cmds.push(launch_256(
             cx.k.rms_norm_ref,
             rows,
@@ -1655,7 +1684,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
 mod tests {
     use super::*;
     use crate::ops::{
-        GatedNormArgs, HcPostArgs, HcPreArgs, NormRefArgs, RopeTorchArgs, float_lanes,
+        GatedNormArgs, HcPostArgs, HcPreArgs, LayerNormArgs, NormRefArgs, RopeTorchArgs, float_lanes,
     };
     use ds4_gguf::GgmlType;
 
@@ -2535,6 +2564,68 @@ mod tests {
     }
 
     #[test]
+    fn the_layer_norm_of_a_compressors_row_shares_its_launch() {
+        // GLM-5.3's indexer: k = LayerNorm(wk x) (128 values), then its compressor.
+        let k = Kernels::fake();
+        let ln = LayerNormArgs {
+            x: 1 << 40,
+            w: 2 << 40,
+            b: 3 << 40,
+            out: 4 << 40,
+            cols: 128,
+            eps: 1e-6,
+            rb: 0,
+            pad: 0,
+        };
+        let p = CompressParams {
+            step: 99 << 40,
+            src_kv: ln.out,
+            src_gate: 5 << 40,
+            kv: 6 << 40,
+            gate: 7 << 40,
+            ape: 8 << 40,
+            entries: 9 << 40,
+            cap: 32,
+            m: 16,
+            c: 128,
+            ..CompressParams::default()
+        };
+        let norm = |rows| Op::LayerNorm { a: ln, rows };
+        let comp = |p| Op::Compress {
+            p,
+            blocks: 2,
+            block: 128,
+        };
+        let cmds = lowered(&[norm(1), comp(p)], 1, &k);
+        let [Cmd::Launch(l)] = &cmds[..] else {
+            panic!("one launch expected");
+        };
+        // Shared memory: the entry, then the normalised row.
+        assert_eq!(
+            (l.f, l.grid, l.block, l.smem),
+            (k.compress_windows, (2, 1, 1), 128, 2 * 128 * 4)
+        );
+        let mut want = Args::new();
+        want.push(CompressParams { ln, ..p })
+            .push(CompressParams::default());
+        assert_eq!(l.args, want);
+        // Not: several rows (a prefill), a compressor of another row, overlapping windows.
+        let other = CompressParams {
+            src_kv: 10 << 40,
+            ..p
+        };
+        let overlap = CompressParams { overlap: 1, ..p };
+        for ops in [
+            [norm(4), comp(p)],
+            [norm(1), comp(other)],
+            [norm(1), comp(overlap)],
+        ] {
+            let cmds = lowered(&ops, 1, &k);
+            assert_eq!(funcs(&cmds), [k.layer_norm_ref, k.compress_windows]);
+        }
+    }
+
+    #[test]
     fn the_inverse_rope_of_the_attention_sums_shares_their_launch() {
         // DeepSeek-V4: 64 heads of 512, the trailing 64 columns rotated back by the query's
         // angle — one 64-column block of `sink_mix`, whose warp rotates them.
@@ -2662,8 +2753,10 @@ mod tests {
         );
         // StoreRows = 3 pointers + 3 4-byte fields, padded to 40.
         assert_eq!(std::mem::size_of::<crate::ops::StoreRowsArgs>(), 40);
-        // CompressParams = 9 pointers + 8 4-byte fields.
-        assert_eq!(std::mem::size_of::<CompressParams>(), 9 * 8 + 8 * 4);
+        // CompressParams = 9 pointers + 8 4-byte fields, then a LayerNorm (4 pointers + 3
+        // 4-byte fields, padded to 48).
+        assert_eq!(std::mem::size_of::<LayerNormArgs>(), 48);
+        assert_eq!(std::mem::size_of::<CompressParams>(), 9 * 8 + 8 * 4 + 48);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::gemm::Sgemm;
 use crate::layout::{act_need, gemv_smem_bytes};
 use crate::ops::{
     CompressParams, DeltaParams, ExpertGemv, FG_THREADS, FloatSeg, GatedNormArgs, HC_COLS,
-    HcPostArgs, HcPreArgs, KArgs, KernelOp, MatRef, NormRefArgs, Op, ReduceTail, RopeTorchArgs,
+    HcPostArgs, HcPreArgs, KArgs, KernelOp, LayerNormArgs, MatRef, NormRefArgs, Op, ReduceTail, RopeTorchArgs,
     RouteParams, SinkParams, StoreRowsArgs, float_blocks, float_lanes,
 };
 use crate::weights::CudaWeight;
@@ -715,23 +715,23 @@ impl CudaBackend {
         if wl != cols || bl != cols {
             return Err(bad("layer_norm: weight lengths"));
         }
-        let mut a = KArgs::default();
-        a.push(self.buf_of(x, rows * cols, "layer_norm")?)
-            .push(wm.ptr())
-            .push(bm.ptr())
-            .push(self.buf_of(out, rows * cols, "layer_norm")?)
-            .push(cols as i32)
-            .push(eps)
-            .push(rb(p));
-        self.launch_op(Launch {
-            f: self.k.layer_norm_ref,
-            grid: (rows as u32, 1, 1),
-            block: 256,
-            smem: 0,
-            args: a,
-            label: "layer_norm",
-            keep: vec![&x.mem, wm, bm, &out.mem],
-        });
+        let a = LayerNormArgs {
+            x: self.buf_of(x, rows * cols, "layer_norm")?,
+            w: wm.ptr(),
+            b: bm.ptr(),
+            out: self.buf_of(out, rows * cols, "layer_norm")?,
+            cols: cols as i32,
+            eps,
+            rb: rb(p),
+            pad: 0,
+        };
+        self.record(
+            Op::LayerNorm {
+                a,
+                rows: rows as u32,
+            },
+            &[&x.mem, wm, bm, &out.mem],
+        );
         Ok(())
     }
 
@@ -1734,6 +1734,7 @@ impl CudaBackend {
             rb: rb(p),
             eps: sh.norm_eps,
             mscale: rope.and_then(|r| r.yarn).map_or(1.0, |y| y.mscale),
+            ln: LayerNormArgs::default(),
         };
         self.record(
             Op::Compress {

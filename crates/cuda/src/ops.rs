@@ -142,6 +142,12 @@ pub enum Op {
         a: NormRefArgs,
         rows: u32,
     },
+    /// The references' LayerNorm (`layer_norm_ref`) of `rows` rows; a [`Op::Compress`] of
+    /// its one output row right after it runs in the same launch.
+    LayerNorm {
+        a: LayerNormArgs,
+        rows: u32,
+    },
     /// The step's rows into a compressor's rings and the entries of its windows that
     /// close (`compress_windows`, `blocks` blocks of `block` threads); a second one right
     /// after it runs in the same launch (blockIdx.y picks the compressor).
@@ -260,6 +266,21 @@ pub struct NormRefArgs {
     pub cast_once: i32,
 }
 
+/// `LayerNorm` of kernels/common.cuh: rows of `cols` values.
+#[repr(C)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq, Default)]
+pub struct LayerNormArgs {
+    pub x: DPtr,
+    pub w: DPtr,
+    pub b: DPtr,
+    pub out: DPtr,
+    pub cols: i32,
+    pub eps: f32,
+    pub rb: i32,
+    /// Padding, zero (see `SinkParams::pad`).
+    pub pad: i32,
+}
+
 /// `StoreRows` of kernels/common.cuh.
 #[repr(C)]
 #[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq)]
@@ -295,6 +316,9 @@ pub struct CompressParams {
     pub rb: i32,
     pub eps: f32,
     pub mscale: f32,
+    /// The LayerNorm whose one output row is `src_kv`, formed in the launch (zero `w`:
+    /// none), set by the lowering.
+    pub ln: LayerNormArgs,
 }
 
 /// `SinkParams` of kernels/sparse.cu.
