@@ -39,8 +39,11 @@ pub enum CudaWeight {
     Ints { mem: Arc<DevMem>, len: usize },
 }
 
-/// Float tensors of at most this many elements are kept as f32 on the device.
-const SMALL_FLOAT: usize = 1 << 20;
+/// Float tensors of at most this many elements are kept as f32 on the device (the
+/// kernels that take a weight's values as f32: norms, biases, convs, a compressor's
+/// position bias of up to 128 × 512); larger ones in their file type, which the float
+/// products read directly (a bf16 low-rank matrix of 128 × 8192 is 2 MB, not 4).
+const SMALL_FLOAT: usize = 1 << 16;
 
 // Synthetic float tensors generated on the device are all large (kept in their type).
 const _: () = assert!(crate::synth::HOST_ELEMENTS >= SMALL_FLOAT as u64);
