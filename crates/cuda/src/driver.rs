@@ -366,6 +366,11 @@ impl DevMem {
         self.ptr
     }
 
+    /// The device it lives on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
     pub fn bytes(&self) -> usize {
         self.bytes
     }

@@ -374,6 +374,7 @@ fn float_mat(w: &CudaWeight) -> Result<(&Arc<DevMem>, GgmlType, usize, usize, us
             rows,
             cols,
             n,
+            ..
         } => Ok((mem, *ty, *rows, *cols, *n)),
         _ => Err(bad("a float matrix was expected")),
     }

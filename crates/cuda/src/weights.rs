@@ -3,7 +3,7 @@
 //! synthetically on the GPU, and f32 vectors (norm weights, biases). MXFP4 matrices
 //! become (exact) BF16 float matrices.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ds4_gguf::{GgmlType, GgufFile, TensorInfo};
 use half::{bf16, f16};
@@ -32,6 +32,9 @@ pub enum CudaWeight {
         rows: usize,
         cols: usize,
         n: usize,
+        /// An f32 copy of an F16 or BF16 matrix that a kernel takes as f32 values
+        /// (DeepSeek-V4's f16 mHC mixes), made on its first use.
+        f32_copy: OnceLock<Arc<DevMem>>,
     },
     /// An f32 vector.
     Vector { mem: Arc<DevMem>, len: usize },
@@ -73,17 +76,34 @@ impl CudaWeight {
         }
     }
 
-    /// f32 values (a vector or a small float matrix, kept as F32) and their count.
+    /// f32 values (a vector or a float matrix: an F16 or BF16 one through its f32 copy,
+    /// made on the first call) and their count.
     pub(crate) fn values(&self) -> Result<(&Arc<DevMem>, usize)> {
         match self {
             CudaWeight::Vector { mem, len } => Ok((mem, *len)),
             CudaWeight::Float {
                 mem,
-                ty: GgmlType::F32,
+                ty,
                 rows,
                 cols,
                 n,
-            } => Ok((mem, rows * cols * n)),
+                f32_copy,
+            } => {
+                let len = rows * cols * n;
+                if *ty == GgmlType::F32 {
+                    return Ok((mem, len));
+                }
+                if let Some(m) = f32_copy.get() {
+                    return Ok((m, len));
+                }
+                let gpu = mem.gpu();
+                let mut raw = vec![0u8; len * ty.type_size()];
+                gpu.dtoh(&mut raw, mem.ptr())?;
+                let v = floats_f32(*ty, &raw).expect("a float matrix is F32, F16 or BF16");
+                let m = gpu.alloc(len * 4)?;
+                gpu.htod(m.ptr(), as_bytes(&v))?;
+                Ok((f32_copy.get_or_init(|| Arc::new(m)), len))
+            }
             _ => Err(self.misuse("f32 values")),
         }
     }
@@ -99,8 +119,10 @@ impl CudaWeight {
     /// Device bytes held.
     pub fn bytes(&self) -> usize {
         match self {
+            CudaWeight::Float { mem, f32_copy, .. } => {
+                mem.bytes() + f32_copy.get().map_or(0, |m| m.bytes())
+            }
             CudaWeight::Matrix { mem, .. }
-            | CudaWeight::Float { mem, .. }
             | CudaWeight::Vector { mem, .. }
             | CudaWeight::Ints { mem, .. } => mem.bytes(),
         }
@@ -282,6 +304,7 @@ fn load_float(
         rows,
         cols,
         n,
+        f32_copy: OnceLock::new(),
     })
 }
 
@@ -316,6 +339,7 @@ fn load_mxfp4(
         rows,
         cols,
         n,
+        f32_copy: OnceLock::new(),
     })
 }
 
@@ -375,6 +399,7 @@ pub fn from_values(gpu: &Arc<Gpu>, dims: &[usize], values: &[f32]) -> Result<Cud
             rows,
             cols,
             n,
+            f32_copy: OnceLock::new(),
         }
     })
 }
@@ -383,10 +408,9 @@ fn grid(n: u64, gpu: &Gpu) -> (u32, u32, u32) {
     (n.div_ceil(256).clamp(1, gpu.n_sm as u64 * 16) as u32, 1, 1)
 }
 
-/// A vector tensor decoded to f32 (F32, F16 or BF16).
-fn vector_f32(info: &TensorInfo, data: &[u8]) -> Result<Vec<f32>> {
-    let n = info.n_elements() as usize;
-    let v: Vec<f32> = match info.dtype {
+/// F32, F16 or BF16 values decoded to f32 (None: another type).
+fn floats_f32(ty: GgmlType, data: &[u8]) -> Option<Vec<f32>> {
+    Some(match ty {
         GgmlType::F32 => data
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -399,12 +423,18 @@ fn vector_f32(info: &TensorInfo, data: &[u8]) -> Result<Vec<f32>> {
             .chunks_exact(2)
             .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
-        ty => {
-            return Err(CudaError::Unsupported(format!(
-                "vector tensor '{}' has type {ty}; the CUDA backend reads vectors in f32, f16 or bf16",
-                info.name
-            )));
-        }
+        _ => return None,
+    })
+}
+
+/// A vector tensor decoded to f32 (F32, F16 or BF16).
+fn vector_f32(info: &TensorInfo, data: &[u8]) -> Result<Vec<f32>> {
+    let n = info.n_elements() as usize;
+    let Some(v) = floats_f32(info.dtype, data) else {
+        return Err(CudaError::Unsupported(format!(
+            "vector tensor '{}' has type {}; the CUDA backend reads vectors in f32, f16 or bf16",
+            info.name, info.dtype
+        )));
     };
     if v.len() != n {
         return Err(CudaError::Unsupported(format!(
