@@ -446,27 +446,37 @@ __device__ __forceinline__ void chunk_dots(const uint4 (&raw)[4], int ty, int c0
     }
 }
 
+// The state `float_row` carries from its first loads to its sums.
+struct FloatRowIn {
+    uint4 raw[4];
+    int j;       // the thread's lane in its row's group
+    int chunks;  // 16-byte chunks of a row
+    bool vec;    // the row is taken in 16-byte chunks
+};
+
 // The first loads of `float_row` (its parameters), which a kernel issues before its wait
-// for the previous kernel (the weights do not depend on it); whether the row is taken in
-// 16-byte chunks (whole aligned chunks, every token's `x` 16-byte aligned).
-__device__ __forceinline__ bool float_row_loads(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int lanes,
-                                                bool valid, uint4 (&raw)[4]) {
+// for the previous kernel (the weights do not depend on it): whole aligned 16-byte
+// chunks when every token's `x` is 16-byte aligned too.
+__device__ __forceinline__ void float_row_loads(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int lanes,
+                                                bool valid, FloatRowIn& in) {
     const int per = ty == T_F32 ? 4 : 8;
-    const bool vec = n_in % per == 0 && ((u64)wr & 15) == 0 && ((u64)x & 15) == 0 && (x_ts & 3) == 0;
-    if (valid && vec) chunk_loads(wr, threadIdx.x & (lanes - 1), lanes, n_in / per, raw);
-    return vec;
+    in.j = threadIdx.x & (lanes - 1);
+    in.chunks = n_in / per;
+    in.vec = n_in % per == 0 && ((u64)wr & 15) == 0 && ((u64)x & 15) == 0 && (x_ts & 3) == 0;
+    if (valid && in.vec) chunk_loads(wr, in.j, lanes, in.chunks, in.raw);
 }
 
-// `float_row` after its first loads (`raw` and `vec`, from `float_row_loads`) and its wait.
-__device__ __forceinline__ void float_row_sums(uint4 (&raw)[4], bool vec, const u8* wr, int ty, const float* x, i64 x_ts,
+// `float_row` after its first loads (`in`, from `float_row_loads`) and its wait.
+__device__ __forceinline__ void float_row_sums(FloatRowIn& in, const u8* wr, int ty, const float* x, i64 x_ts,
                                                int n_in, int n_tok, float* out, i64 o_ts, const float* bias, int r,
                                                int rb, int lanes, bool valid) {
     __shared__ float part[FG_TOK][FG_THREADS / 32];
-    const int j = threadIdx.x & (lanes - 1);
+    uint4(&raw)[4] = in.raw;
+    const int j = in.j;
+    const bool vec = in.vec;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int span = lanes < 32 ? lanes : 32;
-    const int per = ty == T_F32 ? 4 : 8;
-    const int chunks = n_in / per;
+    const int chunks = in.chunks;
     for (int t0 = 0; t0 < n_tok; t0 += FG_TOK) {
         float acc[FG_TOK];
 #pragma unroll
@@ -525,13 +535,13 @@ __device__ __forceinline__ void float_row_sums(uint4 (&raw)[4], bool vec, const 
 __device__ __forceinline__ void float_row(const u8* wr, int ty, const float* x, i64 x_ts, int n_in, int n_tok,
                                           float* out, i64 o_ts, const float* bias, int r, int rb, int lanes,
                                           bool valid, bool wait = true) {
-    uint4 raw[4];
-    const bool vec = float_row_loads(wr, ty, x, x_ts, n_in, lanes, valid, raw);
+    FloatRowIn in;
+    float_row_loads(wr, ty, x, x_ts, n_in, lanes, valid, in);
     if (wait) {
         pdl_wait();
         pdl_trigger();
     }
-    float_row_sums(raw, vec, wr, ty, x, x_ts, n_in, n_tok, out, o_ts, bias, r, rb, lanes, valid);
+    float_row_sums(in, wr, ty, x, x_ts, n_in, n_tok, out, o_ts, bias, r, rb, lanes, valid);
 }
 
 // Row r of product S's weight.

@@ -435,17 +435,17 @@ extern "C" __global__ void __launch_bounds__(DELTA_STEP_THREADS) delta_step(cons
     const FloatSeg &G = P.g0_prod, &Z = P.gz_prod;
     const int gr = h * P.gc + j / max(G.lanes, 1), zr = h * dv + j / max(Z.lanes, 1);
     const bool gv = G.w && j < P.gc * G.lanes, zv = Z.w && j < dv * Z.lanes;
-    uint4 graw[4], zraw[4];
-    const bool gvec = G.w && float_row_loads(float_seg_row(G, gr), G.ty, G.x, G.n_in, G.n_in, G.lanes, gv, graw);
-    const bool zvec = Z.w && float_row_loads(float_seg_row(Z, zr), Z.ty, Z.x, Z.n_in, Z.n_in, Z.lanes, zv, zraw);
+    FloatRowIn gin, zin;
+    if (G.w) float_row_loads(float_seg_row(G, gr), G.ty, G.x, G.n_in, G.n_in, G.lanes, gv, gin);
+    if (Z.w) float_row_loads(float_seg_row(Z, zr), Z.ty, Z.x, Z.n_in, Z.n_in, Z.lanes, zv, zin);
     pdl_wait();
     pdl_trigger();
     if (!P.early) load_state();
     if (G.w)
-        float_row_sums(graw, gvec, float_seg_row(G, gr), G.ty, G.x, G.n_in, G.n_in, 1, G.out, G.n_out, G.bias, gr, G.rb,
+        float_row_sums(gin, float_seg_row(G, gr), G.ty, G.x, G.n_in, G.n_in, 1, G.out, G.n_out, G.bias, gr, G.rb,
                        G.lanes, gv);
     if (Z.w)
-        float_row_sums(zraw, zvec, float_seg_row(Z, zr), Z.ty, Z.x, Z.n_in, Z.n_in, 1, Z.out, Z.n_out, Z.bias, zr, Z.rb,
+        float_row_sums(zin, float_seg_row(Z, zr), Z.ty, Z.x, Z.n_in, Z.n_in, 1, Z.out, Z.n_out, Z.bias, zr, Z.rb,
                        Z.lanes, zv);
     if (G.w || Z.w) __syncthreads();
     const int slot = P.cap ? (P.step->pos0 + P.row0) % P.cap : 0;

@@ -43,7 +43,8 @@ extern "C" __global__ void __launch_bounds__(FG_THREADS, 4) gemv_float_multi(con
     while (si + 1 < P.n && (int)blockIdx.x >= P.s[si + 1].first) ++si;
     const FloatSeg& S = P.s[si];
     const int r = float_row_index(blockIdx.x - S.first, S.lanes);
-    float_row(float_seg_row(S, r), S.ty, S.x, S.n_in, S.n_in, S.n_tok, S.out, S.n_out, S.bias, r, S.rb,
+    const int bytes = S.ty == T_F32 ? 4 : 2;
+    float_row(S.w + (i64)r * S.n_in * bytes, S.ty, S.x, S.n_in, S.n_in, S.n_tok, S.out, S.n_out, S.bias, r, S.rb,
               S.lanes, r < S.n_out);
 }
 

@@ -153,7 +153,8 @@ extern "C" __global__ void __launch_bounds__(FG_THREADS) router_route(const Floa
     __shared__ bool last;
     const int r = float_row_index(blockIdx.x, S.lanes);
     if (beside) pdl_trigger();
-    float_row(float_seg_row(S, r), S.ty, S.x, S.n_in, S.n_in, 1, S.out, S.n_out, S.bias, r, S.rb, S.lanes,
+    const int bytes = S.ty == T_F32 ? 4 : 2;
+    float_row(S.w + (i64)r * S.n_in * bytes, S.ty, S.x, S.n_in, S.n_in, 1, S.out, S.n_out, S.bias, r, S.rb, S.lanes,
               r < S.n_out, !beside);
     if (beside) pdl_wait();
     __threadfence();
