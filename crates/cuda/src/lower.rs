@@ -574,12 +574,13 @@ fn router_beside(
 /// buffers are whole allocations, so equal starts are the only overlap).
 fn apart(a: &CompressParams, b: &CompressParams) -> bool {
     let writes = |c: &CompressParams| [c.kv, c.gate, c.entries, c.ln.out];
-    let touches =
-        |c: &CompressParams| [c.src_kv, c.src_gate, c.kv, c.gate, c.entries, c.ln.x, c.ln.out];
+    let touches = |c: &CompressParams| {
+        [
+            c.src_kv, c.src_gate, c.kv, c.gate, c.entries, c.ln.x, c.ln.out,
+        ]
+    };
     let clash = |w: &CompressParams, t: &CompressParams| {
-        writes(w)
-            .iter()
-            .any(|&x| x != 0 && touches(t).contains(&x))
+        writes(w).iter().any(|&x| x != 0 && touches(t).contains(&x))
     };
     !clash(a, b) && !clash(b, a)
 }
@@ -1684,7 +1685,8 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
 mod tests {
     use super::*;
     use crate::ops::{
-        GatedNormArgs, HcPostArgs, HcPreArgs, LayerNormArgs, NormRefArgs, RopeTorchArgs, float_lanes,
+        GatedNormArgs, HcPostArgs, HcPreArgs, LayerNormArgs, NormRefArgs, RopeTorchArgs,
+        float_lanes,
     };
     use ds4_gguf::GgmlType;
 

@@ -28,8 +28,8 @@ use crate::gemm::Sgemm;
 use crate::layout::{act_need, gemv_smem_bytes};
 use crate::ops::{
     CompressParams, DeltaParams, ExpertGemv, FG_THREADS, FloatSeg, GatedNormArgs, HC_COLS,
-    HcPostArgs, HcPreArgs, KArgs, KernelOp, LayerNormArgs, MatRef, NormRefArgs, Op, ReduceTail, RopeTorchArgs,
-    RouteParams, SinkParams, StoreRowsArgs, float_blocks, float_lanes,
+    HcPostArgs, HcPreArgs, KArgs, KernelOp, LayerNormArgs, MatRef, NormRefArgs, Op, ReduceTail,
+    RopeTorchArgs, RouteParams, SinkParams, StoreRowsArgs, float_blocks, float_lanes,
 };
 use crate::weights::CudaWeight;
 
