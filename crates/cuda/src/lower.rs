@@ -2677,23 +2677,28 @@ mod tests {
         }
     }
 
+    /// One row of 512 values from `src` into the ring `dst` of `cap` rows.
+    fn store_row(src: u64, dst: u64, cap: i32) -> Op {
+        Op::StoreRows {
+            a: crate::ops::StoreRowsArgs {
+                step: 99 << 40,
+                src,
+                dst,
+                rows: 1,
+                row_len: 512,
+                cap,
+                pad: 0,
+            },
+            grid: 2,
+        }
+    }
+
     #[test]
     fn a_rope_stores_its_rows_into_the_ring_after_it() {
         // DeepSeek-V4's key: one head of 512, then into the window's ring of 383 rows.
         let k = Kernels::fake();
         let rope = ds4_rope(1 << 40, 1, 64, 1.0);
-        let store = |src: u64| Op::StoreRows {
-            a: crate::ops::StoreRowsArgs {
-                step: 99 << 40,
-                src: src << 40,
-                dst: 2 << 40,
-                rows: 1,
-                row_len: 512,
-                cap: 383,
-                pad: 0,
-            },
-            grid: 2,
-        };
+        let store = |src: u64| store_row(src << 40, 2 << 40, 383);
         let ops = |src| [Op::RopeTorch { a: rope, n_tok: 1 }, store(src)];
         let cmds = lowered(&ops(1), 1, &k);
         let [Cmd::Launch(l)] = &cmds[..] else {
@@ -2719,18 +2724,7 @@ mod tests {
             eps: 1e-6,
             out: 3 << 40,
         };
-        let store = |src: u64| Op::StoreRows {
-            a: crate::ops::StoreRowsArgs {
-                step: 99 << 40,
-                src: src << 40,
-                dst: 4 << 40,
-                rows: 1,
-                row_len: 512,
-                cap: 4096,
-                pad: 0,
-            },
-            grid: 2,
-        };
+        let store = |src: u64| store_row(src << 40, 4 << 40, 4096);
         let cmds = lowered(&[norm, store(3)], 1, &k);
         let [Cmd::Launch(l)] = &cmds[..] else {
             panic!("one launch expected");
