@@ -189,6 +189,16 @@ impl Gpu {
             .map_err(|e| CudaError::driver("cuMemcpyHtoDAsync", e))
     }
 
+    /// Whether a graph capture is recording the stream (its work then goes into the
+    /// graph instead of running).
+    pub fn capturing(&self) -> Result<bool> {
+        self.bind()?;
+        // SAFETY: our stream.
+        let status = unsafe { result::stream::is_capturing(self.stream) }
+            .map_err(|e| CudaError::driver("cuStreamIsCapturing", e))?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// Copies device bytes to the host and waits for the copy.
     pub fn dtoh(&self, dst: &mut [u8], src: DPtr) -> Result<()> {
         if dst.is_empty() {

@@ -418,7 +418,7 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         return Ok(used);
     }
     if let Op::DeltaStep { p, block } = ops[i] {
-        cmds.push(delta_step_launch(ops, i, p, block, [None; 2], cx));
+        cmds.push(delta_step_launch(ops, i, i, p, block, [None; 2], cx));
         return Ok(1 + norm_in_step(ops, i, &p, cx).is_some() as usize);
     }
     // A norm whose rows are the heads the next rope rotates: one launch, a block per row.
@@ -439,13 +439,18 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         ));
         return Ok(2);
     }
-    // A LayerNorm of the one row a compressor takes next (GLM-5.3's indexer keys).
+    // A LayerNorm of the one row a compressor takes next (GLM-5.3's indexer keys). At
+    // most 256 values: each thread then sums one value in both launches (the same f64
+    // terms in the same warps); not in place (block 0 writes the output that other
+    // blocks would still read).
     if let (Op::LayerNorm { a, rows: 1 }, Some(&Op::Compress { p, blocks, block })) =
         (ops[i], ops.get(i + 1))
         && cx.fuse_decode
         && p.src_kv == a.out
         && p.overlap == 0
         && a.cols == p.c
+        && a.cols <= 256
+        && a.x != a.out
     {
         let p = CompressParams { ln: a, ..p };
         cmds.push(compress([p, CompressParams::default()], blocks, block, cx));
@@ -478,6 +483,7 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         },
         Some(&Op::StoreRows { a: st, .. }),
     ) = (ops[i], ops.get(i + 1))
+        && cx.fuse_decode
         && st.src == out
         && st.rows as u32 == rows
         && st.row_len as u32 == n
@@ -530,7 +536,7 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
     if let Some((n, gates)) = step_gates(ops, i, cx)
         && let Op::DeltaStep { p, block } = ops[i + n]
     {
-        cmds.push(delta_step_launch(ops, i + n, p, block, gates, cx));
+        cmds.push(delta_step_launch(ops, i, i + n, p, block, gates, cx));
         return Ok(n + 1 + norm_in_step(ops, i + n, &p, cx).is_some() as usize);
     }
     if let Op::FloatGemv(_) = ops[i] {
@@ -550,8 +556,9 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
 /// Whether `router_route` of the router product `seg` (op `i`) and the routing `p` may run
 /// beside the command before it (kernels/moe.cu `beside`): that command is a GEMV (it
 /// lets the next kernel start once its own wait has passed, so every earlier kernel has
-/// finished) of op `i − 1`, a product that touches neither the router's input nor
-/// anything the routing writes.
+/// finished) ending with op `i − 1`, a product, and none of the products and norms that
+/// GEMV may hold (the run of them before op `i`) touches the router's input or anything
+/// the routing writes.
 fn router_beside(
     ops: &[Op],
     i: usize,
@@ -560,14 +567,22 @@ fn router_beside(
     cmds: &[Cmd],
     cx: &Ctx,
 ) -> bool {
-    let Some(&Op::Matmul { x, out, .. }) = i.checked_sub(1).map(|j| &ops[j]) else {
+    if !matches!(i.checked_sub(1).map(|j| &ops[j]), Some(Op::Matmul { .. })) {
         return false;
-    };
+    }
     let Some(Cmd::Launch(prev)) = cmds.last() else {
         return false;
     };
     let routed = [seg.x, seg.out, p.ids, p.weights];
-    is_gemv(prev, cx) && !routed.contains(&x) && !routed.contains(&out)
+    let apart = ops[..i]
+        .iter()
+        .rev()
+        .map_while(|op| match *op {
+            Op::Matmul { x, out, .. } | Op::RmsNorm { x, out, .. } => Some([x, out]),
+            _ => None,
+        })
+        .all(|bufs| bufs.iter().all(|b| !routed.contains(b)));
+    is_gemv(prev, cx) && apart
 }
 
 /// Whether two compressors share no buffer that either writes (rings and entries; their
@@ -803,14 +818,25 @@ fn step_gates(ops: &[Op], i: usize, cx: &Ctx) -> Option<(usize, [Option<FloatSeg
         f32s(p.v, hv_dv),
         f32s(p.b, p.hv as u64),
     ];
+    let (conv, gates) = (
+        (p.kc as u64).saturating_sub(1) * (2 * hk_dk + hv_dv),
+        (p.hv * p.gc) as u64,
+    );
+    let cap = p.cap as u64;
+    // What the launch writes: the step's outputs and state, the journal, and the gate
+    // products' own rows (each block its head's, while other blocks read theirs).
     let writes = [
         f32s(p.out, hv_dv),
         f32s(norm.map_or(0, |g| g.out), hv_dv),
-        f32s(
-            p.conv_state,
-            (p.kc as u64).saturating_sub(1) * (2 * hk_dk + hv_dv),
-        ),
+        f32s(p.conv_state, conv),
         f32s(p.s, hv_dv * p.dk as u64),
+        f32s(p.g0, gates),
+        f32s(z.unwrap_or(0), hv_dv),
+        f32s(p.jpre, cap * (2 * hk_dk + hv_dv)),
+        f32s(p.jk, cap * hk_dk),
+        f32s(p.jv, cap * hv_dv),
+        f32s(p.jg, cap * gates),
+        f32s(p.jb, cap * p.hv as u64),
     ];
     let mut gates = [None; 2];
     for op in &ops[i..i + n] {
@@ -840,11 +866,12 @@ fn step_gates(ops: &[Op], i: usize, cx: &Ctx) -> Option<(usize, [Option<FloatSeg
     Some((n, gates))
 }
 
-/// The launch of the delta step at `ops[i]`: with its fused norm ([`norm_in_step`]) and
-/// the products that form its gates (`gates`, from [`step_gates`]); it loads the state
-/// early when the launch before it cannot write it.
+/// The launch of the delta step at `ops[i]`, its first op `ops[first]`: with its fused
+/// norm ([`norm_in_step`]) and the products that form its gates (`gates`, from
+/// [`step_gates`]); it loads the state early when the launch before it cannot write it.
 fn delta_step_launch(
     ops: &[Op],
+    first: usize,
     i: usize,
     p: DeltaParams,
     block: u32,
@@ -852,7 +879,7 @@ fn delta_step_launch(
     cx: &Ctx,
 ) -> Cmd {
     let mut p = DeltaParams {
-        early: state_untouched_before(ops, i, &p) as i32,
+        early: state_untouched_before(ops, first, &p) as i32,
         ..p
     };
     if let Some(g) = norm_in_step(ops, i, &p, cx) {
@@ -1565,6 +1592,7 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         Op::DeltaStep { p, block } => cmds.push(delta_step_launch(
             std::slice::from_ref(op),
             0,
+            0,
             p,
             block,
             [None; 2],
@@ -2248,8 +2276,9 @@ mod tests {
             ..FloatSeg::default()
         };
         let (f_b, g_b) = (gate(40 << 40, p.g0), gate(41 << 40, g.z));
+        // First in the recording: the state loaded after the wait (see below for early).
         let want = DeltaParams {
-            early: 1,
+            early: 0,
             gz: g.z,
             gw: g.w,
             gout: g.out,
@@ -2270,6 +2299,33 @@ mod tests {
             assert_eq!(l.args, Args::with(want));
             assert_eq!(l.bytes, 2 * 64 * 128 * 128 * 2);
         }
+        // After the products of the layer's input (KDA's f_a, b, g_a): the state loaded
+        // early.
+        let f_a = |out: u64| {
+            Op::FloatGemv(FloatSeg {
+                x: 60 << 40,
+                out,
+                n_out: 128,
+                ..f_b
+            })
+        };
+        let ops = [
+            f_a(f_b.x),
+            Op::FloatGemv(f_b),
+            Op::FloatGemv(g_b),
+            step,
+            norm,
+        ];
+        let cmds = lowered(&ops, 1, &k);
+        let [_, Cmd::Launch(l)] = &cmds[..] else {
+            panic!("two launches expected");
+        };
+        assert_eq!(l.args, Args::with(DeltaParams { early: 1, ..want }));
+        // A product reading another's output (g0): each in its own launch before the step.
+        let reads_g0 = FloatSeg { x: p.g0, ..g_b };
+        let ops = [Op::FloatGemv(f_b), Op::FloatGemv(reads_g0), step, norm];
+        let f = k.gemv_float_multi;
+        assert_eq!(funcs(&lowered(&ops, 1, &k)), [f, f, k.delta_step]);
         // One of them alone.
         let cmds = lowered(&[Op::FloatGemv(g_b), step, norm], 1, &k);
         let [Cmd::Launch(l)] = &cmds[..] else {
@@ -2509,6 +2565,10 @@ mod tests {
         assert_eq!(beside(&[down(20 << 40, hn), router, route]), Some(0));
         assert_eq!(beside(&[down(p.ids, 21 << 40), router, route]), Some(0));
         assert_eq!(beside(&[router, route]), Some(0));
+        // The GEMV before holds two products of one input, the first writing the
+        // router's input: waits first.
+        let two = [down(20 << 40, hn), down(20 << 40, 21 << 40), router, route];
+        assert_eq!(beside(&two), Some(0));
     }
 
     #[test]
@@ -2617,10 +2677,18 @@ mod tests {
             ..p
         };
         let overlap = CompressParams { overlap: 1, ..p };
+        // Nor rows of more than 256 values (a thread would sum two in one launch, one in
+        // the other), nor a norm in place.
+        let wide = |a: LayerNormArgs| Op::LayerNorm { a, rows: 1 };
+        let long = LayerNormArgs { cols: 512, ..ln };
+        let in_place = LayerNormArgs { x: ln.out, ..ln };
+        let p512 = CompressParams { c: 512, ..p };
         for ops in [
             [norm(4), comp(p)],
             [norm(1), comp(other)],
             [norm(1), comp(overlap)],
+            [wide(long), comp(p512)],
+            [wide(in_place), comp(p)],
         ] {
             let cmds = lowered(&ops, 1, &k);
             assert_eq!(funcs(&cmds), [k.layer_norm_ref, k.compress_windows]);

@@ -97,6 +97,14 @@ impl CudaWeight {
                     return Ok((m, len));
                 }
                 let gpu = mem.gpu();
+                // Made on the stream, so not while another thread captures a graph on it.
+                if gpu.capturing()? {
+                    return Err(CudaError::Unsupported(
+                        "the f32 copy of a float matrix is made on its first use, which \
+                         came while a CUDA graph was being captured"
+                            .into(),
+                    ));
+                }
                 let mut raw = vec![0u8; len * ty.type_size()];
                 gpu.dtoh(&mut raw, mem.ptr())?;
                 let v = floats_f32(*ty, &raw).expect("a float matrix is F32, F16 or BF16");
