@@ -418,8 +418,9 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         return Ok(used);
     }
     if let Op::DeltaStep { p, block } = ops[i] {
-        cmds.push(delta_step_launch(ops, i, i, p, block, [None; 2], cx));
-        return Ok(1 + norm_in_step(ops, i, &p, cx).is_some() as usize);
+        let (used, cmd) = delta_step_launch(ops, i, i, p, block, [None; 2], cx);
+        cmds.push(cmd);
+        return Ok(used);
     }
     // A norm whose rows are the heads the next rope rotates: one launch, a block per row.
     if let (Op::NormRef { a, rows }, Some(&Op::RopeTorch { a: r, n_tok })) =
@@ -536,8 +537,9 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
     if let Some((n, gates)) = step_gates(ops, i, cx)
         && let Op::DeltaStep { p, block } = ops[i + n]
     {
-        cmds.push(delta_step_launch(ops, i, i + n, p, block, gates, cx));
-        return Ok(n + 1 + norm_in_step(ops, i + n, &p, cx).is_some() as usize);
+        let (used, cmd) = delta_step_launch(ops, i, i + n, p, block, gates, cx);
+        cmds.push(cmd);
+        return Ok(n + used);
     }
     if let Op::FloatGemv(_) = ops[i] {
         let (used, cmd) = float_group(ops, i, cx);
@@ -869,6 +871,7 @@ fn step_gates(ops: &[Op], i: usize, cx: &Ctx) -> Option<(usize, [Option<FloatSeg
 /// The launch of the delta step at `ops[i]`, its first op `ops[first]`: with its fused
 /// norm ([`norm_in_step`]) and the products that form its gates (`gates`, from
 /// [`step_gates`]); it loads the state early when the launch before it cannot write it.
+/// Also the ops it takes from `ops[i]` on (the step, and its norm when fused).
 fn delta_step_launch(
     ops: &[Op],
     first: usize,
@@ -877,12 +880,13 @@ fn delta_step_launch(
     block: u32,
     gates: [Option<FloatSeg>; 2],
     cx: &Ctx,
-) -> Cmd {
+) -> (usize, Cmd) {
     let mut p = DeltaParams {
         early: state_untouched_before(ops, first, &p) as i32,
         ..p
     };
-    if let Some(g) = norm_in_step(ops, i, &p, cx) {
+    let norm = norm_in_step(ops, i, &p, cx);
+    if let Some(g) = norm {
         p = DeltaParams {
             gz: g.z,
             gw: g.w,
@@ -900,17 +904,16 @@ fn delta_step_launch(
         .max(threads(&p.g0_prod, p.gc))
         .max(threads(&p.gz_prod, p.dv));
     let bytes = [g0, gz].iter().flatten().map(FloatSeg::weight_bytes).sum();
-    let mut a = Args::new();
-    a.push(p);
-    Cmd::Launch(Launch {
+    let launch = Cmd::Launch(Launch {
         f: cx.k.delta_step,
         grid: (p.hv as u32, 1, 1),
         block: block.next_multiple_of(32),
         smem: 4 * (p.dk * p.dv) as u32,
-        args: a,
+        args: Args::with(p),
         label: "delta_step",
         bytes,
-    })
+    });
+    (1 + norm.is_some() as usize, launch)
 }
 
 /// One token's experts down products with their weighted sum (`gemv_experts_down_sum`).
@@ -1589,15 +1592,9 @@ fn single(op: &Op, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<()> {
         Op::FloatGemv(_) => cmds.push(float_group(std::slice::from_ref(op), 0, cx).1),
         Op::Sgemm(g) => cmds.push(Cmd::Sgemm(g)),
         // (`lower_at` lowers delta steps itself; alone, one waits before loading its state.)
-        Op::DeltaStep { p, block } => cmds.push(delta_step_launch(
-            std::slice::from_ref(op),
-            0,
-            0,
-            p,
-            block,
-            [None; 2],
-            cx,
-        )),
+        Op::DeltaStep { p, block } => {
+            cmds.push(delta_step_launch(std::slice::from_ref(op), 0, 0, p, block, [None; 2], cx).1)
+        }
         Op::SinkMix { p, rows } => cmds.push(sink_mix(p, rows, RopeTorchArgs::default(), cx)),
         Op::Compress { p, blocks, block } => {
             cmds.push(compress([p, CompressParams::default()], blocks, block, cx))
