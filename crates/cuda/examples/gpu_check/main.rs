@@ -8,11 +8,12 @@
 //! gpu_check parity SPEC...            CUDA vs CPU logits on synthetic models (SHAPE:QUANT)
 //! gpu_check bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS]
 //!                      [--first-layer K] [--layers N] [--without LABEL]... [--host-profile]
-//!                      [--context N]
+//!                      [--context N] [--sweep]
 //!                                     (--context: the prompt prefilled before each decode
 //!                                     run, default 16 tokens; --without: launches of that
 //!                                     label left out of the decode graphs, to time them
-//!                                     inside a replay;
+//!                                     inside a replay; --sweep: each label of the decode
+//!                                     step left out in turn, in this one load;
 //!                                     --host-profile: the host sampled during the decode
 //!                                     runs, built with --features host-profile)
 //! gpu_check gemv                      single-matrix GEMV bandwidth (llama3-8b shapes)
@@ -362,6 +363,8 @@ struct BenchOpts {
     host_profile: bool,
     /// Tokens of the prompt prefilled before each decode run (`--context`).
     context: usize,
+    /// Each launch label of the decode step left out in turn (`--sweep`).
+    sweep: bool,
 }
 
 fn bench(args: &[String]) -> Res<()> {
@@ -378,6 +381,7 @@ fn bench(args: &[String]) -> Res<()> {
         without: Vec::new(),
         host_profile: false,
         context: 16,
+        sweep: false,
     };
     let mut i = 1;
     while i < args.len() {
@@ -404,6 +408,11 @@ fn bench(args: &[String]) -> Res<()> {
             }
             "--profile" => {
                 o.profile = true;
+                i += 1;
+                continue;
+            }
+            "--sweep" => {
+                o.sweep = true;
                 i += 1;
                 continue;
             }
@@ -515,6 +524,15 @@ fn bench(args: &[String]) -> Res<()> {
     }
     if o.ab > 0 {
         ab_compare(name, &backend, o.ab, o.decode, &decode_run)?;
+    }
+    if o.sweep {
+        sweep(
+            name,
+            &backend,
+            o.decode,
+            &decode_run,
+            &profile_labels(&backend, &greedy)?,
+        )?;
     }
     // The decode steps profiled alone (the prefill's kernels would otherwise count into
     // the decode kernels' averages).
@@ -707,6 +725,67 @@ fn profile_configs(on: bool) -> Vec<(&'static str, KernelConfig)> {
     } else {
         Vec::new()
     }
+}
+
+/// The launch labels of a decode step, from one eager profiled step.
+fn profile_labels(
+    backend: &CudaBackend,
+    greedy: &dyn Fn(usize, &dyn Fn()) -> Res<f64>,
+) -> Res<Vec<&'static str>> {
+    backend.set_graphs(false);
+    let run = greedy(1, &|| {
+        backend.set_profile(true);
+        backend.take_profile();
+    });
+    backend.set_profile(false);
+    backend.set_graphs(true);
+    run?;
+    let mut labels: Vec<_> = backend.take_profile().iter().map(|r| r.label).collect();
+    labels.sort_unstable();
+    labels.dedup();
+    Ok(labels)
+}
+
+/// What each launch label costs inside a replay: the device ms per replay with every
+/// launch (measured before and after the sweep) against the same with the label's
+/// launches left out; two runs of `n` tokens each, after an 8-token warm-up.
+fn sweep(
+    name: &str,
+    backend: &CudaBackend,
+    n: usize,
+    decode_run: &dyn Fn(usize) -> Res<f64>,
+    labels: &[&'static str],
+) -> Res<()> {
+    let device_ms = |without: &[String]| -> Res<Vec<f64>> {
+        backend.set_without(without);
+        decode_run(8)?;
+        let mut v = Vec::new();
+        for _ in 0..2 {
+            let before = backend.stats();
+            decode_run(n)?;
+            let after = backend.stats();
+            let timed = (after.graph_timed - before.graph_timed).max(1);
+            v.push((after.graph_gpu_ms - before.graph_gpu_ms) / timed as f64);
+        }
+        Ok(v)
+    };
+    let all = device_ms(&[])?;
+    let mut rows = Vec::new();
+    for &l in labels {
+        rows.push((l, device_ms(&[l.to_string()])?));
+    }
+    let all2 = device_ms(&[])?;
+    let base = median(&[all.clone(), all2.clone()].concat());
+    println!("sweep: every launch {all:.3?} then {all2:.3?} ms per replay");
+    rows.sort_by(|a, b| median(&a.1).total_cmp(&median(&b.1)));
+    for (l, v) in rows {
+        let saved = base - median(&v);
+        println!("  without {l:<28} {v:.3?} ms per replay: saves {saved:.3}");
+        println!(
+            "RESULT {{\"kind\":\"sweep\",\"model\":\"{name}\",\"label\":{l:?},\"device_ms\":{v:?},\"saved_ms\":{saved:.4}}}"
+        );
+    }
+    Ok(())
 }
 
 /// Paired decode comparison: `rounds` rounds, each running every configuration once
