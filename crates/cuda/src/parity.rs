@@ -74,22 +74,10 @@ fn top2(v: &[f32]) -> ((usize, f32), (usize, f32)) {
     (a, b)
 }
 
-/// Index of the largest value (the first on ties; NaN never wins). Two passes that
-/// vectorize: the maximum, then its first position.
+/// Index of the largest value (the first on ties; NaN never wins): the engine's greedy
+/// choice ([`ds4_engine::sampler::argmax`]).
 pub fn argmax(v: &[f32]) -> usize {
-    let mut m = [f32::NEG_INFINITY; 16];
-    let chunks = v.chunks_exact(16);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for i in 0..16 {
-            m[i] = m[i].max(c[i]);
-        }
-    }
-    let max = tail.iter().fold(
-        m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)),
-        |a, &b| a.max(b),
-    );
-    v.iter().position(|&x| x == max).unwrap_or(0)
+    ds4_engine::sampler::argmax(v) as usize
 }
 
 /// The worst and typical differences over many rows.

@@ -234,16 +234,40 @@ fn sample_with_scratch(
 
 /// Greedy argmax (`sample_argmax`): the lowest id whose value is strictly greatest and
 /// above -1e30; 0 when none is. NaN and `-inf` never win, `+inf` does.
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0u32;
-    let mut best_value = -1e30f32;
-    for (id, &v) in (0u32..).zip(logits) {
-        if v > best_value {
-            best_value = v;
-            best = id;
+///
+/// Two passes that vectorize (a decode step's logits row, 155k values for GLM-5.3, took
+/// 130 µs one value at a time, a sixtieth of the step): the maximum over 32 lanes, then
+/// the first block of 32 holding it and its first position there. `f32::max` skips NaN,
+/// and `==` finds either zero when the maximum is a zero, as `>` kept the first.
+pub fn argmax(logits: &[f32]) -> u32 {
+    const FLOOR: f32 = -1e30;
+    const LANES: usize = 32;
+    let blocks = logits.chunks_exact(LANES);
+    let mut m = [FLOOR; LANES];
+    for b in blocks.clone() {
+        for (m, &v) in m.iter_mut().zip(b) {
+            *m = m.max(v);
         }
     }
-    best
+    let max = blocks
+        .remainder()
+        .iter()
+        .chain(&m)
+        .fold(FLOOR, |a, &v| a.max(v));
+    if !(max > FLOOR) {
+        return 0;
+    }
+    let mut start = 0;
+    for b in blocks {
+        if b.iter().fold(false, |hit, &v| hit | (v == max)) {
+            break;
+        }
+        start += LANES;
+    }
+    logits[start..]
+        .iter()
+        .position(|&v| v == max)
+        .map_or(0, |i| (start + i) as u32)
 }
 
 /// ds4's `sample_full_vocab` (`top_k <= 0`), with `top_p` and `min_p` normalised.
@@ -489,6 +513,53 @@ mod tests {
         let logits = [1.0, f32::NAN, 3.0, 3.0, f32::NEG_INFINITY];
         assert_eq!(sample(&logits, &SamplerParams::GREEDY, &mut rng), 2);
         assert_eq!(rng, Rng(7));
+    }
+
+    /// The definition, one value at a time.
+    fn argmax_by_value(logits: &[f32]) -> u32 {
+        let (mut best, mut value) = (0u32, -1e30f32);
+        for (id, &v) in (0u32..).zip(logits) {
+            if v > value {
+                (best, value) = (id, v);
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn argmax_matches_the_definition_across_blocks() {
+        let mut rng = Rng(11);
+        let specials = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            -1e30,
+            -2e30,
+        ];
+        for n in [0, 1, 31, 32, 33, 100, 1000, 4099] {
+            for trial in 0..40 {
+                // Few distinct values (ties), some specials, sometimes all below -1e30.
+                let logits: Vec<f32> = (0..n)
+                    .map(|_| {
+                        let r = rng.next_u64();
+                        match (trial % 4, r % 13) {
+                            (3, _) => -3e30,
+                            (_, k) if k < specials.len() as u64 && trial % 2 == 1 => {
+                                specials[k as usize]
+                            }
+                            _ => (r >> 32) as f32 % 7.0 - 3.0,
+                        }
+                    })
+                    .collect();
+                assert_eq!(
+                    argmax(&logits),
+                    argmax_by_value(&logits),
+                    "{n} values, trial {trial}: {logits:?}"
+                );
+            }
+        }
     }
 
     #[test]
