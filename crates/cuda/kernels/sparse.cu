@@ -290,43 +290,86 @@ struct MlaParams {
 #define MLA_TILE 128
 #define MLA_CH 4     // value channels per thread: vdim ≤ MLA_CH · blockDim
 #define MLA_QMAX 1024
+#define MLA_VB 8     // tokens whose values a thread loads before adding them
+
+// The tokens a query attends with a selection (pool ids `s[0..per_q)`, −1 where none):
+// each pool whose id differs from the last valid id before it (a repeated id counts
+// once), its `pool` tokens in order, then (with `tail`) the incomplete pool up to t.
+// By the whole block, `per_q` entries at a time; returns the count (on every thread).
+__device__ int mla_tokens(const MlaParams& P, const i32* s, int t, int* toks) {
+    __shared__ int wlast[32], wkept[32];
+    __shared__ int carry_idx, carry_n;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (threadIdx.x == 0) {
+        carry_idx = -1;
+        carry_n = 0;
+    }
+    __syncthreads();
+    for (int c0 = 0; c0 < P.per_q; c0 += blockDim.x) {
+        const int j = c0 + threadIdx.x;
+        const int v = j < P.per_q ? s[j] : -1;
+        // The last valid index at or before j (a max-scan over the warp, then the block).
+        int idx = v >= 0 ? j : -1;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int u = __shfl_up_sync(0xffffffffu, idx, o);
+            if (lane >= o) idx = max(idx, u);
+        }
+        if (lane == 31) wlast[warp] = idx;
+        __syncthreads();
+        int before = carry_idx;
+        for (int w = 0; w < warp; ++w) before = max(before, wlast[w]);
+        const int up = __shfl_up_sync(0xffffffffu, idx, 1);
+        const int prev = max(before, lane > 0 ? up : -1);
+        const bool keep = v >= 0 && (prev < 0 || s[prev] != v);
+        const u32 ballot = __ballot_sync(0xffffffffu, keep);
+        if (lane == 0) wkept[warp] = __popc(ballot);
+        __syncthreads();
+        int at = carry_n + __popc(ballot & ((1u << lane) - 1));
+        for (int w = 0; w < warp; ++w) at += wkept[w];
+        if (keep)
+            for (int k = 0; k < P.pool; ++k) toks[at * P.pool + k] = v * P.pool + k;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 0; w < nw; ++w) {
+                carry_idx = max(carry_idx, wlast[w]);
+                carry_n += wkept[w];
+            }
+        }
+        __syncthreads();
+    }
+    int n = carry_n * P.pool;
+    if (P.tail) {
+        const int first = P.pool * ((t + 1) / P.pool);
+        for (int k = first + threadIdx.x; k <= t; k += blockDim.x) toks[n + k - first] = k;
+        n += t + 1 - first;
+    }
+    __syncthreads();
+    return n;
+}
 
 // One block per (query, head): the attended tokens (the selected pools' tokens then the
 // tail, kept in dynamic shared memory; or 0..t without a selection) in tiles of
-// MLA_TILE: scores (one warp per token), then an online softmax — the running maximum,
-// the f64 running sum and each thread's MLA_CH value channels rescaled when the
+// MLA_TILE: scores (a warp per two tokens), then an online softmax — the running
+// maximum, the f64 running sum and each thread's MLA_CH value channels rescaled when the
 // maximum grows — so no score buffer of the context's length is needed. Absorbed
 // (keys = values = the latents, q the absorbed queries) or expanded (per-head keys and
-// values) by the strides.
+// values) by the strides. The loads are batched across tokens; every sum runs in the
+// order of one token at a time.
 extern "C" __global__ void mla_attend(const MlaParams P) {
     extern __shared__ int toks[];
     __shared__ float qs[MLA_QMAX], sc[MLA_TILE];
     __shared__ float redf[32];
     __shared__ double redd[32];
-    __shared__ int n_sh;
     pdl_wait();
     pdl_trigger();
     const int i = blockIdx.x / P.heads, h = blockIdx.x % P.heads;
     const int t = P.step->pos0 + i;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (P.sel) {
-        if (threadIdx.x == 0) {
-            const i32* s = P.sel + (i64)i * P.per_q;
-            int n = 0, last = -1;
-            for (int j = 0; j < P.per_q; ++j)
-                if (s[j] >= 0 && s[j] != last) {
-                    last = s[j];
-                    for (int k = 0; k < P.pool; ++k) toks[n++] = s[j] * P.pool + k;
-                }
-            if (P.tail)
-                for (int k = P.pool * ((t + 1) / P.pool); k <= t; ++k) toks[n++] = k;
-            n_sh = n;
-        }
-    }
+    const int n = P.sel ? mla_tokens(P, P.sel + (i64)i * P.per_q, t, toks) : t + 1;
     const float* q = P.q + ((i64)i * P.heads + h) * P.kdim;
     for (int x = threadIdx.x; x < P.kdim; x += blockDim.x) qs[x] = q[x];
     __syncthreads();
-    const int n = P.sel ? n_sh : t + 1;
     float m = -INFINITY;
     double l = 0.0;
     float acc[MLA_CH];
@@ -334,13 +377,24 @@ extern "C" __global__ void mla_attend(const MlaParams P) {
     for (int c = 0; c < MLA_CH; ++c) acc[c] = 0.f;
     for (int base = 0; base < n; base += MLA_TILE) {
         const int nt = min(MLA_TILE, n - base);
-        for (int k = warp; k < nt; k += nw) {
+        // Tokens k and k + nw by one warp, their dots side by side.
+        for (int k = warp; k < nt; k += 2 * nw) {
+            const int k2 = min(k + nw, nt - 1);
             const int tok = P.sel ? toks[base + k] : base + k;
+            const int tok2 = P.sel ? toks[base + k2] : base + k2;
             const float* kr = P.keys + (i64)tok * P.k_ts + (i64)h * P.k_hs;
-            float d = 0.f;
-            for (int x = lane; x < P.kdim; x += 32) d = __fadd_rn(d, __fmul_rn(qs[x], kr[x]));
+            const float* kr2 = P.keys + (i64)tok2 * P.k_ts + (i64)h * P.k_hs;
+            float d = 0.f, d2 = 0.f;
+            for (int x = lane; x < P.kdim; x += 32) {
+                d = __fadd_rn(d, __fmul_rn(qs[x], kr[x]));
+                d2 = __fadd_rn(d2, __fmul_rn(qs[x], kr2[x]));
+            }
             d = warp_sum(d);
-            if (lane == 0) sc[k] = __fmul_rn(d, P.scale);
+            d2 = warp_sum(d2);
+            if (lane == 0) {
+                sc[k] = __fmul_rn(d, P.scale);
+                if (k + nw < nt) sc[k2] = __fmul_rn(d2, P.scale);
+            }
         }
         __syncthreads();
         float tm = -INFINITY;
@@ -355,16 +409,30 @@ extern "C" __global__ void mla_attend(const MlaParams P) {
         }
         l = l * (double)corr + block_sum_d(z, redd);
         __syncthreads();
+        // Each channel: acc·corr, then the tokens' weighted values one token at a time;
+        // the values of MLA_VB tokens (every channel) loaded before their adds.
 #pragma unroll
-        for (int c = 0; c < MLA_CH; ++c) {
-            const int x = threadIdx.x + c * blockDim.x;
-            if (x >= P.vdim) break;
-            float a = __fmul_rn(acc[c], corr);
-            for (int k = 0; k < nt; ++k) {
+        for (int c = 0; c < MLA_CH; ++c) acc[c] = __fmul_rn(acc[c], corr);
+        for (int k0 = 0; k0 < nt; k0 += MLA_VB) {
+            float v[MLA_VB][MLA_CH];
+#pragma unroll
+            for (int j = 0; j < MLA_VB; ++j) {
+                const int k = min(k0 + j, nt - 1);
                 const int tok = P.sel ? toks[base + k] : base + k;
-                a = __fadd_rn(a, __fmul_rn(sc[k], P.vals[(i64)tok * P.v_ts + (i64)h * P.v_hs + x]));
+                const float* vr = P.vals + (i64)tok * P.v_ts + (i64)h * P.v_hs;
+#pragma unroll
+                for (int c = 0; c < MLA_CH; ++c) {
+                    const int x = threadIdx.x + c * blockDim.x;
+                    v[j][c] = x < P.vdim ? vr[x] : 0.f;
+                }
             }
-            acc[c] = a;
+#pragma unroll
+            for (int j = 0; j < MLA_VB; ++j) {
+                if (k0 + j >= nt) break;
+                const float e = sc[k0 + j];
+#pragma unroll
+                for (int c = 0; c < MLA_CH; ++c) acc[c] = __fadd_rn(acc[c], __fmul_rn(e, v[j][c]));
+            }
         }
         m = nm;
         __syncthreads();
