@@ -363,7 +363,7 @@ extern "C" __global__ void hc_head(const float* x, const float* m, const float* 
 }
 
 // The write-back of one sublayer and the next sublayer's pre for one token (decode) in one
-// launch. Block b owns columns [b·HC_COLS, (b+1)·HC_COLS) of every stream: it writes
+// launch (without `A.y`, the pre alone: the first sublayer's). Block b owns columns [b·HC_COLS, (b+1)·HC_COLS) of every stream: it writes
 // their new values (`hc_post`'s arithmetic) and the partial sums of their squares and of
 // their products with each fn row; after a grid barrier every block sums the partials in
 // block order, forms the mixes as r·Σ fn·x (the mix kernels round x·r first: within an
@@ -458,7 +458,11 @@ __device__ __forceinline__ void post_pre(const HcPostArgs& A, const HcPreArgs& B
     float nv[N];
 #pragma unroll
     for (int j = 0; j < N; ++j) nv[j] = 0.f;
-    if (k < d) {
+    if (k < d && !A.y) {
+        // No write-back (the first sublayer's pre): the streams as they are.
+#pragma unroll
+        for (int j = 0; j < N; ++j) nv[j] = j < n ? A.x[(i64)j * d + k] : 0.f;
+    } else if (k < d) {
         // post and comb loaded before the stores to x (the compiler cannot know that they
         // do not alias).
         float pc[N + N * N], old[N];

@@ -30,7 +30,8 @@ use crate::error::{CudaError, Result};
 use crate::kernels::{GEMV_TYPES, Kernels};
 use crate::layout::{act_need, gemv_smem_bytes};
 use crate::ops::{
-    CompressParams, DeltaParams, FG_THREADS, FloatSeg, HC_COLS, MatRef, Op, RopeArgs, RopeTorchArgs,
+    CompressParams, DeltaParams, FG_THREADS, FloatSeg, HC_COLS, HcPostArgs, MatRef, Op, RopeArgs,
+    RopeTorchArgs,
 };
 use crate::ops::{ExpertGemv, ReduceTail};
 
@@ -207,11 +208,14 @@ pub fn lower_traced(ops: &[Op], cx: &Ctx) -> Result<(Vec<Cmd>, Vec<usize>)> {
         let before = cmds.len();
         let used = lower_at(ops, i, cx, &mut cmds)?;
         origin.resize(origin.len() + cmds.len() - before, i);
-        // This op began the next sublayer: its `hc_post_pre` is command `next`.
-        let mut next = match (cmds.get(before), ops.get(i + 1)) {
-            (Some(Cmd::Launch(l)), Some(Op::HcPre { args, .. })) if l.f == cx.k.hc_post_pre => {
-                Some((before, *args))
-            }
+        // This op began the next sublayer: its `hc_post_pre` (with this op's pre, or the
+        // next op's) is command `next`.
+        let pre = match (&ops[i], ops.get(i + 1)) {
+            (Op::HcPre { args, .. }, _) | (_, Some(Op::HcPre { args, .. })) => Some(*args),
+            _ => None,
+        };
+        let mut next = match (cmds.get(before), pre) {
+            (Some(Cmd::Launch(l)), Some(args)) if l.f == cx.k.hc_post_pre => Some((before, args)),
             _ => None,
         };
         if let Some(p) = sinkhorn.take() {
@@ -352,14 +356,29 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
         return Ok(used);
     }
     // The fused launch meets in a grid barrier: at most one block per SM keeps every
-    // block resident.
-    if let (Op::HcPost(post), Some(Op::HcPre { x, args })) = (ops[i], ops.get(i + 1))
-        && *x == post.x
+    // block resident. A pre without a write-back before it (the first sublayer's) runs
+    // in the same launch with no write-back (`y` null): its mixes summed as every later
+    // sublayer's, its Sinkhorn beside a later kernel.
+    let pair = match (ops[i], ops.get(i + 1)) {
+        (Op::HcPost(post), Some(&Op::HcPre { x, args })) if x == post.x => Some((post, args, 2)),
+        (Op::HcPre { x, args }, _) => {
+            let post = HcPostArgs {
+                x,
+                n: args.n,
+                d: args.d,
+                rb: args.rb,
+                ..HcPostArgs::default()
+            };
+            Some((post, args, 1))
+        }
+        _ => None,
+    };
+    if let Some((post, args, used)) = pair
         && cx.fuse_decode
         && (post.d as usize).div_ceil(HC_COLS) <= cx.n_sm as usize
     {
         let mut a = Args::new();
-        a.push(post).push(*args);
+        a.push(post).push(args);
         cmds.push(Cmd::Launch(Launch {
             f: cx.k.hc_post_pre,
             grid: ((post.d as usize).div_ceil(HC_COLS) as u32, 1, 1),
@@ -369,7 +388,7 @@ fn lower_at(ops: &[Op], i: usize, cx: &Ctx, cmds: &mut Vec<Cmd>) -> Result<usize
             label: "hc_post_pre",
             bytes: 0,
         }));
-        return Ok(2);
+        return Ok(used);
     }
     if let (Op::FloatGemv(seg), Some(&Op::MoeRoute { p, counter })) = (ops[i], ops.get(i + 1))
         && p.logits == seg.out
@@ -2071,6 +2090,56 @@ mod tests {
             funcs(&lowered(&hc_pair(wide), 1, &k)),
             [k.hc_post, k.hc_pre_one]
         );
+    }
+
+    #[test]
+    fn the_first_pre_runs_as_hc_post_pre_without_a_write_back() {
+        // The first sublayer's pre has no write-back before it: `hc_post_pre` with a null
+        // `y` (the streams as they are) and its Sinkhorn beside the next kernel, as every
+        // later sublayer's; too wide for one block per SM, or unfused, `hc_pre_one`.
+        let k = Kernels::fake();
+        let [post, pre] = hc_pair(4096);
+        let Op::HcPost(p) = post else { unreachable!() };
+        let product = Op::Matmul {
+            w: mat(1, GgmlType::Q8_0, 64, 4096),
+            bias: None,
+            x: 10 << 40,
+            rows: 1,
+            out: 11 << 40,
+        };
+        let cmds = lowered(&[pre, product, post, pre], 1, &k);
+        let gemv = k.gemv_typed[GEMV_TYPES
+            .iter()
+            .position(|&(g, _)| g == GgmlType::Q8_0)
+            .unwrap()][0];
+        assert_eq!(
+            funcs(&cmds),
+            [
+                k.hc_post_pre,
+                gemv,
+                k.hc_sinkhorn,
+                k.hc_post_pre,
+                k.hc_sinkhorn
+            ]
+        );
+        let Op::HcPre { args, .. } = pre else {
+            unreachable!()
+        };
+        let mut want = Args::new();
+        want.push(HcPostArgs {
+            x: p.x,
+            n: 4,
+            d: 4096,
+            rb: 0,
+            ..HcPostArgs::default()
+        })
+        .push(args);
+        let Cmd::Launch(l) = &cmds[0] else {
+            unreachable!()
+        };
+        assert_eq!((l.args.clone(), l.grid), (want, (32, 1, 1)));
+        let [_, wide] = hc_pair((133 * HC_COLS) as i32);
+        assert_eq!(funcs(&lowered(&[wide], 1, &k)), [k.hc_pre_one]);
     }
 
     #[test]

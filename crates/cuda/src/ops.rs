@@ -366,9 +366,10 @@ pub struct RopeTorchArgs {
     pub rb: i32,
 }
 
-/// `HcPostArgs` of kernels/mhc.cu.
+/// `HcPostArgs` of kernels/mhc.cu (`y` null: no write-back, `hc_post_pre` forms the pre
+/// of the streams as they are).
 #[repr(C)]
-#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct HcPostArgs {
     pub x: DPtr,
     pub y: DPtr,
