@@ -254,7 +254,8 @@ pub fn argmax(logits: &[f32]) -> u32 {
         .iter()
         .chain(&m)
         .fold(FLOOR, |a, &v| a.max(v));
-    if !(max > FLOOR) {
+    // Never NaN: the folds start from FLOOR and `f32::max` skips NaN.
+    if max <= FLOOR {
         return 0;
     }
     let mut start = 0;

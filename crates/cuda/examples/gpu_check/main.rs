@@ -727,11 +727,11 @@ fn profile_configs(on: bool) -> Vec<(&'static str, KernelConfig)> {
     }
 }
 
+/// `n` greedy decode steps after a prompt, `start` run between the two: tokens per second.
+type Greedy<'a> = dyn Fn(usize, &dyn Fn()) -> Res<f64> + 'a;
+
 /// The launch labels of a decode step, from one eager profiled step.
-fn profile_labels(
-    backend: &CudaBackend,
-    greedy: &dyn Fn(usize, &dyn Fn()) -> Res<f64>,
-) -> Res<Vec<&'static str>> {
+fn profile_labels(backend: &CudaBackend, greedy: &Greedy) -> Res<Vec<&'static str>> {
     backend.set_graphs(false);
     let run = greedy(1, &|| {
         backend.set_profile(true);
