@@ -1891,6 +1891,16 @@ mod tests {
     }
 
     fn lowered_with(ops: &[Op], n_tok: usize, k: &Kernels, fused_attention: bool) -> Vec<Cmd> {
+        lowered_ctx(ops, n_tok, k, fused_attention, true)
+    }
+
+    fn lowered_ctx(
+        ops: &[Op],
+        n_tok: usize,
+        k: &Kernels,
+        fused_attention: bool,
+        fuse_decode: bool,
+    ) -> Vec<Cmd> {
         let occ = |_: Func, _: u32, _: u32| 2;
         let attn = AttnScratch {
             pm: 1 << 50,
@@ -1907,7 +1917,7 @@ mod tests {
             gemv_occupancy: &occ,
             gemv_prefetch: 2,
             fused_attention,
-            fuse_decode: true,
+            fuse_decode,
             gemv_typed: true,
             step: 99 << 40,
             n_tok,
@@ -2140,6 +2150,8 @@ mod tests {
         assert_eq!((l.args.clone(), l.grid), (want, (32, 1, 1)));
         let [_, wide] = hc_pair((133 * HC_COLS) as i32);
         assert_eq!(funcs(&lowered(&[wide], 1, &k)), [k.hc_pre_one]);
+        let unfused = lowered_ctx(&[pre], 1, &k, false, false);
+        assert_eq!(funcs(&unfused), [k.hc_pre_one]);
     }
 
     #[test]

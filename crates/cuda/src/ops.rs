@@ -104,8 +104,9 @@ pub enum Op {
     FloatGemv(FloatSeg),
     /// mHC write-back of one token (`hc_post`).
     HcPost(HcPostArgs),
-    /// mHC pre of one token (`hc_pre_one`); right after an [`Op::HcPost`] of the same
-    /// streams both run as one launch (`hc_post_pre`).
+    /// mHC pre of one token: right after an [`Op::HcPost`] of the same streams both run
+    /// as one launch (`hc_post_pre`); alone, as `hc_post_pre` without the write-back
+    /// (`hc_pre_one` when the decode fusions are off or the streams too wide).
     HcPre {
         x: DPtr,
         args: HcPreArgs,

@@ -74,8 +74,8 @@ fn top2(v: &[f32]) -> ((usize, f32), (usize, f32)) {
     (a, b)
 }
 
-/// Index of the largest value (the first on ties; NaN never wins): the engine's greedy
-/// choice ([`ds4_engine::sampler::argmax`]).
+/// Index of the largest value (the first on ties; NaN never wins; 0 when none is above
+/// -1e30): the engine's greedy choice ([`ds4_engine::sampler::argmax`]).
 pub fn argmax(v: &[f32]) -> usize {
     ds4_engine::sampler::argmax(v) as usize
 }

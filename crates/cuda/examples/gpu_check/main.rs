@@ -533,6 +533,8 @@ fn bench(args: &[String]) -> Res<()> {
             &decode_run,
             &profile_labels(&backend, &greedy)?,
         )?;
+        // The sweep ends with every launch; the runs below leave out what was asked.
+        backend.set_without(&o.without);
     }
     // The decode steps profiled alone (the prefill's kernels would otherwise count into
     // the decode kernels' averages).
@@ -764,7 +766,10 @@ fn sweep(
             let before = backend.stats();
             decode_run(n)?;
             let after = backend.stats();
-            let timed = (after.graph_timed - before.graph_timed).max(1);
+            let timed = after.graph_timed - before.graph_timed;
+            if timed == 0 {
+                return Err("--sweep: no timed graph replay (decode at least 2 tokens)".into());
+            }
             v.push((after.graph_gpu_ms - before.graph_gpu_ms) / timed as f64);
         }
         Ok(v)
