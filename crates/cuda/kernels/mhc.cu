@@ -364,13 +364,13 @@ extern "C" __global__ void hc_head(const float* x, const float* m, const float* 
 
 // The write-back of one sublayer and the next sublayer's pre for one token (decode) in one
 // launch (without `A.y`, the pre alone: the first sublayer's). Block b owns columns
-// [b·HC_COLS, (b+1)·HC_COLS) of every stream: it writes their new values (`hc_post`'s arithmetic) and the partial sums of their squares and of
-// their products with each fn row; after a grid barrier every block sums the partials in
-// block order, forms the mixes as r·Σ fn·x (the mix kernels round x·r first: within an
-// f32 ulp) and pre (`hc_coeffs`' arithmetic, the same in every block), and collapses its
-// own columns. Block 0 leaves the mixes in B.m for `hc_sinkhorn` (post and comb). The
-// grid is one wave (d / HC_COLS blocks), so the barrier cannot wait on a block that is
-// not resident.
+// [b·HC_COLS, (b+1)·HC_COLS) of every stream: it writes their new values (`hc_post`'s
+// arithmetic) and the partial sums of their squares and of their products with each fn
+// row; after a grid barrier every block sums the partials in block order, forms the mixes
+// as r·Σ fn·x (the mix kernels round x·r first: within an f32 ulp) and pre (`hc_coeffs`'
+// arithmetic, the same in every block), and collapses its own columns. Block 0 leaves the
+// mixes in B.m for `hc_sinkhorn` (post and comb). The grid is one wave (d / HC_COLS
+// blocks), so the barrier cannot wait on a block that is not resident.
 #define HC_COLS 128
 #define HC_MAX_MIX ((2 + HC_MAX_N) * HC_MAX_N)
 // Blocks' partials loaded at a time in the sums after the barrier.

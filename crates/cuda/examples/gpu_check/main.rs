@@ -729,6 +729,21 @@ fn profile_configs(on: bool) -> Vec<(&'static str, KernelConfig)> {
     }
 }
 
+/// One decode run of `n` tokens: its tokens per second and, when some of its steps were
+/// timed graph replays, the device ms per replay.
+fn timed_run(
+    backend: &CudaBackend,
+    decode_run: &dyn Fn(usize) -> Res<f64>,
+    n: usize,
+) -> Res<(f64, Option<f64>)> {
+    let before = backend.stats();
+    let tps = decode_run(n)?;
+    let after = backend.stats();
+    let timed = after.graph_timed - before.graph_timed;
+    let ms = (timed > 0).then(|| (after.graph_gpu_ms - before.graph_gpu_ms) / timed as f64);
+    Ok((tps, ms))
+}
+
 /// `n` greedy decode steps after a prompt, `start` run between the two: tokens per second.
 type Greedy<'a> = dyn Fn(usize, &dyn Fn()) -> Res<f64> + 'a;
 
@@ -761,18 +776,13 @@ fn sweep(
     let device_ms = |without: &[String]| -> Res<Vec<f64>> {
         backend.set_without(without);
         decode_run(8)?;
-        let mut v = Vec::new();
-        for _ in 0..2 {
-            let before = backend.stats();
-            decode_run(n)?;
-            let after = backend.stats();
-            let timed = after.graph_timed - before.graph_timed;
-            if timed == 0 {
-                return Err("--sweep: no timed graph replay (decode at least 2 tokens)".into());
-            }
-            v.push((after.graph_gpu_ms - before.graph_gpu_ms) / timed as f64);
-        }
-        Ok(v)
+        (0..2)
+            .map(|_| {
+                timed_run(backend, decode_run, n)?.1.ok_or_else(|| {
+                    "--sweep: no timed graph replay (decode at least 2 tokens)".into()
+                })
+            })
+            .collect()
     };
     let all = device_ms(&[])?;
     let mut rows = Vec::new();
@@ -816,14 +826,10 @@ fn ab_compare(
         for c in order {
             configs[c].1.apply(backend);
             decode_run(8)?;
-            let before = backend.stats();
-            tps[c].push(decode_run(n)?);
-            let after = backend.stats();
-            let timed = after.graph_timed - before.graph_timed;
-            if timed > 0 {
-                dev[c].push((after.graph_gpu_ms - before.graph_gpu_ms) / timed as f64);
-            }
-            kernels[c] = after.decode_kernels;
+            let (t, ms) = timed_run(backend, decode_run, n)?;
+            tps[c].push(t);
+            dev[c].extend(ms);
+            kernels[c] = backend.stats().decode_kernels;
         }
     }
     for (c, (label, _)) in configs.iter().enumerate() {
