@@ -8,14 +8,16 @@
 //! gpu_check parity SPEC...            CUDA vs CPU logits on synthetic models (SHAPE:QUANT)
 //! gpu_check bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS]
 //!                      [--first-layer K] [--layers N] [--without LABEL]... [--host-profile]
-//!                      [--context N] [--sweep]
+//!                      [--context N] [--sweep] [--step-times]
 //!                                     (--context: the prompt prefilled before each decode
 //!                                     run, default 16 tokens; --without: launches of that
 //!                                     label left out of the decode graphs, to time them
 //!                                     inside a replay; --sweep: each label of the decode
 //!                                     step left out in turn, in this one load;
 //!                                     --host-profile: the host sampled during the decode
-//!                                     runs, built with --features host-profile)
+//!                                     runs, built with --features host-profile;
+//!                                     --step-times: one more run, each step's wall time,
+//!                                     how it ran and its device time)
 //! gpu_check gemv                      single-matrix GEMV bandwidth (llama3-8b shapes)
 //! gpu_check warm-cache [ARCH]         compile the kernels into $DS4_CUDA_CACHE (no GPU needed)
 //! gpu_check conformance [FILTER]      every backend operation vs its reference (ds4-conformance)
@@ -67,7 +69,7 @@ fn main() {
         Some("trace") => trace::trace(&args[1..]),
         Some("soak") => soak::soak(&args[1..]),
         Some("nccl") => nccl_check(),
-        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] [--without LABEL]... [--host-profile] [--context N] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | trace FIXTURE GGUF [POS...] | soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB] | nccl".into()),
+        _ => Err("usage: gpu_check info | gen | parity SPEC... | bench SPEC [--runs N] [--decode N] [--prefill A,B] [--variants] [--profile] [--ab ROUNDS] [--first-layer K] [--layers N] [--without LABEL]... [--host-profile] [--context N] [--step-times] | gemv | warm-cache [ARCH] | conformance [FILTER] | model FIXTURE GGUF [--bf16] | same-file SPEC|GGUF | trace FIXTURE GGUF [POS...] | soak SPEC [--minutes M] [--ctx N] [--every S] [--max-growth MIB] | nccl".into()),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -365,6 +367,8 @@ struct BenchOpts {
     context: usize,
     /// Each launch label of the decode step left out in turn (`--sweep`).
     sweep: bool,
+    /// One more decode run, each step's wall time printed (`--step-times`).
+    step_times: bool,
 }
 
 fn bench(args: &[String]) -> Res<()> {
@@ -382,6 +386,7 @@ fn bench(args: &[String]) -> Res<()> {
         host_profile: false,
         context: 16,
         sweep: false,
+        step_times: false,
     };
     let mut i = 1;
     while i < args.len() {
@@ -413,6 +418,11 @@ fn bench(args: &[String]) -> Res<()> {
             }
             "--sweep" => {
                 o.sweep = true;
+                i += 1;
+                continue;
+            }
+            "--step-times" => {
+                o.step_times = true;
                 i += 1;
                 continue;
             }
@@ -522,6 +532,9 @@ fn bench(args: &[String]) -> Res<()> {
             1e3 / fig.tokens_per_s - record - launch - read
         );
     }
+    if o.step_times {
+        step_times(&backend, &model, &prompt, o.decode)?;
+    }
     if o.ab > 0 {
         ab_compare(name, &backend, o.ab, o.decode, &decode_run)?;
     }
@@ -629,6 +642,48 @@ fn bench(args: &[String]) -> Res<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// One more decode run of `n` steps after `prompt`, each step's wall time printed with how
+/// it ran (`r` a graph replay, `c` a capture, `e` eager) and, for a timed replay, its
+/// device time: where a run's wall time goes beyond its replays.
+fn step_times(backend: &CudaBackend, model: &Arc<dyn Model>, prompt: &[u32], n: usize) -> Res<()> {
+    let mut s = Session::new(model.clone(), prompt.len() + n + 1)?;
+    let mut t = argmax(s.prefill(prompt, &mut |_, _| {})?) as u32;
+    let (mut walls, mut line) = (Vec::with_capacity(n), String::new());
+    for i in 0..n {
+        let before = backend.stats();
+        let t0 = Instant::now();
+        t = argmax(s.decode(t)?) as u32;
+        let wall = t0.elapsed().as_secs_f64() * 1e3;
+        let after = backend.stats();
+        let how = if after.graph_replays > before.graph_replays {
+            'r'
+        } else if after.graph_captures > before.graph_captures {
+            'c'
+        } else {
+            'e'
+        };
+        let device = if after.graph_timed > before.graph_timed {
+            format!("/{:.3}", after.graph_gpu_ms - before.graph_gpu_ms)
+        } else {
+            String::new()
+        };
+        line += &format!(" {i}:{wall:.3}{how}{device}");
+        walls.push((wall, how));
+    }
+    let sum = |f: &dyn Fn(char) -> bool| -> (f64, usize) {
+        let v: Vec<f64> = walls.iter().filter(|w| f(w.1)).map(|w| w.0).collect();
+        (v.iter().sum(), v.len())
+    };
+    let (all, _) = sum(&|_| true);
+    let (other, k) = sum(&|c| c != 'r');
+    println!("step times (ms wall, how, /device ms):{line}");
+    println!(
+        "steps: {n} in {all:.3} ms, {:.3} ms per step; {k} not replayed took {other:.3} ms",
+        all / n as f64
+    );
     Ok(())
 }
 
