@@ -104,6 +104,10 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Groups: `cp_async_commit` closes this thread's copies issued since the last one;
+// `cp_async_wait_but_one` waits for all groups but the newest.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
 // Every block of the grid meets here, its earlier global writes visible to all blocks
 // after it. Only for grids that can be resident at once: the host launches at most as

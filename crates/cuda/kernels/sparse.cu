@@ -281,22 +281,27 @@ struct MlaParams {
     const float* vals;  // token j, head h at vals + j·v_ts + h·v_hs (vdim values)
     const i32* sel;     // optional pool ids [rows, per_q]
     float* out;         // [rows, heads, vdim]
+    float* part_o;      // [rows, heads, chunks, vdim]: each chunk's unnormalised output
+    float* part_m;      // [rows, heads, chunks]: its maximum score (−inf: no tokens)
+    double* part_l;     // [rows, heads, chunks]: its sum of weights
+    u32* counters;      // [rows, head groups], zero between launches
     i64 k_ts, v_ts;
     i32 k_hs, v_hs, kdim, vdim;
     i32 rows, heads, pool, per_q, tail, rb;
     float scale;
+    i32 stage;          // keys = values, rows of kdim floats 16-byte aligned: staged in shared memory
 };
 
-#define MLA_TILE 128
-#define MLA_CH 4     // value channels per thread: vdim ≤ MLA_CH · blockDim
-#define MLA_QMAX 1024
-#define MLA_VB 8     // tokens whose values a thread loads before adding them
+#define MLA_HG 8   // heads per block: one warp each in the softmax (blockDim.x = 256)
+#define MLA_TT 32  // tokens per tile: four per warp in the scores
+#define MLA_VCH 4  // value channels per thread and head: vdim ≤ MLA_VCH · 256
+#define MLA_CHUNKS 16  // at most this many blocks share a (query, head group)'s tokens
 
-// The tokens a query attends with a selection (pool ids `s[0..per_q)`, −1 where none):
+// The pools a query attends with a selection (pool ids `s[0..per_q)`, −1 where none):
 // each pool whose id differs from the last valid id before it (a repeated id counts
-// once), its `pool` tokens in order, then (with `tail`) the incomplete pool up to t.
-// By the whole block, `per_q` entries at a time; returns the count (on every thread).
-__device__ int mla_tokens(const MlaParams& P, const i32* s, int t, int* toks) {
+// once), in order, written to `kept`. By the whole block, blockDim.x entries at a time;
+// returns their count (on every thread).
+__device__ int mla_pools(const MlaParams& P, const i32* s, int* kept) {
     __shared__ int wlast[32], wkept[32];
     __shared__ int carry_idx, carry_n;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -327,8 +332,7 @@ __device__ int mla_tokens(const MlaParams& P, const i32* s, int t, int* toks) {
         __syncthreads();
         int at = carry_n + __popc(ballot & ((1u << lane) - 1));
         for (int w = 0; w < warp; ++w) at += wkept[w];
-        if (keep)
-            for (int k = 0; k < P.pool; ++k) toks[at * P.pool + k] = v * P.pool + k;
+        if (keep) kept[at] = v;
         __syncthreads();
         if (threadIdx.x == 0) {
             for (int w = 0; w < nw; ++w) {
@@ -338,111 +342,264 @@ __device__ int mla_tokens(const MlaParams& P, const i32* s, int t, int* toks) {
         }
         __syncthreads();
     }
-    int n = carry_n * P.pool;
-    if (P.tail) {
-        const int first = P.pool * ((t + 1) / P.pool);
-        for (int k = first + threadIdx.x; k <= t; k += blockDim.x) toks[n + k - first] = k;
-        n += t + 1 - first;
-    }
-    __syncthreads();
-    return n;
+    return carry_n;
 }
 
-// One block per (query, head): the attended tokens (the selected pools' tokens then the
-// tail, kept in dynamic shared memory; or 0..t without a selection) in tiles of
-// MLA_TILE: scores (a warp per two tokens), then an online softmax — the running
-// maximum, the f64 running sum and each thread's MLA_CH value channels rescaled when the
-// maximum grows — so no score buffer of the context's length is needed. Absorbed
-// (keys = values = the latents, q the absorbed queries) or expanded (per-head keys and
-// values) by the strides. The loads are batched across tokens; every sum runs in the
-// order of one token at a time.
-extern "C" __global__ void mla_attend(const MlaParams P) {
-    extern __shared__ int toks[];
-    __shared__ float qs[MLA_QMAX], sc[MLA_TILE];
-    __shared__ float redf[32];
-    __shared__ double redd[32];
+// Grid (chunks, head groups, queries), 256 threads. A query attends its tokens: the
+// selected pools' tokens then the tail (`mla_pools`), or 0..t without a selection. They
+// are cut into at most gridDim.x (≤ MLA_CHUNKS) contiguous chunks of whole tiles (MLA_TT tokens); each
+// block takes MLA_HG heads and one chunk (blocks past the last chunk return at once), tile
+// by tile: the scores (a warp per four tokens against every head of the group, so a key
+// row is read once for all of them), an online softmax per head (its running maximum and
+// f64 sum, a warp per head), each thread's value channels of every head rescaled and the
+// tile's weighted values added one token at a time. With `stage` (absorbed: keys = values
+// = the latent rows, shared by every head) each tile's rows are copied into shared memory
+// asynchronously while the tile before is computed. A single chunk writes the output; else
+// each chunk's unnormalised outputs, maxima and sums go to `part_*` and the group's last
+// block to finish combines them: out = Σ_c e^(m_c − M)·o_c / Σ_c e^(m_c − M)·l_c.
+// Expanded (per-head keys and values: the bf16 reference's arithmetic) by the strides.
+// Each dot is a lane-strided sum then `warp_sum`'s tree.
+extern "C" __global__ void __launch_bounds__(256) mla_attend(const MlaParams P) {
+    extern __shared__ __align__(16) float qs[];  // [MLA_HG, kdim], staged rows, kept pools
+    __shared__ __align__(16) float ps[MLA_TT][MLA_HG];
+    __shared__ float corr_s[MLA_HG], inv_s[MLA_HG];
+    __shared__ float wc[MLA_HG][32];
+    __shared__ int tk[2][MLA_TT];
+    __shared__ bool last;
     pdl_wait();
     pdl_trigger();
-    const int i = blockIdx.x / P.heads, h = blockIdx.x % P.heads;
+    const int c = blockIdx.x, g = blockIdx.y, i = blockIdx.z;
     const int t = P.step->pos0 + i;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int n = P.sel ? mla_tokens(P, P.sel + (i64)i * P.per_q, t, toks) : t + 1;
-    const float* q = P.q + ((i64)i * P.heads + h) * P.kdim;
-    for (int x = threadIdx.x; x < P.kdim; x += blockDim.x) qs[x] = q[x];
-    __syncthreads();
-    float m = -INFINITY;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h0 = g * MLA_HG, hn = min(MLA_HG, P.heads - h0);
+    float* rows = qs + MLA_HG * P.kdim;  // [2, MLA_TT, kdim] with `stage`
+    int* pools = (int*)(rows + (P.stage ? 2 * MLA_TT * P.kdim : 0));
+    int n = t + 1, np = 0, first = 0;
+    if (P.sel) {
+        np = mla_pools(P, P.sel + (i64)i * P.per_q, pools);
+        n = np * P.pool;
+        if (P.tail) {
+            first = P.pool * ((t + 1) / P.pool);
+            n += t + 1 - first;
+        }
+    }
+    const int per = ((n + gridDim.x - 1) / gridDim.x + MLA_TT - 1) / MLA_TT * MLA_TT;
+    const int nch = max(1, (n + per - 1) / per);  // chunks with tokens (one when none)
+    if (c >= nch) return;
+    // The attended token at index j of the list.
+    auto token = [&](int j) {
+        if (!P.sel) return j;
+        const int in = np * P.pool;
+        return j < in ? pools[j / P.pool] * P.pool + j % P.pool : first + j - in;
+    };
+    const int j0 = c * per, j1 = min(n, j0 + per);
+    const i64 rh = (i64)i * P.heads + h0;  // the group's first (query, head) row
+    // The tile at list index b into buffer `buf`: its token ids (the last repeated past
+    // the end) and, staged, its rows (one copy group per tile).
+    auto fill = [&](int b, int buf) {
+        const int nt = min(MLA_TT, j1 - b);
+        if (threadIdx.x < MLA_TT) tk[buf][threadIdx.x] = token(b + min((int)threadIdx.x, nt - 1));
+        if (P.stage) {
+            __syncthreads();
+            const int c4 = P.kdim >> 2;
+            for (int e = threadIdx.x; e < MLA_TT * c4; e += blockDim.x) {
+                const int u = e / c4, x = 4 * (e - u * c4);
+                cp_async16(rows + (buf * MLA_TT + u) * P.kdim + x, P.keys + (i64)tk[buf][u] * P.k_ts + x);
+            }
+            cp_async_commit();
+        }
+    };
+    if (j0 < j1) fill(j0, 0);
+    stage_rows(qs, P.kdim, P.q + rh * P.kdim, hn, P.kdim);
+    for (int x = hn * P.kdim + threadIdx.x; x < MLA_HG * P.kdim; x += blockDim.x) qs[x] = 0.f;
+    float m = -INFINITY;  // warp w's head: running maximum and sum
     double l = 0.0;
-    float acc[MLA_CH];
+    float acc[MLA_VCH][MLA_HG];
 #pragma unroll
-    for (int c = 0; c < MLA_CH; ++c) acc[c] = 0.f;
-    for (int base = 0; base < n; base += MLA_TILE) {
-        const int nt = min(MLA_TILE, n - base);
-        // Tokens k and k + nw by one warp, their dots side by side.
-        for (int k = warp; k < nt; k += 2 * nw) {
-            const int k2 = min(k + nw, nt - 1);
-            const int tok = P.sel ? toks[base + k] : base + k;
-            const int tok2 = P.sel ? toks[base + k2] : base + k2;
-            const float* kr = P.keys + (i64)tok * P.k_ts + (i64)h * P.k_hs;
-            const float* kr2 = P.keys + (i64)tok2 * P.k_ts + (i64)h * P.k_hs;
-            float d = 0.f, d2 = 0.f;
-            for (int x = lane; x < P.kdim; x += 32) {
-                d = __fadd_rn(d, __fmul_rn(qs[x], kr[x]));
-                d2 = __fadd_rn(d2, __fmul_rn(qs[x], kr2[x]));
-            }
-            d = warp_sum(d);
-            d2 = warp_sum(d2);
-            if (lane == 0) {
-                sc[k] = __fmul_rn(d, P.scale);
-                if (k + nw < nt) sc[k2] = __fmul_rn(d2, P.scale);
-            }
+    for (int v = 0; v < MLA_VCH; ++v)
+#pragma unroll
+        for (int h = 0; h < MLA_HG; ++h) acc[v][h] = 0.f;
+    for (int b = j0, buf = 0; b < j1; b += MLA_TT, buf ^= 1) {
+        const int nt = min(MLA_TT, j1 - b);
+        if (b + MLA_TT < j1) {
+            fill(b + MLA_TT, buf ^ 1);
+            if (P.stage) cp_async_wait_but_one();
+        } else if (P.stage) {
+            cp_async_wait_all();
         }
         __syncthreads();
-        float tm = -INFINITY;
-        for (int k = threadIdx.x; k < nt; k += blockDim.x) tm = fmaxf(tm, sc[k]);
-        const float nm = fmaxf(m, block_max_f(tm, redf));
-        const float corr = expf(__fsub_rn(m, nm));
-        double z = 0.0;
-        for (int k = threadIdx.x; k < nt; k += blockDim.x) {
-            const float e = expf(__fsub_rn(sc[k], nm));
-            sc[k] = e;
-            z += (double)e;
+        {
+            // Tokens 4·warp .. 4·warp + 3 of the tile against every head: d[u·MLA_HG + h].
+            float d[4 * MLA_HG];
+#pragma unroll
+            for (int k = 0; k < 4 * MLA_HG; ++k) d[k] = 0.f;
+            const float* kr[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                kr[u] = P.stage ? rows + (buf * MLA_TT + 4 * warp + u) * P.kdim
+                                : P.keys + (i64)tk[buf][4 * warp + u] * P.k_ts;
+            if (P.k_hs == 0) {
+                // Keys shared by every head: one load per token.
+#pragma unroll 2
+                for (int x = lane; x < P.kdim; x += 32) {
+                    float kv[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) kv[u] = kr[u][x];
+#pragma unroll
+                    for (int h = 0; h < MLA_HG; ++h) {
+                        const float qv = qs[h * P.kdim + x];
+#pragma unroll
+                        for (int u = 0; u < 4; ++u)
+                            d[u * MLA_HG + h] = __fadd_rn(d[u * MLA_HG + h], __fmul_rn(qv, kv[u]));
+                    }
+                }
+            } else {
+                for (int x = lane; x < P.kdim; x += 32)
+#pragma unroll
+                    for (int h = 0; h < MLA_HG; ++h) {
+                        const float qv = qs[h * P.kdim + x];
+#pragma unroll
+                        for (int u = 0; u < 4; ++u)
+                            d[u * MLA_HG + h] =
+                                __fadd_rn(d[u * MLA_HG + h], __fmul_rn(qv, kr[u][(i64)h * P.k_hs + x]));
+                    }
+            }
+            const float sc = warp_sums<4 * MLA_HG>(d, lane);
+            const int u = lane / MLA_HG, h = lane % MLA_HG;
+            ps[4 * warp + u][h] = 4 * warp + u < nt && h < hn ? __fmul_rn(sc, P.scale) : -INFINITY;
         }
-        l = l * (double)corr + block_sum_d(z, redd);
         __syncthreads();
-        // Each channel: acc·corr, then the tokens' weighted values one token at a time;
-        // the values of MLA_VB tokens (every channel) loaded before their adds.
+        {
+            // Warp w: head w's softmax over the tile (lane = token).
+            const float sv = ps[lane][warp];
+            const float nm = fmaxf(m, warp_max(sv));
+            const bool live = nm != -INFINITY;  // false only for a head past the last
+            const float corr = live ? expf(__fsub_rn(m, nm)) : 1.f;
+            const float e = live ? expf(__fsub_rn(sv, nm)) : 0.f;
+            double z = (double)e;
 #pragma unroll
-        for (int c = 0; c < MLA_CH; ++c) acc[c] = __fmul_rn(acc[c], corr);
-        for (int k0 = 0; k0 < nt; k0 += MLA_VB) {
-            float v[MLA_VB][MLA_CH];
+            for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+            l = l * (double)corr + z;
+            m = nm;
+            ps[lane][warp] = e;
+            if (lane == 0) corr_s[warp] = corr;
+        }
+        __syncthreads();
+        // Each thread's channels x = tid + 256·v of every head: acc·corr, then the
+        // tile's tokens one at a time.
 #pragma unroll
-            for (int j = 0; j < MLA_VB; ++j) {
-                const int k = min(k0 + j, nt - 1);
-                const int tok = P.sel ? toks[base + k] : base + k;
-                const float* vr = P.vals + (i64)tok * P.v_ts + (i64)h * P.v_hs;
+        for (int v = 0; v < MLA_VCH; ++v) {
+            if (v * 256 >= P.vdim) break;
 #pragma unroll
-                for (int c = 0; c < MLA_CH; ++c) {
-                    const int x = threadIdx.x + c * blockDim.x;
-                    v[j][c] = x < P.vdim ? vr[x] : 0.f;
+            for (int h = 0; h < MLA_HG; ++h) acc[v][h] = __fmul_rn(acc[v][h], corr_s[h]);
+        }
+        if (P.v_hs == 0) {
+            // Values shared by every head: one load per token and channel, four tokens'
+            // loaded before their adds.
+            for (int u0 = 0; u0 < nt; u0 += 4) {
+                float val[4][MLA_VCH];
+#pragma unroll
+                for (int uu = 0; uu < 4; ++uu) {
+                    const int u = min(u0 + uu, nt - 1);
+                    const float* vr = P.stage ? rows + (buf * MLA_TT + u) * P.kdim : P.vals + (i64)tk[buf][u] * P.v_ts;
+#pragma unroll
+                    for (int v = 0; v < MLA_VCH; ++v) {
+                        const int x = threadIdx.x + v * 256;
+                        val[uu][v] = x < P.vdim ? vr[x] : 0.f;
+                    }
+                }
+#pragma unroll
+                for (int uu = 0; uu < 4; ++uu) {
+                    if (u0 + uu >= nt) break;
+                    const float4 e0 = *(const float4*)&ps[u0 + uu][0], e1 = *(const float4*)&ps[u0 + uu][4];
+                    const float e[MLA_HG] = {e0.x, e0.y, e0.z, e0.w, e1.x, e1.y, e1.z, e1.w};
+#pragma unroll
+                    for (int v = 0; v < MLA_VCH; ++v) {
+                        if (v * 256 >= P.vdim) break;
+#pragma unroll
+                        for (int h = 0; h < MLA_HG; ++h)
+                            acc[v][h] = __fadd_rn(acc[v][h], __fmul_rn(e[h], val[uu][v]));
+                    }
                 }
             }
+        } else {
+            for (int u = 0; u < nt; ++u) {
+                const float* vr = P.vals + (i64)tk[buf][u] * P.v_ts;
 #pragma unroll
-            for (int j = 0; j < MLA_VB; ++j) {
-                if (k0 + j >= nt) break;
-                const float e = sc[k0 + j];
+                for (int v = 0; v < MLA_VCH; ++v) {
+                    const int x = threadIdx.x + v * 256;
+                    if (x >= P.vdim) break;
 #pragma unroll
-                for (int c = 0; c < MLA_CH; ++c) acc[c] = __fadd_rn(acc[c], __fmul_rn(e, v[j][c]));
+                    for (int h = 0; h < MLA_HG; ++h)
+                        acc[v][h] = __fadd_rn(acc[v][h], __fmul_rn(ps[u][h], vr[(i64)h * P.v_hs + x]));
+                }
             }
         }
-        m = nm;
         __syncthreads();
     }
-    const float inv = n ? (float)(1.0 / l) : 0.f;
-    float* o = P.out + ((i64)i * P.heads + h) * P.vdim;
+    if (nch == 1) {
+        // The only chunk: out = acc / l (0 without tokens).
+        if (lane == 0 && warp < hn) inv_s[warp] = m == -INFINITY ? 0.f : (float)(1.0 / l);
+        __syncthreads();
 #pragma unroll
-    for (int c = 0; c < MLA_CH; ++c) {
-        const int x = threadIdx.x + c * blockDim.x;
-        if (x < P.vdim) o[x] = rnd(__fmul_rn(acc[c], inv), P.rb);
+        for (int v = 0; v < MLA_VCH; ++v) {
+            const int x = threadIdx.x + v * 256;
+            if (x >= P.vdim) break;
+#pragma unroll
+            for (int h = 0; h < MLA_HG; ++h)
+                if (h < hn) P.out[(rh + h) * P.vdim + x] = rnd(__fmul_rn(acc[v][h], inv_s[h]), P.rb);
+        }
+        return;
+    }
+    // This chunk's partial results, then the group's last block combines them.
+    const i64 pc = (i64)gridDim.x * P.vdim;
+    if (lane == 0 && warp < hn) {
+        P.part_m[(rh + warp) * gridDim.x + c] = m;
+        P.part_l[(rh + warp) * gridDim.x + c] = l;
+    }
+#pragma unroll
+    for (int v = 0; v < MLA_VCH; ++v) {
+        const int x = threadIdx.x + v * 256;
+        if (x >= P.vdim) break;
+#pragma unroll
+        for (int h = 0; h < MLA_HG; ++h)
+            if (h < hn) P.part_o[(rh + h) * pc + (i64)c * P.vdim + x] = acc[v][h];
+    }
+    __threadfence();
+    __syncthreads();
+    u32* counter = P.counters + (i64)i * gridDim.y + g;
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (u32)nch - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) *counter = 0u;
+    // Warp w, head w: the chunks' weights e^(m_c − M) (lane = chunk) and
+    // 1 / Σ_c weight·l_c.
+    if (warp < hn) {
+        const float mc = lane < nch ? P.part_m[(rh + warp) * gridDim.x + lane] : -INFINITY;
+        const float M = warp_max(mc);
+        const float w = mc == -INFINITY ? 0.f : expf(__fsub_rn(mc, M));
+        double lw = w == 0.f ? 0.0 : (double)w * P.part_l[(rh + warp) * gridDim.x + lane];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) lw += __shfl_xor_sync(0xffffffffu, lw, o);
+        wc[warp][lane] = w;
+        if (lane == 0) inv_s[warp] = M == -INFINITY ? 0.f : (float)(1.0 / lw);
+    }
+    __syncthreads();
+    // Every chunk's value of an output loaded before the sum (each chunk below nch has
+    // tokens, so its partials are written).
+#pragma unroll 2
+    for (int q = threadIdx.x; q < hn * P.vdim; q += blockDim.x) {
+        const int h = q / P.vdim, x = q % P.vdim;
+        const float* po = P.part_o + (rh + h) * pc + x;
+        float pv[MLA_CHUNKS];
+#pragma unroll
+        for (int cc = 0; cc < MLA_CHUNKS; ++cc) pv[cc] = cc < nch ? po[(i64)cc * P.vdim] : 0.f;
+        float o = 0.f;
+#pragma unroll
+        for (int cc = 0; cc < MLA_CHUNKS; ++cc)
+            if (cc < nch) o = __fadd_rn(o, __fmul_rn(wc[h][cc], pv[cc]));
+        P.out[(rh + h) * P.vdim + x] = rnd(__fmul_rn(o, inv_s[h]), P.rb);
     }
 }
 

@@ -86,6 +86,8 @@ pub struct Kernels {
     pub delta_step: Func,
     /// Dynamic shared memory `delta_step` may use (the limit [`Kernels::load`] sets).
     pub delta_step_smem: usize,
+    /// The dynamic shared memory `mla_attend` may use (bytes).
+    pub mla_attend_smem: usize,
     pub store_rows: Func,
     pub compress_windows: Func,
     pub dsa_scores: Func,
@@ -263,6 +265,7 @@ impl Kernels {
             delta_recurrent_128: get("delta_recurrent_128")?,
             delta_step: get("delta_step")?,
             delta_step_smem: 0,
+            mla_attend_smem: 0,
             store_rows: get("store_rows")?,
             compress_windows: get("compress_windows")?,
             dsa_scores: get("dsa_scores")?,
@@ -321,6 +324,7 @@ impl Kernels {
             allow(*f)?;
         }
         k.delta_step_smem = allow(k.delta_step)?.max(0) as usize;
+        k.mla_attend_smem = allow(k.mla_attend)?.max(0) as usize;
         Ok(k)
     }
 }
@@ -396,6 +400,7 @@ impl Kernels {
             delta_recurrent_128: f(),
             delta_step: f(),
             delta_step_smem: GEMV_MAX_SMEM as usize,
+            mla_attend_smem: GEMV_MAX_SMEM as usize,
             store_rows: f(),
             compress_windows: f(),
             dsa_scores: f(),

@@ -332,6 +332,10 @@ struct MlaParams {
     vals: DPtr,
     sel: DPtr,
     out: DPtr,
+    part_o: DPtr,
+    part_m: DPtr,
+    part_l: DPtr,
+    counters: DPtr,
     k_ts: i64,
     v_ts: i64,
     k_hs: i32,
@@ -345,8 +349,8 @@ struct MlaParams {
     tail: i32,
     rb: i32,
     scale: f32,
-    /// Padding, zero (see `SinkParams::pad`).
-    pad: i32,
+    /// Keys and values are the same rows, staged in shared memory a tile at a time.
+    stage: i32,
 }
 
 /// `sink_scores`' limits (kernels/sparse.cu): heads per block, keys per block, and the
@@ -361,9 +365,14 @@ const DSA_ENTRIES: u64 = 32;
 const DSA_THREADS: usize = 256;
 const DSA_SMEM: usize = 48 * 1024;
 
-/// `mla_attend`'s limits (kernels/sparse.cu): query length and value channels per block.
+/// `mla_attend`'s limits and split (kernels/sparse.cu): key and value lengths, heads per
+/// block (`MLA_HG`), tokens per tile (`MLA_TT`) and the blocks that share a (query, head
+/// group)'s tokens (at most the kernel's MLA_CHUNKS).
 const MLA_QMAX: usize = 1024;
 const MLA_VMAX: usize = 4 * 256;
+const MLA_HG: usize = 8;
+const MLA_TT: usize = 32;
+const MLA_CHUNKS: usize = 16;
 
 /// A float matrix stack as the float kernels take it: pointer, type, rows, cols, count.
 fn float_mat(w: &CudaWeight) -> Result<(&Arc<DevMem>, GgmlType, usize, usize, usize)> {
@@ -1980,12 +1989,27 @@ impl CudaBackend {
             )));
         }
         let ps = sh.select;
-        let max_tok = match (sel, ps) {
-            (Some(_), Some(s)) => s.per_query * s.pool + s.pool,
-            _ => 0,
-        };
         let cap = latent.len / rkv;
-        let mut keep = vec![&latent.mem];
+        let per_q = ps.map_or(0, |s| s.per_query);
+        // Dynamic shared memory: the head group's queries, the staged rows (two tiles),
+        // the kept pools.
+        let smem_of = |kdim: usize, stage: bool| {
+            (MLA_HG * kdim + if stage { 2 * MLA_TT * kdim } else { 0 } + per_q) * 4
+        };
+        let limit = self.k.mla_attend_smem;
+        if smem_of(rkv.max(dn), false) > limit {
+            return Err(bad(format!(
+                "mla_attention: {MLA_HG} heads' queries of {} values and {per_q} pool ids exceed the kernel's {limit} bytes of shared memory",
+                rkv.max(dn)
+            )));
+        }
+        // Each chunk's partial results and the head groups' arrival counters.
+        let slots = rows * ha * MLA_CHUNKS;
+        let part_o = self.scratch_mem("mla_part_o", slots * rkv.max(dv) * 4)?;
+        let part_m = self.scratch_mem("mla_part_m", slots * 4)?;
+        let part_l = self.scratch_mem("mla_part_l", slots * 8)?;
+        let counters = self.scratch_mem("mla_counters", rows * ha.div_ceil(MLA_HG) * 4)?;
+        let mut keep = vec![&latent.mem, &part_o, &part_m, &part_l, &counters];
         let sp = match sel {
             Some(s) => {
                 keep.push(&s.mem);
@@ -1994,13 +2018,16 @@ impl CudaBackend {
             None => 0,
         };
         let common = MlaParams {
-            pad: 0,
             step: self.step_ptr(),
             q: 0,
             keys: 0,
             vals: 0,
             sel: sp,
             out: 0,
+            part_o: part_o.ptr(),
+            part_m: part_m.ptr(),
+            part_l: part_l.ptr(),
+            counters: counters.ptr(),
             k_ts: 0,
             v_ts: 0,
             k_hs: 0,
@@ -2010,17 +2037,19 @@ impl CudaBackend {
             rows: rows as i32,
             heads: ha as i32,
             pool: ps.map_or(1, |s| s.pool as i32),
-            per_q: ps.map_or(0, |s| s.per_query as i32),
+            per_q: per_q as i32,
             tail: ps.is_some_and(|s| s.tail) as i32,
             rb: 0,
             scale: sh.scale,
+            stage: 0,
         };
         let attend = |prm: MlaParams, keep: Vec<&Arc<DevMem>>| {
+            let smem = smem_of(prm.kdim as usize, prm.stage != 0);
             self.launch_op(Launch {
                 f: self.k.mla_attend,
-                grid: ((rows * ha) as u32, 1, 1),
+                grid: (MLA_CHUNKS as u32, ha.div_ceil(MLA_HG) as u32, rows as u32),
                 block: 256,
-                smem: (max_tok * 4) as u32,
+                smem: smem as u32,
                 args: Self::args(prm),
                 label: "mla_attend",
                 keep,
@@ -2141,6 +2170,8 @@ impl CudaBackend {
                 v_ts: rkv as i64,
                 kdim: rkv as i32,
                 vdim: rkv as i32,
+                // 16-byte rows that fit: copied into shared memory a tile at a time.
+                stage: (rkv.is_multiple_of(4) && smem_of(rkv, true) <= limit) as i32,
                 ..common
             },
             keep,
