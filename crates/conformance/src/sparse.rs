@@ -377,18 +377,22 @@ fn random_pools(rng: &mut Rng, visible: usize, k: usize) -> Vec<i32> {
 type Rows = Vec<Vec<f64>>;
 
 fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
-    let (ha, dn, dv, rkv) = (64usize, 256usize, 256usize, 512usize);
+    let rkv = 512usize;
     // Few queries (decode and short calls) and many (prefill: GEMMs on CUDA, with a
     // selection as a masked softmax); BF16 k_b/v_b as llama.cpp keeps them, and Q8_0 as a
-    // plain q8_0 conversion writes them.
+    // plain q8_0 conversion writes them. GLM-5.3's 64 heads of 256, and one head group of
+    // 64 at a context long enough that CUDA splits it into chunks of several tiles.
+    // (selected, pos0, rows, k_b/v_b type, heads, head size)
     let cases = [
-        (true, 300usize, 3usize, GgmlType::BF16),
-        (true, 150, 24, GgmlType::BF16),
-        (false, 50, 3, GgmlType::BF16),
-        (false, 40, 24, GgmlType::BF16),
-        (false, 50, 3, GgmlType::Q8_0),
+        (true, 300usize, 3usize, GgmlType::BF16, 64usize, 256usize),
+        (true, 150, 24, GgmlType::BF16, 64, 256),
+        (false, 50, 3, GgmlType::BF16, 64, 256),
+        (false, 40, 24, GgmlType::BF16, 64, 256),
+        (false, 50, 3, GgmlType::Q8_0, 64, 256),
+        (false, 1100, 1, GgmlType::BF16, 8, 64),
     ];
-    for (selected, pos0, rows, wty) in cases {
+    for (selected, pos0, rows, wty, ha, dn) in cases {
+        let dv = dn;
         let what = if selected {
             "8 selected pools of 16 + tail"
         } else {
@@ -399,11 +403,16 @@ fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
         } else {
             QUANT_TOL
         };
+        let name = if ha == 64 && dn == 256 {
+            "GLM-5.3 64 heads".to_string()
+        } else {
+            format!("{ha} heads of {dn}")
+        };
         r.check(
             "mla_attention",
-            format!("GLM-5.3 64 heads, rank 512, {wty} k_b/v_b, {what}, {rows} queries at {pos0}"),
+            format!("{name}, rank 512, {wty} k_b/v_b, {what}, {rows} queries at {pos0}"),
             |b, rng| {
-                let n_ctx = 400;
+                let n_ctx = (pos0 + rows).max(400);
                 let sel_shape = PoolSelect {
                     pool: 16,
                     per_query: 8,
