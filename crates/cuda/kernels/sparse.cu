@@ -345,6 +345,17 @@ __device__ int mla_pools(const MlaParams& P, const i32* s, int* kept) {
     return carry_n;
 }
 
+// f(v, x) for the calling thread's value channels x = threadIdx.x + 256·v below vdim.
+template <class F>
+__device__ __forceinline__ void mla_channels(int vdim, F f) {
+#pragma unroll
+    for (int v = 0; v < MLA_VCH; ++v) {
+        const int x = threadIdx.x + v * 256;
+        if (x >= vdim) break;
+        f(v, x);
+    }
+}
+
 // Grid (chunks, head groups, queries), 256 threads. A query attends its tokens: the
 // selected pools' tokens then the tail (`mla_pools`), or 0..t without a selection. They
 // are cut into at most gridDim.x (≤ MLA_CHUNKS) contiguous chunks of whole tiles (MLA_TT tokens); each
@@ -525,14 +536,11 @@ extern "C" __global__ void __launch_bounds__(256) mla_attend(const MlaParams P) 
         } else {
             for (int u = 0; u < nt; ++u) {
                 const float* vr = P.vals + (i64)tk[buf][u] * P.v_ts;
-#pragma unroll
-                for (int v = 0; v < MLA_VCH; ++v) {
-                    const int x = threadIdx.x + v * 256;
-                    if (x >= P.vdim) break;
+                mla_channels(P.vdim, [&](int v, int x) {
 #pragma unroll
                     for (int h = 0; h < MLA_HG; ++h)
                         acc[v][h] = __fadd_rn(acc[v][h], __fmul_rn(ps[u][h], vr[(i64)h * P.v_hs + x]));
-                }
+                });
             }
         }
         __syncthreads();
@@ -541,14 +549,11 @@ extern "C" __global__ void __launch_bounds__(256) mla_attend(const MlaParams P) 
         // The only chunk: out = acc / l (0 without tokens).
         if (lane == 0 && warp < hn) inv_s[warp] = m == -INFINITY ? 0.f : (float)(1.0 / l);
         __syncthreads();
-#pragma unroll
-        for (int v = 0; v < MLA_VCH; ++v) {
-            const int x = threadIdx.x + v * 256;
-            if (x >= P.vdim) break;
+        mla_channels(P.vdim, [&](int v, int x) {
 #pragma unroll
             for (int h = 0; h < MLA_HG; ++h)
                 if (h < hn) P.out[(rh + h) * P.vdim + x] = rnd(__fmul_rn(acc[v][h], inv_s[h]), P.rb);
-        }
+        });
         return;
     }
     // This chunk's partial results, then the group's last block combines them.
@@ -557,14 +562,11 @@ extern "C" __global__ void __launch_bounds__(256) mla_attend(const MlaParams P) 
         P.part_m[(rh + warp) * gridDim.x + c] = m;
         P.part_l[(rh + warp) * gridDim.x + c] = l;
     }
-#pragma unroll
-    for (int v = 0; v < MLA_VCH; ++v) {
-        const int x = threadIdx.x + v * 256;
-        if (x >= P.vdim) break;
+    mla_channels(P.vdim, [&](int v, int x) {
 #pragma unroll
         for (int h = 0; h < MLA_HG; ++h)
             if (h < hn) P.part_o[(rh + h) * pc + (i64)c * P.vdim + x] = acc[v][h];
-    }
+    });
     __threadfence();
     __syncthreads();
     u32* counter = P.counters + (i64)i * gridDim.y + g;
