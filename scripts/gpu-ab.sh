@@ -5,8 +5,10 @@
 # Decode (the default): `bench SPEC --runs 5 --decode 32 --prefill ""`, each run's device
 # ms per graph replay and tok/s median. With --prefill SIZES (e.g. 512,4096): `bench SPEC
 # --runs 3 --decode 4 --prefill SIZES`, each run's prefill tok/s medians, one per size.
+# With --context N the decode runs follow an N-token prompt (default 16): decode at a long
+# context.
 #
-#   scripts/gpu-ab.sh OLD_BIN NEW_BIN [NEW_BIN ...] [--rounds N] [--log FILE] [--prefill SIZES] [--fixtures] [SPEC ...]
+#   scripts/gpu-ab.sh OLD_BIN NEW_BIN [NEW_BIN ...] [--rounds N] [--log FILE] [--prefill SIZES] [--context N] [--fixtures] [SPEC ...]
 #
 # Arguments that are executable files are the new binaries (several variants of one change
 # share the old binary's runs); the others are SPECs.
@@ -22,15 +24,16 @@
 # back. Every binary reads its kernels from DS4_CUDA_CACHE when it is set (warm it here
 # with `gpu_check warm-cache sm_90a` for each binary and carry it).
 set -u
-HELP_LINES='2,23p'
+HELP_LINES='2,25p'
 [ $# -ge 2 ] || { sed -n "$HELP_LINES" "$0"; exit 2; }
 OLD="$1"; shift
-ROUNDS=2 LOG=gpu-ab.log PREFILL= FIXTURES=0 SPECS=() NEWS=()
+ROUNDS=2 LOG=gpu-ab.log PREFILL= CONTEXT=16 FIXTURES=0 SPECS=() NEWS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) ROUNDS="$2"; shift 2 ;;
     --log) LOG="$2"; shift 2 ;;
     --prefill) PREFILL="$2"; shift 2 ;;
+    --context) CONTEXT="$2"; shift 2 ;;
     --fixtures) FIXTURES=1; shift ;;
     -h|--help) sed -n "$HELP_LINES" "$0"; exit 0 ;;
     *) if [ -f "$1" ] && [ -x "$1" ]; then NEWS+=("$1"); else SPECS+=("$1"); fi; shift ;;
@@ -51,7 +54,7 @@ export LD_LIBRARY_PATH="${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}
 # One bench; prints "ms tok/s" (device ms per replay, decode median), with --prefill the
 # prefill medians ("512:1105 4096:1927"), or "failed".
 bench() {  # bench BIN SPEC
-  local out opts=(--runs 5 --decode 32 --prefill "")
+  local out opts=(--runs 5 --decode 32 --prefill "" --context "$CONTEXT")
   [ -n "$PREFILL" ] && opts=(--runs 3 --decode 4 --prefill "$PREFILL")
   out=$(timeout "${BENCH_TIMEOUT:-300}" "$1" bench "$2" "${opts[@]}" 2>&1)
   { echo "== $1 bench $2"; echo "$out"; } >> "$LOG"
