@@ -394,7 +394,7 @@ extern "C" __global__ void __launch_bounds__(256) mla_attend(const MlaParams P) 
             n += t + 1 - first;
         }
     }
-    const int per = ((n + gridDim.x - 1) / gridDim.x + MLA_TT - 1) / MLA_TT * MLA_TT;
+    const int per = max(MLA_TT, ((n + gridDim.x - 1) / gridDim.x + MLA_TT - 1) / MLA_TT * MLA_TT);
     const int nch = max(1, (n + per - 1) / per);  // chunks with tokens (one when none)
     if (c >= nch) return;
     // The attended token at index j of the list.
@@ -465,14 +465,16 @@ extern "C" __global__ void __launch_bounds__(256) mla_attend(const MlaParams P) 
                     }
                 }
             } else {
+                // Per-head keys: the group's heads h0 + h (none past the last).
                 for (int x = lane; x < P.kdim; x += 32)
 #pragma unroll
                     for (int h = 0; h < MLA_HG; ++h) {
+                        if (h >= hn) break;
                         const float qv = qs[h * P.kdim + x];
 #pragma unroll
                         for (int u = 0; u < 4; ++u)
-                            d[u * MLA_HG + h] =
-                                __fadd_rn(d[u * MLA_HG + h], __fmul_rn(qv, kr[u][(i64)h * P.k_hs + x]));
+                            d[u * MLA_HG + h] = __fadd_rn(d[u * MLA_HG + h],
+                                                          __fmul_rn(qv, kr[u][(i64)(h0 + h) * P.k_hs + x]));
                     }
             }
             const float sc = warp_sums<4 * MLA_HG>(d, lane);
@@ -534,12 +536,15 @@ extern "C" __global__ void __launch_bounds__(256) mla_attend(const MlaParams P) 
                 }
             }
         } else {
+            // Per-head values: the group's heads h0 + h (none past the last).
             for (int u = 0; u < nt; ++u) {
                 const float* vr = P.vals + (i64)tk[buf][u] * P.v_ts;
                 mla_channels(P.vdim, [&](int v, int x) {
 #pragma unroll
-                    for (int h = 0; h < MLA_HG; ++h)
-                        acc[v][h] = __fadd_rn(acc[v][h], __fmul_rn(ps[u][h], vr[(i64)h * P.v_hs + x]));
+                    for (int h = 0; h < MLA_HG; ++h) {
+                        if (h >= hn) break;
+                        acc[v][h] = __fadd_rn(acc[v][h], __fmul_rn(ps[u][h], vr[(i64)(h0 + h) * P.v_hs + x]));
+                    }
                 });
             }
         }
@@ -556,7 +561,8 @@ extern "C" __global__ void __launch_bounds__(256) mla_attend(const MlaParams P) 
         });
         return;
     }
-    // This chunk's partial results, then the group's last block combines them.
+    // This chunk's partial results, then the group's last block combines them (reading
+    // them from L2: other blocks wrote them).
     const i64 pc = (i64)gridDim.x * P.vdim;
     if (lane == 0 && warp < hn) {
         P.part_m[(rh + warp) * gridDim.x + c] = m;
@@ -578,10 +584,10 @@ extern "C" __global__ void __launch_bounds__(256) mla_attend(const MlaParams P) 
     // Warp w, head w: the chunks' weights e^(m_c − M) (lane = chunk) and
     // 1 / Σ_c weight·l_c.
     if (warp < hn) {
-        const float mc = lane < nch ? P.part_m[(rh + warp) * gridDim.x + lane] : -INFINITY;
+        const float mc = lane < nch ? __ldcg(P.part_m + (rh + warp) * gridDim.x + lane) : -INFINITY;
         const float M = warp_max(mc);
         const float w = mc == -INFINITY ? 0.f : expf(__fsub_rn(mc, M));
-        double lw = w == 0.f ? 0.0 : (double)w * P.part_l[(rh + warp) * gridDim.x + lane];
+        double lw = w == 0.f ? 0.0 : (double)w * __ldcg(P.part_l + (rh + warp) * gridDim.x + lane);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) lw += __shfl_xor_sync(0xffffffffu, lw, o);
         wc[warp][lane] = w;
@@ -596,7 +602,7 @@ extern "C" __global__ void __launch_bounds__(256) mla_attend(const MlaParams P) 
         const float* po = P.part_o + (rh + h) * pc + x;
         float pv[MLA_CHUNKS];
 #pragma unroll
-        for (int cc = 0; cc < MLA_CHUNKS; ++cc) pv[cc] = cc < nch ? po[(i64)cc * P.vdim] : 0.f;
+        for (int cc = 0; cc < MLA_CHUNKS; ++cc) pv[cc] = cc < nch ? __ldcg(po + (i64)cc * P.vdim) : 0.f;
         float o = 0.f;
 #pragma unroll
         for (int cc = 0; cc < MLA_CHUNKS; ++cc)

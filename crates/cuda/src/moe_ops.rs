@@ -365,9 +365,10 @@ const DSA_ENTRIES: u64 = 32;
 const DSA_THREADS: usize = 256;
 const DSA_SMEM: usize = 48 * 1024;
 
-/// `mla_attend`'s limits and split (kernels/sparse.cu): key and value lengths, heads per
-/// block (`MLA_HG`), tokens per tile (`MLA_TT`) and the blocks that share a (query, head
-/// group)'s tokens (at most the kernel's MLA_CHUNKS).
+/// `mla_attend`'s limits and split (kernels/sparse.cu): key length (its queries in shared
+/// memory, checked against the kernel's shared memory too) and value length (MLA_VCH
+/// channels of 256 threads), heads per block (`MLA_HG`), tokens per tile (`MLA_TT`) and
+/// the blocks that share a (query, head group)'s tokens (at most the kernel's MLA_CHUNKS).
 const MLA_QMAX: usize = 1024;
 const MLA_VMAX: usize = 4 * 256;
 const MLA_HG: usize = 8;
@@ -1985,7 +1986,7 @@ impl CudaBackend {
         let (ha, rkv, dn, dv) = (sh.heads, sh.rank, sh.qk_dim, sh.v_dim);
         if rkv.max(dn) > MLA_QMAX || rkv.max(dv) > MLA_VMAX {
             return Err(bad(format!(
-                "mla_attention: rank {rkv}, key {dn} and value {dv} must be at most {MLA_QMAX}"
+                "mla_attention: rank {rkv}, key {dn} and value {dv}: keys of at most {MLA_QMAX} and values of at most {MLA_VMAX} values"
             )));
         }
         let ps = sh.select;
@@ -2003,13 +2004,7 @@ impl CudaBackend {
                 rkv.max(dn)
             )));
         }
-        // Each chunk's partial results and the head groups' arrival counters.
-        let slots = rows * ha * MLA_CHUNKS;
-        let part_o = self.scratch_mem("mla_part_o", slots * rkv.max(dv) * 4)?;
-        let part_m = self.scratch_mem("mla_part_m", slots * 4)?;
-        let part_l = self.scratch_mem("mla_part_l", slots * 8)?;
-        let counters = self.scratch_mem("mla_counters", rows * ha.div_ceil(MLA_HG) * 4)?;
-        let mut keep = vec![&latent.mem, &part_o, &part_m, &part_l, &counters];
+        let mut keep = vec![&latent.mem];
         let sp = match sel {
             Some(s) => {
                 keep.push(&s.mem);
@@ -2024,10 +2019,10 @@ impl CudaBackend {
             vals: 0,
             sel: sp,
             out: 0,
-            part_o: part_o.ptr(),
-            part_m: part_m.ptr(),
-            part_l: part_l.ptr(),
-            counters: counters.ptr(),
+            part_o: 0,
+            part_m: 0,
+            part_l: 0,
+            counters: 0,
             k_ts: 0,
             v_ts: 0,
             k_hs: 0,
@@ -2043,17 +2038,43 @@ impl CudaBackend {
             scale: sh.scale,
             stage: 0,
         };
-        let attend = |prm: MlaParams, keep: Vec<&Arc<DevMem>>| {
+        // Each query's tokens split into MLA_CHUNKS chunks while the (query, head group)
+        // blocks alone do not fill the GPU, with scratch for the chunks' partial results
+        // and the groups' arrival counters; else one chunk, which needs none.
+        let groups = ha.div_ceil(MLA_HG);
+        let chunks = if rows * groups < self.gpu.n_sm as usize {
+            MLA_CHUNKS
+        } else {
+            1
+        };
+        let attend = |mut prm: MlaParams, keep: Vec<&Arc<DevMem>>| -> Result<()> {
             let smem = smem_of(prm.kdim as usize, prm.stage != 0);
+            let slots = rows * ha * chunks;
+            let parts = if chunks > 1 {
+                Some([
+                    self.scratch_mem("mla_part_o", slots * prm.vdim as usize * 4)?,
+                    self.scratch_mem("mla_part_m", slots * 4)?,
+                    self.scratch_mem("mla_part_l", slots * 8)?,
+                    self.scratch_mem("mla_counters", rows * groups * 4)?,
+                ])
+            } else {
+                None
+            };
+            if let Some([o, m, l, c]) = &parts {
+                (prm.part_o, prm.part_m, prm.part_l, prm.counters) =
+                    (o.ptr(), m.ptr(), l.ptr(), c.ptr());
+            }
+            let keep = keep.into_iter().chain(parts.iter().flatten()).collect();
             self.launch_op(Launch {
                 f: self.k.mla_attend,
-                grid: (MLA_CHUNKS as u32, ha.div_ceil(MLA_HG) as u32, rows as u32),
+                grid: (chunks as u32, groups as u32, rows as u32),
                 block: 256,
                 smem: smem as u32,
                 args: Self::args(prm),
                 label: "mla_attend",
                 keep,
-            })
+            });
+            Ok(())
         };
         if p == Prec::Bf16 {
             let (kbm, kty, ..) = float_mat(k_b)?;
@@ -2085,7 +2106,7 @@ impl CudaBackend {
                 keep: vec![&latent.mem, kbm, vbm, &kexp, &vexp],
             });
             keep.extend([&q.mem, &kexp, &vexp, &out.mem]);
-            attend(
+            return attend(
                 MlaParams {
                     q: self.buf_of(q, rows * ha * dn, "mla_attention q")?,
                     keys: kexp.ptr(),
@@ -2102,12 +2123,11 @@ impl CudaBackend {
                 },
                 keep,
             );
-            return Ok(());
         }
         // Many queries go through f32 GEMMs over every key they could see, a selection
         // masking the softmax: while the context is at most MLA_DENSE_SELECTED times the
         // selected tokens, that costs less than `mla_attend` reading each query's
-        // selected keys once per head.
+        // selected keys once per group of MLA_HG heads.
         let t_all = pos0 + rows;
         let dense = rows >= SGEMM_MIN_ROWS
             && match (sel, ps) {
@@ -2175,7 +2195,7 @@ impl CudaBackend {
                 ..common
             },
             keep,
-        );
+        )?;
         self.head_matmul(v_b, &ctx_buf, rows, ha, p, out)
     }
 
