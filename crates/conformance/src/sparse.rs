@@ -377,9 +377,9 @@ fn random_pools(rng: &mut Rng, visible: usize, k: usize) -> Vec<i32> {
 type Rows = Vec<Vec<f64>>;
 
 /// MLA in bf16 arithmetic (keys, values, scores and probabilities rounded) against the
-/// f64 reference: 3.0e-3 … 6.7e-3 on the CPU over fifteen draws (the `seeds` example),
+/// f64 reference: 3.2e-3 … 5.3e-3 on the CPU over fifteen draws (the `seeds` example),
 /// twice the worst. Attending with another head's keys errs by about 1.
-const MLA_BF16_TOL: f64 = 1.4e-2;
+const MLA_BF16_TOL: f64 = 1.1e-2;
 
 fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
     let rkv = 512usize;
@@ -388,7 +388,7 @@ fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
     // plain q8_0 conversion writes them. GLM-5.3's 64 heads of 256, and one CUDA head group
     // (8 heads of 64) at a context long enough that CUDA splits it into chunks of several
     // tiles. In bf16 arithmetic (the reference's expanded per-head keys and values),
-    // two CUDA head groups.
+    // two CUDA head groups, the second of 4 heads.
     // (selected, pos0, rows, k_b/v_b type, heads, head size, arithmetic)
     let cases = [
         (
@@ -405,7 +405,7 @@ fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
         (false, 40, 24, GgmlType::BF16, 64, 256, Prec::F32),
         (false, 50, 3, GgmlType::Q8_0, 64, 256, Prec::F32),
         (false, 1100, 1, GgmlType::BF16, 8, 64, Prec::F32),
-        (false, 50, 3, GgmlType::BF16, 16, 64, Prec::Bf16),
+        (false, 50, 3, GgmlType::BF16, 12, 64, Prec::Bf16),
     ];
     for (selected, pos0, rows, wty, ha, dn, p) in cases {
         let dv = dn;

@@ -2038,15 +2038,13 @@ impl CudaBackend {
             scale: sh.scale,
             stage: 0,
         };
-        // Each query's tokens split into MLA_CHUNKS chunks while the (query, head group)
-        // blocks alone do not fill the GPU, with scratch for the chunks' partial results
-        // and the groups' arrival counters; else one chunk, which needs none.
+        // Each query's tokens split into chunks for about two blocks per SM in all (at most
+        // MLA_CHUNKS: 16 at decode), with scratch for the chunks' partial results and the
+        // groups' arrival counters (a few MB whatever the rows); one chunk needs none.
         let groups = ha.div_ceil(MLA_HG);
-        let chunks = if rows * groups < self.gpu.n_sm as usize {
-            MLA_CHUNKS
-        } else {
-            1
-        };
+        let chunks = (2 * self.gpu.n_sm as usize)
+            .div_ceil(rows * groups)
+            .clamp(1, MLA_CHUNKS);
         let attend = |mut prm: MlaParams, keep: Vec<&Arc<DevMem>>| -> Result<()> {
             let smem = smem_of(prm.kdim as usize, prm.stage != 0);
             let slots = rows * ha * chunks;
