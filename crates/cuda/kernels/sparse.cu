@@ -358,9 +358,9 @@ __device__ __forceinline__ void mla_channels(int vdim, F f) {
 
 // Grid (chunks, head groups, queries), 256 threads. A query attends its tokens: the
 // selected pools' tokens then the tail (`mla_pools`), or 0..t without a selection. They
-// are cut into at most gridDim.x (≤ MLA_CHUNKS) contiguous chunks of whole tiles (MLA_TT tokens); each
-// block takes MLA_HG heads and one chunk (blocks past the last chunk return at once), tile
-// by tile: the scores (a warp per four tokens against every head of the group, so a key
+// are cut into at most gridDim.x (≤ MLA_CHUNKS) contiguous chunks of whole tiles (MLA_TT
+// tokens); each block takes MLA_HG heads and one chunk (blocks past the last chunk return
+// at once), tile by tile: the scores (a warp per four tokens against every head of the group, so a key
 // row is read once for all of them), an online softmax per head (its running maximum and
 // f64 sum, a warp per head), each thread's value channels of every head rescaled and the
 // tile's weighted values added one token at a time. With `stage` (absorbed: keys = values

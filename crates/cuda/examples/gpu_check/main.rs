@@ -651,7 +651,9 @@ fn bench(args: &[String]) -> Res<()> {
 fn step_times(backend: &CudaBackend, model: &Arc<dyn Model>, prompt: &[u32], n: usize) -> Res<()> {
     let mut s = Session::new(model.clone(), prompt.len() + n + 1)?;
     let mut t = argmax(s.prefill(prompt, &mut |_, _| {})?) as u32;
-    let (mut walls, mut line) = (Vec::with_capacity(n), String::new());
+    let mut line = String::new();
+    // Wall ms of all steps, and of those not replayed and their count.
+    let (mut all, mut other, mut k) = (0.0, 0.0, 0);
     for i in 0..n {
         let before = backend.stats();
         let t0 = Instant::now();
@@ -671,14 +673,12 @@ fn step_times(backend: &CudaBackend, model: &Arc<dyn Model>, prompt: &[u32], n: 
             String::new()
         };
         line += &format!(" {i}:{wall:.3}{how}{device}");
-        walls.push((wall, how));
+        all += wall;
+        if how != 'r' {
+            other += wall;
+            k += 1;
+        }
     }
-    let sum = |f: &dyn Fn(char) -> bool| -> (f64, usize) {
-        let v: Vec<f64> = walls.iter().filter(|w| f(w.1)).map(|w| w.0).collect();
-        (v.iter().sum(), v.len())
-    };
-    let (all, _) = sum(&|_| true);
-    let (other, k) = sum(&|c| c != 'r');
     println!("step times (ms wall, how, /device ms):{line}");
     println!(
         "steps: {n} in {all:.3} ms, {:.3} ms per step; {k} not replayed took {other:.3} ms",
