@@ -135,14 +135,16 @@ struct SelectParams {
     float scale, wscale;
 };
 
-// Entries per block of `dsa_scores`.
-#define DSA_EPB 32
+// Entries per block of `dsa_scores`, and the most a thread takes side by side.
+#define DSA_EPB 16
+#define DSA_ILP 8
 
 // grid (rows, ceil(entries/DSA_EPB)), 256 threads: I = Σ_h (w_h·ws)·relu(q_h·K·scale).
 // The query's heads sit in shared memory (rows padded by 4 floats: the heads' 16-byte
-// reads of one column fall in different banks); thread (entry, head) takes one dot in
-// column order, 256/heads entries at a time; one thread per entry then sums its heads'
-// terms in head order.
+// reads of one column fall in different banks); thread (slot, head) takes the dots of
+// entries slot, slot + 256/heads, … of the block (up to DSA_ILP at once, their loads
+// side by side), each in column order; one thread per entry then sums its heads' terms
+// in head order.
 extern "C" __global__ void dsa_scores(const SelectParams P) {
     extern __shared__ float4 sm4[];
     pdl_wait();
@@ -150,44 +152,50 @@ extern "C" __global__ void dsa_scores(const SelectParams P) {
     const int i = blockIdx.x;
     const int t = P.step->pos0 + i;
     const int visible = min((t + 1) / P.rate, (P.step->pos0 + P.step->n_tok) / P.rate);
-    const int e0 = blockIdx.y * DSA_EPB, e_end = min(e0 + DSA_EPB, visible);
-    if (e0 >= e_end) return;
+    const int e0 = blockIdx.y * DSA_EPB, n = min(DSA_EPB, visible - e0);
+    if (n <= 0) return;
     const int ld = P.dim + 4, per = blockDim.x / P.heads;
     float* qs = (float*)sm4;
     float* ws = qs + P.heads * ld;
-    float* terms = ws + P.heads;
+    float* terms = ws + P.heads;  // [DSA_EPB][heads]
     stage_rows(qs, ld, P.q + (i64)i * P.heads * P.dim, P.heads, P.dim);
     for (int h = threadIdx.x; h < P.heads; h += blockDim.x) ws[h] = __fmul_rn(P.w[(i64)i * P.heads + h], P.wscale);
     __syncthreads();
     const int h = threadIdx.x % P.heads, el = threadIdx.x / P.heads;
-    for (int eb = e0; eb < e_end; eb += per) {
-        const int e = eb + el;
-        if (el < per) {
-            float term = 0.f;
-            if (e < e_end) {
-                const float4* k4 = (const float4*)(P.entries + (i64)e * P.dim);
-                const float4* q4 = (const float4*)(qs + h * ld);
-                float d = 0.f;
-#pragma unroll 8
-                for (int c = 0; c < P.dim / 4; ++c) {
-                    const float4 kv = k4[c], qv = q4[c];
-                    d = __fadd_rn(d, __fmul_rn(qv.x, kv.x));
-                    d = __fadd_rn(d, __fmul_rn(qv.y, kv.y));
-                    d = __fadd_rn(d, __fmul_rn(qv.z, kv.z));
-                    d = __fadd_rn(d, __fmul_rn(qv.w, kv.w));
-                }
-                term = __fmul_rn(ws[h], fmaxf(__fmul_rn(d, P.scale), 0.f));
+    const float4* q4 = (const float4*)(qs + h * ld);
+    for (int s0 = el; el < per && s0 < n; s0 += per * DSA_ILP) {
+        // Slots s0 + per·u below n (u < cnt): their entries' rows and dots.
+        const int cnt = min(DSA_ILP, (n - s0 + per - 1) / per);
+        const float4* k4[DSA_ILP];
+        float d[DSA_ILP];
+#pragma unroll
+        for (int u = 0; u < DSA_ILP; ++u) {
+            k4[u] = (const float4*)(P.entries + (i64)(e0 + s0 + per * min(u, cnt - 1)) * P.dim);
+            d[u] = 0.f;
+        }
+#pragma unroll 2
+        for (int c = 0; c < P.dim / 4; ++c) {
+            const float4 qv = q4[c];
+#pragma unroll
+            for (int u = 0; u < DSA_ILP; ++u) {
+                if (u >= cnt) break;
+                const float4 kv = k4[u][c];
+                d[u] = __fadd_rn(d[u], __fmul_rn(qv.x, kv.x));
+                d[u] = __fadd_rn(d[u], __fmul_rn(qv.y, kv.y));
+                d[u] = __fadd_rn(d[u], __fmul_rn(qv.z, kv.z));
+                d[u] = __fadd_rn(d[u], __fmul_rn(qv.w, kv.w));
             }
-            terms[el * P.heads + h] = term;
         }
-        __syncthreads();
-        if (threadIdx.x < per && eb + (int)threadIdx.x < e_end) {
-            const float* tr = terms + threadIdx.x * P.heads;
-            float acc = 0.f;
-            for (int g = 0; g < P.heads; ++g) acc = __fadd_rn(acc, tr[g]);
-            P.scores[(i64)i * P.max_entries + eb + threadIdx.x] = acc;
-        }
-        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < DSA_ILP; ++u)
+            if (u < cnt) terms[(s0 + per * u) * P.heads + h] = __fmul_rn(ws[h], fmaxf(__fmul_rn(d[u], P.scale), 0.f));
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < n; s += blockDim.x) {
+        const float* tr = terms + s * P.heads;
+        float acc = 0.f;
+        for (int g = 0; g < P.heads; ++g) acc = __fadd_rn(acc, tr[g]);
+        P.scores[(i64)i * P.max_entries + e0 + s] = acc;
     }
 }
 
@@ -197,14 +205,20 @@ __device__ __forceinline__ u32 fkey(float f) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// One block per query: the top_k entries by score (ties: lower id), ascending, -1-padded;
-// every visible entry when at most top_k are visible. The k-th largest key is found by
-// a bitwise search over the order-preserving keys; the winners are then written in id
-// order with a block scan.
-extern "C" __global__ void dsa_topk(const SelectParams P) {
-    __shared__ u32 cnt;
+// Bins of one digit of `dsa_topk`'s radix search (8 bits; blockDim.x == DSA_BINS).
+#define DSA_BINS 256
+
+// One block of DSA_BINS threads per query: the top_k entries by score (ties: lower id),
+// ascending, -1-padded; every visible entry when at most top_k are visible. The k-th
+// largest order-preserving key is found a byte at a time, most significant first: a
+// histogram of the byte over the keys that match the bytes found so far (each warp adds
+// its lanes of one bin at once), then the bin where the count from the top reaches the
+// rank still wanted. The winners are then written in id order with a block scan.
+extern "C" __global__ void __launch_bounds__(DSA_BINS) dsa_topk(const SelectParams P) {
     __shared__ int warp_cnt[32];
     __shared__ int base;
+    __shared__ u32 hist[DSA_BINS];
+    __shared__ u32 found[2];  // the digit, and the keys above its bin
     pdl_wait();
     pdl_trigger();
     const int i = blockIdx.x;
@@ -216,31 +230,49 @@ extern "C" __global__ void dsa_topk(const SelectParams P) {
         for (int j = threadIdx.x; j < P.top_k; j += blockDim.x) out[j] = j < visible ? j : -1;
         return;
     }
-    // The largest threshold T with count(key ≥ T) ≥ top_k is the k-th largest key.
-    u32 thr = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-        const u32 cand = thr | (1u << bit);
-        if (threadIdx.x == 0) cnt = 0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    // thr: the bytes found so far (those under `known`); want: the rank of the k-th
+    // largest key among the keys that match them (at least that many do).
+    u32 thr = 0, known = 0, want = (u32)P.top_k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        hist[threadIdx.x] = 0;
         __syncthreads();
-        u32 local = 0;
-        for (int e = threadIdx.x; e < visible; e += blockDim.x) local += fkey(sc[e]) >= cand;
-        atomicAdd(&cnt, local);
+        for (int c0 = 0; c0 < visible; c0 += blockDim.x) {
+            const int e = c0 + threadIdx.x;
+            const u32 key = e < visible ? fkey(sc[e]) : 0;
+            const bool in = e < visible && (key & known) == thr;
+            const u32 digit = in ? (key >> shift) & (DSA_BINS - 1) : DSA_BINS;
+            const u32 same = __match_any_sync(0xffffffffu, digit);
+            if (in && lane == __ffs(same) - 1) atomicAdd(&hist[digit], __popc(same));
+        }
         __syncthreads();
-        if (cnt >= (u32)P.top_k) thr = cand;
+        // Bin b = DSA_BINS-1-threadIdx.x: a scan from the top bin gives the keys at or
+        // above it (incl) and above it (incl - n); one bin holds the wanted rank.
+        const u32 n = hist[DSA_BINS - 1 - threadIdx.x];
+        u32 incl = n;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 u = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += u;
+        }
+        if (lane == 31) warp_cnt[warp] = (int)incl;
         __syncthreads();
+        for (int w = 0; w < warp; ++w) incl += (u32)warp_cnt[w];
+        if (incl - n < want && incl >= want) {
+            found[0] = DSA_BINS - 1 - threadIdx.x;
+            found[1] = incl - n;
+        }
+        __syncthreads();
+        thr |= found[0] << shift;
+        known |= (u32)(DSA_BINS - 1) << shift;
+        want -= found[1];
+        __syncthreads();  // hist, warp_cnt and found are written again
     }
-    // Entries above the threshold all win; ties at it fill the rest by lower id.
-    if (threadIdx.x == 0) cnt = 0;
-    __syncthreads();
-    u32 above = 0;
-    for (int e = threadIdx.x; e < visible; e += blockDim.x) above += fkey(sc[e]) > thr;
-    atomicAdd(&cnt, above);
-    __syncthreads();
-    const int need_eq = P.top_k - (int)cnt;
+    // Entries above the threshold all win; the `want` ties at it fill the rest by lower id.
+    const int need_eq = (int)want;
     if (threadIdx.x == 0) base = 0;
     __syncthreads();
     int eq_seen = 0;  // ties at the threshold before this chunk
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int c0 = 0; c0 < visible; c0 += blockDim.x) {
         const int e = c0 + threadIdx.x;
         const u32 key = e < visible ? fkey(sc[e]) : 0;

@@ -361,9 +361,11 @@ const SINK_MAX_DIM: usize = 16 * 32;
 
 /// `dsa_scores`' limits: entries per block, threads per block (at least one per head),
 /// and the shared memory of one query's padded heads, weights and per-head terms.
-const DSA_ENTRIES: u64 = 32;
+const DSA_ENTRIES: u64 = 16;
 const DSA_THREADS: usize = 256;
 const DSA_SMEM: usize = 48 * 1024;
+/// `dsa_topk`'s threads: one per bin of its radix digit (`DSA_BINS`).
+const DSA_BINS: u32 = 256;
 
 /// `mla_attend`'s limits and split (kernels/sparse.cu): key length (its queries in shared
 /// memory, checked against the kernel's shared memory too) and value length (MLA_VCH
@@ -1915,7 +1917,7 @@ impl CudaBackend {
         sh: &SelectShape,
         ids: &CudaBuf,
     ) -> Result<()> {
-        let smem = (sh.heads * (sh.dim + 4) + sh.heads + DSA_THREADS) * 4;
+        let smem = (sh.heads * (sh.dim + 4) + sh.heads + DSA_ENTRIES as usize * sh.heads) * 4;
         if sh.heads > DSA_THREADS || !sh.dim.is_multiple_of(4) || smem > DSA_SMEM {
             return Err(bad(format!(
                 "dsa_select: {} heads of dim {} exceed the kernel's limits (at most {DSA_THREADS} heads, dim a multiple of 4, {DSA_SMEM} bytes of queries)",
@@ -1953,7 +1955,7 @@ impl CudaBackend {
         self.launch_op(Launch {
             f: self.k.dsa_topk,
             grid: (rows as u32, 1, 1),
-            block: 256,
+            block: DSA_BINS,
             smem: 0,
             args: Self::args(prm),
             label: "dsa_topk",
