@@ -745,6 +745,16 @@ __device__ __forceinline__ void rope_torch_pair(const RopeTorch& R, float* head,
     rotate_torch(head + start, j, R.n_dims / 2, R.neox, __fmul_rn(pos, R.inv_freq[j]), R.mscale, R.sign, R.rb);
 }
 
+// Bytes p .. p + bytes into L2 (one bulk prefetch: the 16-byte lines that hold them).
+__device__ __forceinline__ void prefetch_l2(const void* p, u32 bytes) {
+    // Bulk prefetch needs a 16-byte aligned start and a multiple of 16 bytes.
+    u64 a = (u64)p;
+    u64 b = a + bytes;
+    a &= ~15ull;
+    b = (b + 15) & ~15ull;
+    if (b > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((u32)(b - a)) : "memory");
+}
+
 // `store_rows`' parameters (sparse.cu, crate::ops::StoreRowsArgs): the step's `rows` rows
 // of `row_len` values from `src` into the ring `dst` of `cap` rows.
 struct StoreRows {

@@ -155,16 +155,6 @@ struct Act {
     u32 grid_at, signs_at;  // IQ2_XXS tables: offset + 4·lane, this lane's copy
 };
 
-
-__device__ __forceinline__ void prefetch_l2(const void* p, u32 bytes) {
-    // Bulk prefetch needs a 16-byte aligned start and a multiple of 16 bytes.
-    u64 a = (u64)p;
-    u64 b = a + bytes;
-    a &= ~15ull;
-    b = (b + 15) & ~15ull;
-    if (b > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((u32)(b - a)) : "memory");
-}
-
 // ggml get_scale_min_k4 for the sub-block pair (2j, 2j+1) over the 12 scale bytes held
 // as three words, without branches: the pair's bytes sit at the same 16-bit position
 // (16·(j&1)) of each word. For j < 2: scales = bytes 2j, 2j+1 & 63, mins = bytes

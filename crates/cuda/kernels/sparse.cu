@@ -144,7 +144,7 @@ struct SelectParams {
 // reads of one column fall in different banks); thread (slot, head) takes the dots of
 // entries slot, slot + 256/heads, … of the block (up to DSA_ILP at once, their loads
 // side by side), each in column order; one thread per entry then sums its heads' terms
-// in head order.
+// in head order. The block's entry rows are asked of L2 before the queries are staged.
 extern "C" __global__ void dsa_scores(const SelectParams P) {
     extern __shared__ float4 sm4[];
     pdl_wait();
@@ -158,6 +158,7 @@ extern "C" __global__ void dsa_scores(const SelectParams P) {
     float* qs = (float*)sm4;
     float* ws = qs + P.heads * ld;
     float* terms = ws + P.heads;  // [DSA_EPB][heads]
+    if ((int)threadIdx.x < n) prefetch_l2(P.entries + (i64)(e0 + threadIdx.x) * P.dim, P.dim * 4);
     stage_rows(qs, ld, P.q + (i64)i * P.heads * P.dim, P.heads, P.dim);
     for (int h = threadIdx.x; h < P.heads; h += blockDim.x) ws[h] = __fmul_rn(P.w[(i64)i * P.heads + h], P.wscale);
     __syncthreads();
