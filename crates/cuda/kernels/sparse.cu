@@ -835,126 +835,145 @@ extern "C" __global__ void sink_scores(const SinkParams P) {
     }
 }
 
-// Keys per batch of `sink_mix`'s weighted sum (their loads issued together).
-#define SINK_MIX_U 16
-static_assert(32 % SINK_MIX_U == 0 && SINK_MIX_U < 32, "a batch is part of a 32-key chunk's ballot");
-
-// One batch of `sink_mix`: SINK_MIX_U keys' probabilities and the block's two columns of
-// their rows.
-struct SinkBatch {
-    float p[SINK_MIX_U], v0[SINK_MIX_U], v1[SINK_MIX_U];
-};
+// Keys listed per chunk of `sink_mix` (one a thread: blockDim.x), heads per block (a warp
+// each) and keys per tile of rows staged in shared memory.
+#define SINK_MIX_KC 256
+#define SINK_MIX_HEADS 8
+#define SINK_MIX_TT 32
 
 // grid (rows, ceil(hd/64), ceil(heads/8)), 256 threads: warp w of block (i, cb, hb) owns
 // head hb·8 + w and columns cb·64 + lane, + 32. The softmax of the head's scores has the
 // sink logit in its denominator (f32 exponentials summed in f64); out = round(Σ p_j k_j)
-// in key order with p_j = round(e_j / z): 32 keys' probabilities and rows found a lane
-// each, then broadcast. The sum runs over batches of SINK_MIX_U keys; with AHEAD the next
-// batch's rows are loaded before the current batch's products are added (one batch's
-// loads would otherwise wait a memory latency each: 40 batches for a CSA query's 128 +
-// 512 keys). A padded selection loads nothing and adds 0·0, which leaves the sum as it is
-// (it starts at +0 and never becomes −0), and a batch of padding alone is skipped (short
-// contexts pad most of the 512 selections). The block's warps read the same rows (L1
-// hits).
+// in key order with p_j = round(e_j / z). The keys go by chunks of SINK_MIX_KC: the block
+// lists the chunk's keys that have a row (a padded or not yet visible selection has none
+// and adds nothing: the sum starts at +0 and never becomes −0), each warp writes its
+// head's probabilities of them to shared memory, and the block's 64 columns of the listed
+// rows are copied into shared memory by `cp.async`, a tile of SINK_MIX_TT rows ahead of
+// the tile the warps add (every warp reads the same rows: one copy for the block, and a
+// tile's loads all in flight at once).
 // With Y.x set (= P.out) the warp that holds a head's rotated columns then rotates them
 // (the rope of the next launch, `rope_torch`'s arithmetic, at the query's position).
-template <bool AHEAD>
-__device__ __forceinline__ void sink_mix_body(const SinkParams& P, const RopeTorch& Y) {
+extern "C" __global__ void __launch_bounds__(SINK_MIX_KC) sink_mix(const SinkParams P, const RopeTorch Y) {
+    __shared__ const float* kp[SINK_MIX_KC];               // the chunk's listed rows
+    __shared__ int kj[SINK_MIX_KC];                        // and their key indices
+    __shared__ float kprob[SINK_MIX_HEADS][SINK_MIX_KC];   // each warp's probabilities of them
+    __shared__ __align__(16) float tile[2][SINK_MIX_TT][64];  // the block's columns of their rows
+    __shared__ int wn[SINK_MIX_HEADS];
     pdl_wait();
     pdl_trigger();
-    const int i = blockIdx.x, lane = threadIdx.x & 31;
-    const int h = blockIdx.z * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (i >= P.step->n_tok || h >= P.heads) return;
+    const int i = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (i >= P.step->n_tok) return;
+    const int h = blockIdx.z * SINK_MIX_HEADS + warp;
+    const bool head = h < P.heads;  // warps past the last head only list and copy
     const SinkRow R = sink_row(P, i);
-    const float* s = P.scores + ((i64)i * P.heads + h) * P.n_stride;
-    const float sink = P.sinks[h];
-    float m = sink;
-    for (int j = lane; j < R.n; j += 32) m = fmaxf(m, s[j]);
-    m = warp_max(m);
-    double z = lane == 0 ? (double)expf(__fsub_rn(sink, m)) : 0.0;
-    for (int j = lane; j < R.n; j += 32) z += (double)expf(__fsub_rn(s[j], m));
+    const float* s = P.scores + ((i64)i * P.heads + min(h, P.heads - 1)) * P.n_stride;
+    float m = 0.f, inv = 0.f;
+    if (head) {
+        // Each lane's scores four at a time (their loads together), in its order j = lane,
+        // lane + 32, …, as the f64 sum's order requires.
+        const float sink = P.sinks[h];
+        m = sink;
+        for (int j0 = lane; j0 < R.n; j0 += 128) {
+            float v[4];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
-    const float inv = (float)(1.0 / z);
-    const int c0 = blockIdx.y * 64 + lane, c1 = c0 + 32;
-    const bool in0 = c0 < P.hd, in1 = c1 < P.hd;
-    // Key 32·cc + lane of chunk cc: its probability and row (null: padding), and the
-    // chunk's keys that have a row.
-    int cc = -1;
-    float pc = 0.f;
-    const float* kc = nullptr;
-    u32 mc = 0;
-    const int nb = (R.n + SINK_MIX_U - 1) / SINK_MIX_U;
-    // The first batch from b on with a key that has a row (nb: none), its chunk found.
-    auto next = [&](int b) {
-        for (; b < nb; ++b) {
-            const int c = b * SINK_MIX_U / 32;
-            if (c != cc) {
-                const int j = 32 * c + lane;
-                pc = 0.f;
-                kc = j < R.n ? sink_key(P, i, R.t, R.lo, R.n_win, R.visible, j) : nullptr;
-                if (kc) pc = rnd(__fmul_rn(expf(__fsub_rn(s[j], m)), inv), P.rb);
-                mc = __ballot_sync(0xffffffffu, kc != nullptr);
-                cc = c;
-            }
-            if ((mc >> ((b * SINK_MIX_U) & 31)) & ((1u << SINK_MIX_U) - 1)) return b;
-        }
-        return nb;
-    };
-    // Issues batch b's loads from its chunk's keys.
-    auto load = [&](int b, SinkBatch& B) {
-        const int l0 = (b * SINK_MIX_U) & 31;
+            for (int u = 0; u < 4; ++u) v[u] = j0 + 32 * u < R.n ? s[j0 + 32 * u] : -INFINITY;
 #pragma unroll
-        for (int u = 0; u < SINK_MIX_U; ++u) {
-            B.p[u] = __shfl_sync(0xffffffffu, pc, l0 + u);
-            const float* ku = (const float*)__shfl_sync(0xffffffffu, (unsigned long long)kc, l0 + u);
-            B.v0[u] = ku && in0 ? ku[c0] : 0.f;
-            B.v1[u] = ku && in1 ? ku[c1] : 0.f;
+            for (int u = 0; u < 4; ++u) m = fmaxf(m, v[u]);
         }
-    };
+        m = warp_max(m);
+        double z = lane == 0 ? (double)expf(__fsub_rn(sink, m)) : 0.0;
+        for (int j0 = lane; j0 < R.n; j0 += 128) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = j0 + 32 * u < R.n ? s[j0 + 32 * u] : 0.f;
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (j0 + 32 * u < R.n) z += (double)expf(__fsub_rn(v[u], m));
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+        inv = (float)(1.0 / z);
+    }
+    const int cb = blockIdx.y * 64, cols = min(64, P.hd - cb);
+    const bool in0 = lane < cols, in1 = lane + 32 < cols;
     float a0 = 0.f, a1 = 0.f;
-    auto add = [&](int b, const SinkBatch& B) {
-        const int cnt = min(SINK_MIX_U, R.n - b * SINK_MIX_U);
+    // Copies the block's columns of listed rows t·TT .. (below cnt) into tile[t & 1]: a
+    // thread's two 16-byte pieces (four floats one at a time where a row is not aligned).
+    auto stage = [&](int t, int cnt) {
 #pragma unroll
-        for (int u = 0; u < SINK_MIX_U; ++u) {
-            if (u >= cnt) break;
-            a0 = __fadd_rn(a0, __fmul_rn(B.p[u], B.v0[u]));
-            a1 = __fadd_rn(a1, __fmul_rn(B.p[u], B.v1[u]));
+        for (int r = 0; r < 2; ++r) {
+            const int x = threadIdx.x + r * SINK_MIX_KC, u = x >> 4, c = (x & 15) * 4;
+            const int q = t * SINK_MIX_TT + u;
+            if (q >= cnt || c >= cols) continue;
+            const float* src = kp[q] + cb + c;
+            float* dst = &tile[t & 1][u][c];
+            if (c + 4 <= cols && ((u64)src & 15) == 0) {
+                cp_async16(dst, src);
+            } else {
+                for (int e = 0; e < 4 && c + e < cols; ++e) cp_async4(dst + e, src + e);
+            }
         }
+        cp_async_commit();
     };
-    // Batches without a row (padded selections) add nothing and are skipped.
-    SinkBatch x0;
-    if constexpr (AHEAD) {
-        SinkBatch x1;
-        int b0 = next(0);
-        if (b0 < nb) load(b0, x0);
-        while (b0 < nb) {
-            const int b1 = next(b0 + 1);
-            if (b1 < nb) load(b1, x1);
-            add(b0, x0);
-            if (b1 >= nb) break;
-            b0 = next(b1 + 1);
-            if (b0 < nb) load(b0, x0);
-            add(b1, x1);
+    for (int j0 = 0; j0 < R.n; j0 += SINK_MIX_KC) {
+        // The chunk's keys that have a row, in key order (a scan of the block's ballots).
+        const int j = j0 + threadIdx.x;
+        const float* k = j < R.n ? sink_key(P, i, R.t, R.lo, R.n_win, R.visible, j) : nullptr;
+        const u32 ballot = __ballot_sync(0xffffffffu, k != nullptr);
+        if (lane == 0) wn[warp] = __popc(ballot);
+        __syncthreads();
+        int at = __popc(ballot & ((1u << lane) - 1)), cnt = 0;
+#pragma unroll
+        for (int w = 0; w < SINK_MIX_HEADS; ++w) {
+            at += w < warp ? wn[w] : 0;
+            cnt += wn[w];
         }
-    } else {
-        for (int b = next(0); b < nb; b = next(b + 1)) {
-            load(b, x0);
-            add(b, x0);
+        if (k) {
+            kp[at] = k;
+            kj[at] = j;
+        }
+        __syncthreads();
+        if (cnt == 0) continue;  // uniform: the next chunk's barriers follow
+        const int nt = (cnt + SINK_MIX_TT - 1) / SINK_MIX_TT;
+        stage(0, cnt);
+        if (head) {
+            for (int q0 = lane; q0 < cnt; q0 += 128) {
+                float v[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) v[u] = q0 + 32 * u < cnt ? s[kj[q0 + 32 * u]] : 0.f;
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    if (q0 + 32 * u < cnt)
+                        kprob[warp][q0 + 32 * u] = rnd(__fmul_rn(expf(__fsub_rn(v[u], m)), inv), P.rb);
+            }
+        }
+        for (int t = 0; t < nt; ++t) {
+            if (t + 1 < nt) {
+                stage(t + 1, cnt);
+                cp_async_wait_but_one();
+            } else {
+                cp_async_wait_all();
+            }
+            __syncthreads();  // tile t copied by every thread; the probabilities written
+            if (head) {
+                const int q0 = t * SINK_MIX_TT, un = min(SINK_MIX_TT, cnt - q0);
+                const float(*rows)[64] = tile[t & 1];
+                for (int u = 0; u < un; ++u) {
+                    const float p = kprob[warp][q0 + u];
+                    a0 = __fadd_rn(a0, __fmul_rn(p, in0 ? rows[u][lane] : 0.f));
+                    a1 = __fadd_rn(a1, __fmul_rn(p, in1 ? rows[u][lane + 32] : 0.f));
+                }
+            }
+            __syncthreads();  // tile t & 1 is copied into again (tile t + 2), or the chunk's lists
         }
     }
+    if (!head) return;
     float* o = P.out + ((i64)i * P.heads + h) * P.hd;
-    if (in0) o[c0] = rnd(a0, P.rb);
-    if (in1) o[c1] = rnd(a1, P.rb);
+    if (in0) o[cb + lane] = rnd(a0, P.rb);
+    if (in1) o[cb + lane + 32] = rnd(a1, P.rb);
     if (Y.x && (Y.trailing ? P.hd - Y.n_dims : 0) / 64 == (int)blockIdx.y) {
         __syncwarp();
         const float pos = (float)(P.step->pos0 + i);
         for (int j = lane; j < Y.n_dims / 2; j += 32) rope_torch_pair(Y, o, pos, j);
     }
 }
-
-// One query (decode: 64 blocks, fewer than the SMs) loads a batch ahead; many queries
-// (prefill) keep the registers of one batch, so that three blocks fit on an SM and the
-// other blocks' warps hide the loads.
-extern "C" __global__ void sink_mix(const SinkParams P, const RopeTorch Y) { sink_mix_body<true>(P, Y); }
-extern "C" __global__ void sink_mix_rows(const SinkParams P, const RopeTorch Y) { sink_mix_body<false>(P, Y); }

@@ -209,7 +209,6 @@ pub const SOURCES: &[Source] = &[
             "mla_softmax",
             "sink_scores",
             "sink_mix",
-            "sink_mix_rows",
         ],
     },
 ];

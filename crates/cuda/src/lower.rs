@@ -670,19 +670,13 @@ fn sink_mix_holds(r: &RopeTorchArgs) -> bool {
     r.n_dims > 0 && start / SINK_MIX_COLS == (start + r.n_dims - 1) / SINK_MIX_COLS
 }
 
-/// `sink_mix` of `rows` queries (one loads a batch of keys ahead, its 64 blocks leaving
-/// SMs idle; many keep three blocks on an SM), with the rope `r` of its output when
-/// `r.x` is set (zero: none).
+/// `sink_mix` of `rows` queries, with the rope `r` of its output when `r.x` is set (zero:
+/// none).
 fn sink_mix(p: crate::ops::SinkParams, rows: u32, r: RopeTorchArgs, cx: &Ctx) -> Cmd {
-    let (f, label) = if rows == 1 {
-        (cx.k.sink_mix, "sink_mix")
-    } else {
-        (cx.k.sink_mix_rows, "sink_mix_rows")
-    };
     let mut args = Args::new();
     args.push(p).push(r);
     Cmd::Launch(Launch {
-        f,
+        f: cx.k.sink_mix,
         grid: (
             rows,
             (p.hd as u32).div_ceil(SINK_MIX_COLS as u32),
@@ -691,7 +685,7 @@ fn sink_mix(p: crate::ops::SinkParams, rows: u32, r: RopeTorchArgs, cx: &Ctx) ->
         block: 256,
         smem: 0,
         args,
-        label,
+        label: "sink_mix",
         bytes: 0,
     })
 }
