@@ -267,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(DSA_BINS) dsa_topk(const SelectPara
         thr |= found[0] << shift;
         known |= (u32)(DSA_BINS - 1) << shift;
         want -= found[1];
-        __syncthreads();  // hist, warp_cnt and found are written again
+        __syncthreads();  // (each read above precedes a barrier already: not needed, as measured)
     }
     // Entries above the threshold all win; the `want` ties at it fill the rest by lower id.
     const int need_eq = (int)want;
@@ -841,8 +841,8 @@ extern "C" __global__ void sink_scores(const SinkParams P) {
 #define SINK_MIX_HEADS 8
 #define SINK_MIX_TT 32
 
-// grid (rows, ceil(hd/64), ceil(heads/8)), 256 threads: warp w of block (i, cb, hb) owns
-// head hb·8 + w and columns cb·64 + lane, + 32. The softmax of the head's scores has the
+// grid (rows, ceil(hd/64), ceil(heads/8)), 256 threads: warp w of block (i, y, hb) owns
+// head hb·8 + w and columns 64·y + lane, + 32. The softmax of the head's scores has the
 // sink logit in its denominator (f32 exponentials summed in f64); out = round(Σ p_j k_j)
 // in key order with p_j = round(e_j / z). The keys go by chunks of SINK_MIX_KC: the block
 // lists the chunk's keys that have a row (a padded or not yet visible selection has none
@@ -898,7 +898,8 @@ extern "C" __global__ void __launch_bounds__(SINK_MIX_KC) sink_mix(const SinkPar
     const bool in0 = lane < cols, in1 = lane + 32 < cols;
     float a0 = 0.f, a1 = 0.f;
     // Copies the block's columns of listed rows t·TT .. (below cnt) into tile[t & 1]: a
-    // thread's two 16-byte pieces (four floats one at a time where a row is not aligned).
+    // thread's two 16-byte pieces (floats one at a time where a row is not 16-byte aligned
+    // or the piece ends past the last column).
     auto stage = [&](int t, int cnt) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -964,7 +965,8 @@ extern "C" __global__ void __launch_bounds__(SINK_MIX_KC) sink_mix(const SinkPar
                     a1 = __fadd_rn(a1, __fmul_rn(p, in1 ? rows[u][lane + 32] : 0.f));
                 }
             }
-            __syncthreads();  // tile t & 1 is copied into again (tile t + 2), or the chunk's lists
+            __syncthreads();  // tile t & 1 is copied into again (tile t + 2), or the next chunk's
+                              // lists and probabilities are written
         }
     }
     if (!head) return;

@@ -657,8 +657,10 @@ fn launch_256(f: Func, grid: u32, args: Args, label: &'static str) -> Cmd {
 }
 
 /// Columns of a head each warp of `sink_mix` sums (kernels/sparse.cu: lane and lane + 32
-/// of a 64-column block).
+/// of a 64-column block), and heads per block (a warp each: `SINK_MIX_HEADS`; 256 threads,
+/// one per key of a listed chunk, `SINK_MIX_KC`).
 const SINK_MIX_COLS: i32 = 64;
+const SINK_MIX_HEADS: u32 = 8;
 
 /// Whether the rotated columns of a rope's heads lie in one warp's columns of `sink_mix`.
 fn sink_mix_holds(r: &RopeTorchArgs) -> bool {
@@ -680,9 +682,9 @@ fn sink_mix(p: crate::ops::SinkParams, rows: u32, r: RopeTorchArgs, cx: &Ctx) ->
         grid: (
             rows,
             (p.hd as u32).div_ceil(SINK_MIX_COLS as u32),
-            (p.heads as u32).div_ceil(8),
+            (p.heads as u32).div_ceil(SINK_MIX_HEADS),
         ),
-        block: 256,
+        block: 32 * SINK_MIX_HEADS,
         smem: 0,
         args,
         label: "sink_mix",

@@ -1917,10 +1917,13 @@ impl CudaBackend {
         sh: &SelectShape,
         ids: &CudaBuf,
     ) -> Result<()> {
+        if sh.top_k == 0 {
+            return Ok(()); // no ids to write (`dsa_topk` searches for a k-th key, k ≥ 1)
+        }
         let smem = (sh.heads * (sh.dim + 4) + sh.heads + DSA_ENTRIES as usize * sh.heads) * 4;
         if sh.heads > DSA_THREADS || !sh.dim.is_multiple_of(4) || smem > DSA_SMEM {
             return Err(bad(format!(
-                "dsa_select: {} heads of dim {} exceed the kernel's limits (at most {DSA_THREADS} heads, dim a multiple of 4, {DSA_SMEM} bytes of queries)",
+                "dsa_select: {} heads of dim {} exceed the kernel's limits (at most {DSA_THREADS} heads, dim a multiple of 4, {DSA_SMEM} bytes of queries, head weights and the terms of {DSA_ENTRIES} entries)",
                 sh.heads, sh.dim
             )));
         }
