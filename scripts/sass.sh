@@ -12,10 +12,9 @@
 # GPU_CHECK build under /tmp/ds4-sass-cache (a few minutes to fill, then reused); in a
 # DIR shared by several builds the newest cubin that defines KERNEL is read.
 # The tools — NVIDIA's wheels nvidia-cuda-nvrtc, nvidia-cuda-cuobjdump and
-# nvidia-cuda-nvdisasm from PyPI — are fetched once into $DS4_SASS_TOOLS (default
-# ~/.cache/ds4-server/sass-tools).
+# nvidia-cuda-nvdisasm from PyPI — are fetched once (scripts/nvrtc-tools.sh).
 set -euo pipefail
-usage() { sed -n '2,16p' "$0"; exit "${1:-2}"; }
+usage() { sed -n '2,15p' "$0"; exit "${1:-2}"; }
 [ $# -ge 1 ] || usage
 KERNEL= LOOPS=0 BIN=target/release/examples/gpu_check CACHE=
 while [ $# -gt 0 ]; do
@@ -32,18 +31,8 @@ done
 [ -x "$BIN" ] || { echo "no gpu_check at $BIN: cargo build --release -p ds4-cuda --example gpu_check" >&2; exit 1; }
 [ -n "$CACHE" ] || CACHE=/tmp/ds4-sass-cache/$(sha256sum "$BIN" | cut -c1-16)
 
-TOOLS="${DS4_SASS_TOOLS:-$HOME/.cache/ds4-server/sass-tools}"
-if [ ! -x "$TOOLS/bin/nvdisasm" ]; then
-  echo "fetching NVIDIA's NVRTC and disassembler wheels into $TOOLS" >&2
-  mkdir -p "$TOOLS/wheels"
-  pip download --quiet --no-deps -d "$TOOLS/wheels" \
-    nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37
-  for w in "$TOOLS"/wheels/*.whl; do python3 -m zipfile -e "$w" "$TOOLS/unpacked"; done
-  mkdir -p "$TOOLS/bin" "$TOOLS/lib"
-  find "$TOOLS/unpacked" -type f \( -name cuobjdump -o -name nvdisasm \) -exec cp {} "$TOOLS/bin/" \;
-  find "$TOOLS/unpacked" -name 'libnvrtc*.so*' -exec cp {} "$TOOLS/lib/" \;
-  chmod +x "$TOOLS"/bin/*
-fi
+# shellcheck source=scripts/nvrtc-tools.sh
+source "$(dirname "$0")/nvrtc-tools.sh"
 
 mkdir -p "$CACHE"
 LD_LIBRARY_PATH="$TOOLS/lib" DS4_CUDA_CACHE="$CACHE" "$BIN" warm-cache sm_90a >&2
