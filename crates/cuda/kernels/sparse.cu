@@ -727,6 +727,7 @@ struct SinkParams {
     float* scores;         // scratch [rows, heads, n_stride]
     i32 cap, heads, hd, window_len, rate, per_q, rb, n_stride;
     float scale;
+    i32 kpw;               // sink_scores: keys per warp
 };
 
 // Key j of query i at position t (window positions lo.. first, then entries), or null
@@ -765,17 +766,16 @@ __device__ __forceinline__ SinkRow sink_row(const SinkParams& P, int i) {
 // launches that read each key once for many heads: `sink_scores` writes every score, then
 // `sink_mix` takes each head's softmax and the probability-weighted sum of the keys.
 
-// Heads per block, keys per warp and the largest head dim (in registers, 32 values per
-// lane-step) of `sink_scores`.
+// Heads per block and the largest head dim (in registers, 32 values per lane-step) of
+// `sink_scores`.
 #define SINK_HG 16
-#define SINK_KPW 4
 #define SINK_MAXC 16
 static_assert(SINK_HG == 16, "sink_scores' warp_sums leave head h in lanes 2h, 2h+1");
 
-// grid (rows, ceil(n_stride/(8·SINK_KPW)), ceil(heads/SINK_HG)), 256 threads, shared
-// memory SINK_HG·hd + 32 floats (the block's queries, the heads past the last zero, and a
-// zero tail that the lanes past hd read). Each warp scores SINK_KPW keys against the
-// block's heads: s = round(round(q·k)·scale) (−inf for a padded selection), each dot
+// grid (rows, ceil(n_stride/(8·kpw)), ceil(heads/SINK_HG)), 256 threads, shared memory
+// SINK_HG·hd + 32 floats (the block's queries, the heads past the last zero, and a zero
+// tail that the lanes past hd read). Each warp scores P.kpw (≤ 32) keys, one after
+// another, against the block's heads: s = round(round(q·k)·scale) (−inf for a padded selection), each dot
 // summed lane-strided then across the warp, the key held in registers. A block whose keys
 // are all padding only writes −inf. The code is kept small (one key per iteration, no
 // per-head or per-column branches): unrolled over the keys and guarded per head and
@@ -787,13 +787,13 @@ extern "C" __global__ void sink_scores(const SinkParams P) {
     const int i = blockIdx.x;
     if (i >= P.step->n_tok) return;
     const SinkRow R = sink_row(P, i);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nk = (blockDim.x >> 5) * SINK_KPW;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nk = (blockDim.x >> 5) * P.kpw;
     const int j0 = blockIdx.y * nk;
     if (j0 >= R.n) return;
     const int h0 = blockIdx.z * SINK_HG, hg = min(SINK_HG, P.heads - h0);
     float* score0 = P.scores + ((i64)i * P.heads + h0) * P.n_stride;
-    const int jw = j0 + warp * SINK_KPW;
-    const float* kp = lane < SINK_KPW && jw + lane < R.n ? sink_key(P, i, R.t, R.lo, R.n_win, R.visible, jw + lane)
+    const int jw = j0 + warp * P.kpw;
+    const float* kp = lane < P.kpw && jw + lane < R.n ? sink_key(P, i, R.t, R.lo, R.n_win, R.visible, jw + lane)
                                                          : nullptr;
     if (!__syncthreads_or(kp != nullptr)) {
         for (int x = threadIdx.x; x < hg * nk; x += blockDim.x)
@@ -806,7 +806,7 @@ extern "C" __global__ void sink_scores(const SinkParams P) {
     __syncthreads();
     const int n_m = (P.hd + 31) >> 5;
 #pragma unroll 1
-    for (int u = 0; u < SINK_KPW; ++u) {
+    for (int u = 0; u < P.kpw; ++u) {
         const int j = jw + u;
         if (j >= R.n) break;
         const float* k = (const float*)__shfl_sync(0xffffffffu, (unsigned long long)kp, u);

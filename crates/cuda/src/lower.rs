@@ -2793,7 +2793,7 @@ mod tests {
             rb: 0,
             n_stride: 128,
             scale: 0.04,
-            pad: 0,
+            kpw: 1,
         };
         let rope = |x: u64, n_dims| ds4_rope(x << 40, 64, n_dims, -1.0);
         let ops = |r: RopeTorchArgs| [Op::SinkMix { p, rows: 1 }, Op::RopeTorch { a: r, n_tok: 1 }];

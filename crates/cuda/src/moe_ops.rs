@@ -353,11 +353,19 @@ struct MlaParams {
     stage: i32,
 }
 
-/// `sink_scores`' limits (kernels/sparse.cu): heads per block, keys per block, and the
+/// `sink_scores`' limits (kernels/sparse.cu): heads per block, warps per block, and the
 /// head dim it keeps in registers.
 const SINK_HG: usize = 16;
-const SINK_KEYS: u64 = 8 * 4;
+const SINK_WARPS: u64 = 8;
 const SINK_MAX_DIM: usize = 16 * 32;
+
+/// `sink_scores`' keys per warp: one for a single row (decode: a warp's keys are scored one
+/// after another, and at a short context the few real keys would fall to a few warps), four
+/// for a prompt's rows (each block stages its rows' queries once for 32 keys).
+fn sink_keys_per_warp(rows: usize) -> u64 {
+    if rows == 1 { SINK_DECODE_KPW } else { 4 }
+}
+const SINK_DECODE_KPW: u64 = 1;
 
 /// `dsa_scores`' limits: entries per block, threads per block (at least one per head),
 /// and the shared memory of one query's padded heads, weights and per-head terms.
@@ -1882,13 +1890,13 @@ impl CudaBackend {
             rb: rb(p),
             n_stride: n_stride as i32,
             scale: sh.scale,
-            pad: 0,
+            kpw: sink_keys_per_warp(rows) as i32,
         };
         self.launch_op(Launch {
             f: self.k.sink_scores,
             grid: (
                 rows as u32,
-                blocks(n_stride as u64, SINK_KEYS),
+                blocks(n_stride as u64, SINK_WARPS * sink_keys_per_warp(rows)),
                 h.div_ceil(SINK_HG) as u32,
             ),
             block: 256,

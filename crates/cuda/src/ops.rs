@@ -344,9 +344,8 @@ pub struct SinkParams {
     pub rb: i32,
     pub n_stride: i32,
     pub scale: f32,
-    /// The C struct's tail padding, named so that it is zero: arguments are compared
-    /// byte for byte (a captured graph's ops, the lowering's tests).
-    pub pad: i32,
+    /// `sink_scores`' keys per warp.
+    pub kpw: i32,
 }
 
 /// `RopeTorch` of kernels/common.cuh, the parameters of `rope_torch` (kernels/rope.cu);
