@@ -2378,11 +2378,20 @@ impl CudaBackend {
             lim: f32::INFINITY,
             out: self.buf_of(out, rows * heads * n_out, "per-head product")?,
         };
+        // The experts' down kernel of the type (typed: more blocks per SM) over the block
+        // slots the device holds, as the routed experts share them.
+        let typed = self.gemv_typed.load(Ordering::Relaxed);
+        let [_, f, _] = self.k.experts_for(m.ty as u32, typed);
+        let smem = gemv_smem_bytes(n_in, prm.need) as u32;
         self.launch_op(Launch {
-            f: self.k.gemv_experts_down,
-            grid: (blocks(n_out as u64, 64), (rows * heads) as u32, 1),
+            f,
+            grid: (
+                self.expert_grid_x(f, smem, n_out, rows * heads),
+                (rows * heads) as u32,
+                1,
+            ),
             block: 256,
-            smem: gemv_smem_bytes(n_in, prm.need) as u32,
+            smem,
             args: Self::args(prm),
             label: "gemv_heads",
             keep: vec![mem, &x.mem, &out.mem],
