@@ -141,10 +141,11 @@ struct SelectParams {
 
 // grid (rows, ceil(entries/DSA_EPB)), 256 threads: I = Σ_h (w_h·ws)·relu(q_h·K·scale).
 // The query's heads sit in shared memory (rows padded by 4 floats: the heads' 16-byte
-// reads of one column fall in different banks); thread (slot, head) takes the dots of
-// entries slot, slot + 256/heads, … of the block (up to DSA_ILP at once, their loads
-// side by side), each in column order; one thread per entry then sums its heads' terms
-// in head order. The block's entry rows are asked of L2 before the queries are staged.
+// reads of one column fall in different banks), and so do the block's entry rows (asked
+// of L2 before the queries are staged, then staged after them: every load of the dots
+// is from shared memory); thread (slot, head) takes the dots of entries slot, slot +
+// 256/heads, … of the block (up to DSA_ILP at once, side by side), each in column order;
+// one thread per entry then sums its heads' terms in head order.
 extern "C" __global__ void dsa_scores(const SelectParams P) {
     extern __shared__ float4 sm4[];
     pdl_wait();
@@ -158,8 +159,10 @@ extern "C" __global__ void dsa_scores(const SelectParams P) {
     float* qs = (float*)sm4;
     float* ws = qs + P.heads * ld;
     float* terms = ws + P.heads;  // [DSA_EPB][heads]
+    float* ks = qs + ((P.heads * ld + P.heads + DSA_EPB * P.heads + 3) & ~3);  // [DSA_EPB][dim]
     if ((int)threadIdx.x < n) prefetch_l2(P.entries + (i64)(e0 + threadIdx.x) * P.dim, P.dim * 4);
     stage_rows(qs, ld, P.q + (i64)i * P.heads * P.dim, P.heads, P.dim);
+    stage_rows(ks, P.dim, P.entries + (i64)e0 * P.dim, n, P.dim);
     for (int h = threadIdx.x; h < P.heads; h += blockDim.x) ws[h] = __fmul_rn(P.w[(i64)i * P.heads + h], P.wscale);
     __syncthreads();
     const int h = threadIdx.x % P.heads, el = threadIdx.x / P.heads;
@@ -171,7 +174,7 @@ extern "C" __global__ void dsa_scores(const SelectParams P) {
         float d[DSA_ILP];
 #pragma unroll
         for (int u = 0; u < DSA_ILP; ++u) {
-            k4[u] = (const float4*)(P.entries + (i64)(e0 + s0 + per * min(u, cnt - 1)) * P.dim);
+            k4[u] = (const float4*)(ks + (s0 + per * min(u, cnt - 1)) * P.dim);
             d[u] = 0.f;
         }
 #pragma unroll 2

@@ -363,12 +363,12 @@ const SINK_MAX_DIM: usize = 16 * 32;
 /// after another, and at a short context the few real keys would fall to a few warps), four
 /// for a prompt's rows (each block stages its rows' queries once for 32 keys).
 fn sink_keys_per_warp(rows: usize) -> u64 {
-    if rows == 1 { SINK_DECODE_KPW } else { 4 }
+    if rows == 1 { 1 } else { 4 }
 }
-const SINK_DECODE_KPW: u64 = 1;
 
 /// `dsa_scores`' limits: entries per block, threads per block (at least one per head),
-/// and the shared memory of one query's padded heads, weights and per-head terms.
+/// and the shared memory of one query's padded heads, weights and per-head terms and of
+/// the block's entry rows.
 const DSA_ENTRIES: u64 = 16;
 const DSA_THREADS: usize = 256;
 const DSA_SMEM: usize = 48 * 1024;
@@ -1928,10 +1928,13 @@ impl CudaBackend {
         if sh.top_k == 0 {
             return Ok(()); // no ids to write (`dsa_topk` searches for a k-th key, k ≥ 1)
         }
-        let smem = (sh.heads * (sh.dim + 4) + sh.heads + DSA_ENTRIES as usize * sh.heads) * 4;
+        let smem = ((sh.heads * (sh.dim + 4) + sh.heads + DSA_ENTRIES as usize * sh.heads)
+            .next_multiple_of(4)
+            + DSA_ENTRIES as usize * sh.dim)
+            * 4;
         if sh.heads > DSA_THREADS || !sh.dim.is_multiple_of(4) || smem > DSA_SMEM {
             return Err(bad(format!(
-                "dsa_select: {} heads of dim {} exceed the kernel's limits (at most {DSA_THREADS} heads, dim a multiple of 4, {DSA_SMEM} bytes of queries, head weights and the terms of {DSA_ENTRIES} entries)",
+                "dsa_select: {} heads of dim {} exceed the kernel's limits (at most {DSA_THREADS} heads, dim a multiple of 4, {DSA_SMEM} bytes of queries, head weights, the terms of {DSA_ENTRIES} entries and their rows)",
                 sh.heads, sh.dim
             )));
         }
