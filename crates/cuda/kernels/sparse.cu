@@ -141,9 +141,10 @@ struct SelectParams {
 
 // grid (rows, ceil(entries/DSA_EPB)), 256 threads: I = Σ_h (w_h·ws)·relu(q_h·K·scale).
 // The query's heads sit in shared memory (rows padded by 4 floats: the heads' 16-byte
-// reads of one column fall in different banks), and so do the block's entry rows (asked
-// of L2 before the queries are staged, then staged after them: every load of the dots
-// is from shared memory); thread (slot, head) takes the dots of entries slot, slot +
+// reads of one column fall in different banks), and so do the block's entry rows,
+// unpadded (a warp's threads read one entry's column: one address), asked of L2 before
+// the queries are staged and staged after them, so that every load of the dots is from
+// shared memory; thread (slot, head) takes the dots of entries slot, slot +
 // 256/heads, … of the block (up to DSA_ILP at once, side by side), each in column order;
 // one thread per entry then sums its heads' terms in head order.
 extern "C" __global__ void dsa_scores(const SelectParams P) {
@@ -777,10 +778,10 @@ static_assert(SINK_HG == 16, "sink_scores' warp_sums leave head h in lanes 2h, 2
 
 // grid (rows, ceil(n_stride/(8·kpw)), ceil(heads/SINK_HG)), 256 threads, shared memory
 // SINK_HG·hd + 32 floats (the block's queries, the heads past the last zero, and a zero
-// tail that the lanes past hd read). Each warp scores P.kpw (≤ 32) keys, one after
-// another, against the block's heads: s = round(round(q·k)·scale) (−inf for a padded selection), each dot
-// summed lane-strided then across the warp, the key held in registers. A block whose keys
-// are all padding only writes −inf. The code is kept small (one key per iteration, no
+// tail that the lanes past hd read). Each warp scores P.kpw (1 to 32) keys, one after
+// another, against the block's heads: s = round(round(q·k)·scale) (−inf for a padded
+// selection), each dot summed lane-strided then across the warp, the key held in
+// registers. A block whose keys are all padding only writes −inf. The code is kept small (one key per iteration, no
 // per-head or per-column branches): unrolled over the keys and guarded per head and
 // column it was 69 KB, and the launch's time went to fetching it.
 extern "C" __global__ void sink_scores(const SinkParams P) {

@@ -698,7 +698,7 @@ fn sink_mix(p: crate::ops::SinkParams, rows: u32, r: RopeTorchArgs, cx: &Ctx) ->
 struct FloatMulti {
     s: [FloatSeg; FLOAT_SEGS],
     n: i32,
-    /// Padding, zero (see `SinkParams::pad`).
+    /// Padding, zero (see [`crate::ops`]).
     pad: i32,
 }
 
@@ -2884,10 +2884,10 @@ mod tests {
         // RopeTorch = 3 pointers + 8 4-byte fields.
         assert_eq!(std::mem::size_of::<NormRefArgs>(), 3 * 8 + 4 * 4);
         assert_eq!(std::mem::size_of::<RopeTorchArgs>(), 3 * 8 + 8 * 4);
-        // kernels/sparse.cu: SinkParams = 9 pointers + 9 4-byte fields, padded to 112.
+        // kernels/sparse.cu: SinkParams = 9 pointers + 10 4-byte fields.
         assert_eq!(
             std::mem::size_of::<crate::ops::SinkParams>(),
-            9 * 8 + 9 * 4 + 4
+            9 * 8 + 10 * 4
         );
         // StoreRows = 3 pointers + 3 4-byte fields, padded to 40.
         assert_eq!(std::mem::size_of::<crate::ops::StoreRowsArgs>(), 40);

@@ -104,7 +104,7 @@ struct FloatExperts {
     rb: i32,
     pair: i32,
     lim: f32,
-    /// Padding, zero (see `SinkParams::pad`).
+    /// Padding, zero (see [`crate::ops`]).
     pad: i32,
 }
 
@@ -359,9 +359,9 @@ const SINK_HG: usize = 16;
 const SINK_WARPS: u64 = 8;
 const SINK_MAX_DIM: usize = 16 * 32;
 
-/// `sink_scores`' keys per warp: one for a single row (decode: a warp's keys are scored one
-/// after another, and at a short context the few real keys would fall to a few warps), four
-/// for a prompt's rows (each block stages its rows' queries once for 32 keys).
+/// `sink_scores`' keys per warp (1 to 32): one for a single row (decode: a warp's keys are
+/// scored one after another, and at a short context the few real keys would fall to a few
+/// warps), four for a prompt's rows (each block stages its row's queries once for 32 keys).
 fn sink_keys_per_warp(rows: usize) -> u64 {
     if rows == 1 { 1 } else { 4 }
 }
@@ -1868,6 +1868,7 @@ impl CudaBackend {
             )));
         }
         let smem = (SINK_HG * hd + 32) * 4;
+        let kpw = sink_keys_per_warp(rows);
         let n_stride = sh.window + n_ent;
         let scores = self.scratch_mem("sink_scores", rows * h * n_stride * 4)?;
         keep.push(&scores);
@@ -1890,13 +1891,13 @@ impl CudaBackend {
             rb: rb(p),
             n_stride: n_stride as i32,
             scale: sh.scale,
-            kpw: sink_keys_per_warp(rows) as i32,
+            kpw: kpw as i32,
         };
         self.launch_op(Launch {
             f: self.k.sink_scores,
             grid: (
                 rows as u32,
-                blocks(n_stride as u64, SINK_WARPS * sink_keys_per_warp(rows)),
+                blocks(n_stride as u64, SINK_WARPS * kpw),
                 h.div_ceil(SINK_HG) as u32,
             ),
             block: 256,

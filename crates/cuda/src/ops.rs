@@ -10,6 +10,10 @@
 //! Ops hold raw pointers; the recording also holds references to the memory they point
 //! to (`keep`), so a buffer dropped before the flush stays alive until its kernels are
 //! enqueued (device frees are stream-ordered after that).
+//!
+//! The kernels' parameter structs (`#[repr(C)]`, field for field the C structs) name
+//! their padding `pad` and keep it zero: arguments are compared byte for byte (a captured
+//! graph's ops, the lowering's tests).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -231,7 +235,7 @@ pub struct DeltaParams {
     /// `delta_step` loads the state before waiting for the previous kernel (set by the
     /// lowering when that kernel cannot write it).
     pub early: i32,
-    /// Padding, zero (see `SinkParams::pad`).
+    /// Padding, zero (see the module docs).
     pub pad: i32,
     /// `delta_step`'s products that form `g0` and `gz` in its launch, each block its
     /// head's rows (zero `w`: given), set by the lowering.
@@ -278,7 +282,7 @@ pub struct LayerNormArgs {
     pub cols: i32,
     pub eps: f32,
     pub rb: i32,
-    /// Padding, zero (see `SinkParams::pad`).
+    /// Padding, zero (see the module docs).
     pub pad: i32,
 }
 
@@ -292,7 +296,7 @@ pub struct StoreRowsArgs {
     pub rows: i32,
     pub row_len: i32,
     pub cap: i32,
-    /// Tail padding, zero (see [`SinkParams::pad`]).
+    /// Tail padding, zero (see the module docs).
     pub pad: i32,
 }
 
@@ -377,7 +381,7 @@ pub struct HcPostArgs {
     pub n: i32,
     pub d: i32,
     pub rb: i32,
-    /// Padding, zero (see `SinkParams::pad`).
+    /// Padding, zero (see the module docs).
     pub pad: i32,
 }
 
@@ -444,7 +448,7 @@ pub struct FloatSeg {
     pub rb: i32,
     pub first: i32,
     pub lanes: i32,
-    /// Padding, zero (see `SinkParams::pad`).
+    /// Padding, zero (see the module docs).
     pub pad: i32,
 }
 
@@ -634,7 +638,7 @@ pub struct ExpertGemv {
     pub ty2: i32,
     pub x: DPtr,
     pub x_tstride: i32,
-    /// Padding, zero (see `SinkParams::pad`).
+    /// Padding, zero (see the module docs).
     pub pad: i32,
     pub ids: DPtr,
     pub k: i32,
