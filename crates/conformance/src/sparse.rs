@@ -526,14 +526,16 @@ fn mla_checks<B: Backend>(r: &mut Report<'_, B>) {
 
 fn sink_checks<B: Backend>(r: &mut Report<'_, B>) {
     let (h, hd) = (64usize, 512usize);
-    // (what, rate, selected per query, precision, tolerance)
-    for (what, rate, per_q, p, tol) in [
+    // (what, rate, selected per query, precision, tolerance, queries, first position)
+    for (what, rate, per_q, p, tol, rows, pos0) in [
         (
             "sliding 128 + CSA entries (rate 4, 16 selected)",
             4usize,
             16usize,
             Prec::F32,
             1e-5,
+            3usize,
+            1000usize,
         ),
         (
             "sliding 128 + all HCA entries (rate 128)",
@@ -541,8 +543,10 @@ fn sink_checks<B: Backend>(r: &mut Report<'_, B>) {
             0,
             Prec::F32,
             1e-5,
+            3,
+            1000,
         ),
-        ("sliding 128 only", 0, 0, Prec::F32, 1e-5),
+        ("sliding 128 only", 0, 0, Prec::F32, 1e-5, 3, 1000),
         // bf16 rounds each score (|q·k| up to ~90 before the scale) and probability: 5.2e-3
         // … 1.5e-2 measured over fifteen draws of the inputs (the `seeds` example and the
         // shared generator's draw), twice the worst as the expert chain's.
@@ -552,13 +556,27 @@ fn sink_checks<B: Backend>(r: &mut Report<'_, B>) {
             16,
             Prec::Bf16,
             3e-2,
+            3,
+            1000,
+        ),
+        // A decode step at a short context (CUDA: one key per warp in `sink_scores`): a
+        // window of 21 positions, 5 visible entries and 11 padded selections.
+        (
+            "sliding 128 + CSA entries (rate 4, 16 selected, 11 padded)",
+            4,
+            16,
+            Prec::F32,
+            1e-5,
+            1,
+            20,
         ),
     ] {
+        let queries = if rows == 1 { "query" } else { "queries" };
         r.check(
             "sink_attention",
-            format!("DeepSeek-V4 64 heads × 512, {what}, 3 queries at 1000"),
+            format!("DeepSeek-V4 64 heads × 512, {what}, {rows} {queries} at {pos0}"),
             |b, rng| {
-                let (rows, pos0, window, cap) = (3usize, 1000usize, 128usize, 256usize);
+                let (window, cap) = (128usize, 256usize);
                 let shape = SinkAttnShape {
                     heads: h,
                     head_dim: hd,
@@ -602,7 +620,7 @@ fn sink_checks<B: Backend>(r: &mut Report<'_, B>) {
                 for i in 0..rows {
                     let t = pos0 + i;
                     let mut keys: Vec<Vec<f64>> = Vec::new();
-                    for pos in (t + 1 - window)..=t {
+                    for pos in (t + 1).saturating_sub(window)..=t {
                         keys.push(if pos >= pos0 {
                             wide(&kv[(pos - pos0) * hd..(pos - pos0 + 1) * hd])
                         } else {
