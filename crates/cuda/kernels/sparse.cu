@@ -781,9 +781,9 @@ static_assert(SINK_HG == 16, "sink_scores' warp_sums leave head h in lanes 2h, 2
 // tail that the lanes past hd read). Each warp scores P.kpw (1 to 32) keys, one after
 // another, against the block's heads: s = round(round(q·k)·scale) (−inf for a padded
 // selection), each dot summed lane-strided then across the warp, the key held in
-// registers. A block whose keys are all padding only writes −inf. The code is kept small (one key per iteration, no
-// per-head or per-column branches): unrolled over the keys and guarded per head and
-// column it was 69 KB, and the launch's time went to fetching it.
+// registers. A block whose keys are all padding only writes −inf. The code is kept small
+// (one key per iteration, no per-head or per-column branches): unrolled over the keys and
+// guarded per head and column it was 69 KB, and the launch's time went to fetching it.
 extern "C" __global__ void sink_scores(const SinkParams P) {
     extern __shared__ float4 qs4[];
     pdl_wait();
