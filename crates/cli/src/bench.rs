@@ -5,7 +5,8 @@
 //!
 //! Method, as llama.cpp's figures in the fixtures were taken: prefill is one fresh
 //! session evaluating the first N tokens of fixed prose (no template); decode is the
-//! time from the first to the (M+1)-th sampled token (M single-token decodes,
+//! time from the first to the (M+1)-th sampled token (M single-token decodes, each
+//! queued before the token before it is read, as greedy generation decodes;
 //! end-of-generation ignored).
 //!
 //! With `--backend cuda` (issue 5, item 4) it also reports the device's copy bandwidth
@@ -20,6 +21,7 @@
 //! same weights as a file).
 
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,7 +30,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use ds4_args::int;
 use ds4_cuda::{CudaBackend, PartTime, by_part};
-use ds4_engine::sampler::{Rng, SamplerParams, sample};
+use ds4_engine::sampler::argmax;
 use ds4_engine::{LoadedModel, Session};
 use ds4_measure::args::ReceiptArgs;
 use ds4_measure::receipt::{BenchRun, Failure, GpuInfo, Receipt, ReceiptKind};
@@ -161,24 +163,11 @@ fn decode_run(
     Ok(Timed::of(n, t0))
 }
 
-/// `n` greedy decode steps after what `s` holds.
+/// `n` greedy decode steps after what `s` holds, each queued before the previous
+/// choice is read ([`Session::decode_greedy`], as generation decodes greedily).
 fn greedy_steps(s: &mut Session, n: usize) -> Result<()> {
-    let greedy = SamplerParams {
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-    };
-    let mut rng = Rng(0);
-    let mut token = sample(
-        s.logits().context("no logits after prefill")?,
-        &greedy,
-        &mut rng,
-    );
-    for _ in 0..n {
-        let logits = s.decode(token)?;
-        token = sample(logits, &greedy, &mut rng);
-    }
+    let first = argmax(s.logits().context("no logits after prefill")?);
+    s.decode_greedy(first, n, &mut |_| ControlFlow::Continue(()))?;
     Ok(())
 }
 

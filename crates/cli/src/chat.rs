@@ -179,6 +179,7 @@ pub fn main(args: ChatArgs) -> Result<()> {
             max_tokens: args.n_predict,
             sampler: args.sampling.params(),
             seed: seed.wrapping_add(turn),
+            needs_logits: false,
         };
         turn += 1;
         let mut decoder = StreamDecoder::new();

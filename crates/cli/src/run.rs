@@ -73,6 +73,7 @@ pub fn main(args: RunArgs) -> Result<()> {
         max_tokens: args.n_predict,
         sampler: args.sampling.params(),
         seed: args.sampling.seed(),
+        needs_logits: false,
     };
     let mut decoder = StreamDecoder::new();
     let mut generated = Vec::new();

@@ -36,6 +36,7 @@ use crate::graph::{GraphCache, segment_ranges};
 use crate::kernels::Kernels;
 use crate::lower::{AttnScratch, Cmd, Ctx, Launch, lower_traced};
 use crate::ops::{MatRef, Op, Recording, RopeArgs, step_bytes};
+use crate::pick::CudaPick;
 use crate::weights::{CudaWeight, Source, load};
 
 /// An f32 activation buffer on the device.
@@ -156,7 +157,7 @@ pub(crate) struct State {
     staging: Option<DevMem>,
     _attn_mem: [DevMem; 4],
     attn: AttnScratch,
-    stats: Stats,
+    pub(crate) stats: Stats,
     /// Host copy target of `read` (page-locked).
     pinned: Option<Pinned>,
     /// Events around the last graph launch, read after the next synchronization.
@@ -172,12 +173,31 @@ pub(crate) struct State {
     pub(crate) scratch: HashMap<&'static str, Arc<DevMem>>,
     /// RoPE inverse-frequency tables on the device, by their f32 bits.
     rope_tables: HashMap<Vec<u32>, Arc<DevMem>>,
+    /// Each stepping thread's ring of greedy choices (host memory the device writes,
+    /// `crate::pick`).
+    pub(crate) pick_rings: HashMap<ThreadId, Pinned>,
+    /// Events of greedy choices, for reuse.
+    pub(crate) pick_events: Vec<Event>,
 }
 
 /// Page-locked host memory.
-struct Pinned {
-    ptr: *mut u8,
+pub(crate) struct Pinned {
+    pub(crate) ptr: *mut u8,
     bytes: usize,
+}
+
+impl Pinned {
+    /// `bytes` of page-locked memory (`flags`: `cuMemHostAlloc`'s, such as
+    /// `CU_MEMHOSTALLOC_DEVICEMAP` for memory the device reads and writes).
+    pub(crate) fn alloc(bytes: usize, flags: u32) -> Result<Pinned> {
+        // SAFETY: a plain page-locked allocation, freed by `Pinned::drop`.
+        let ptr = unsafe { cudarc::driver::result::malloc_host(bytes, flags) }
+            .map_err(|e| CudaError::driver("cuMemHostAlloc", e))?;
+        Ok(Pinned {
+            ptr: ptr as *mut u8,
+            bytes,
+        })
+    }
 }
 
 // SAFETY: plain host memory, used under the state lock.
@@ -185,7 +205,7 @@ unsafe impl Send for Pinned {}
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        // SAFETY: allocated by cuMemAllocHost in `read`.
+        // SAFETY: allocated by cuMemHostAlloc in `Pinned::alloc`.
         let _ = unsafe { cudarc::driver::result::free_host(self.ptr as *mut std::ffi::c_void) };
     }
 }
@@ -205,7 +225,7 @@ pub struct CudaBackend {
     pub(crate) gemv_typed: AtomicBool,
 }
 
-fn engine_err(e: CudaError) -> EngineError {
+pub(crate) fn engine_err(e: CudaError) -> EngineError {
     EngineError::Config(format!("CUDA backend: {e}"))
 }
 
@@ -274,6 +294,8 @@ impl CudaBackend {
                 without: Vec::new(),
                 scratch: HashMap::new(),
                 rope_tables: HashMap::new(),
+                pick_rings: HashMap::new(),
+                pick_events: Vec::new(),
             }),
             gpu,
             synthetic: None,
@@ -684,10 +706,12 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Accounts the last timed graph launch (after a synchronization).
-    fn read_graph_timing(st: &mut State) {
+    /// Accounts the last timed graph launch once the device has run it (a step queued
+    /// behind the one the host waited for stays pending).
+    pub(crate) fn read_graph_timing(st: &mut State) {
         if let Some((a, b, pending)) = st.graph_events.as_mut()
             && *pending
+            && b.done().unwrap_or(true)
         {
             if let Ok(ms) = a.elapsed_ms(b) {
                 st.stats.graph_gpu_ms += ms as f64;
@@ -855,7 +879,57 @@ impl CudaBackend {
             })
     }
 
-    fn flush_this_thread(&self) -> EngineResult<()> {
+    /// Begins recording a step of `n_tok` tokens at `pos0`: `tokens` copied into this
+    /// thread's step inputs, or (`None`) the one token a `greedy_pick` left there.
+    pub(crate) fn begin_step(
+        &self,
+        tokens: Option<&[u32]>,
+        n_tok: usize,
+        pos0: usize,
+    ) -> EngineResult<CudaStep> {
+        let tid = std::thread::current().id();
+        let mut st = self.lock();
+        self.flush(&mut st, tid).map_err(engine_err)?;
+        let ptr = match tokens {
+            Some(tokens) => {
+                let bytes = step_bytes(tokens, pos0);
+                let need = bytes.len().next_multiple_of(4096);
+                if st
+                    .step_bufs
+                    .get(&tid)
+                    .is_none_or(|m| m.bytes() < bytes.len())
+                {
+                    let m = self.alloc(need, "the step inputs")?;
+                    st.step_bufs.insert(tid, m);
+                }
+                let ptr = st.step_bufs[&tid].ptr();
+                self.gpu.htod(ptr, &bytes).map_err(engine_err)?;
+                ptr
+            }
+            None => st.step_bufs.get(&tid).map(DevMem::ptr).ok_or_else(|| {
+                EngineError::Backend("a picked token's step on a thread without steps".into())
+            })?,
+        };
+        // Segments are launched while a step is recorded only while one thread steps on
+        // this backend (the server's engine thread, the CLI): another thread's step could
+        // otherwise land between two segments of this one on the shared stream and reuse
+        // its scratch memory. Once a second thread steps, each step runs whole at its
+        // flush (one step of the first thread may still be split around the second's
+        // first step).
+        let cands = if n_tok == 1 && self.graphs.load(Ordering::Relaxed) && st.step_bufs.len() == 1
+        {
+            st.graphs.chains_of(ptr)
+        } else {
+            Vec::new()
+        };
+        let next_cut = st.graphs.next_cut(&cands, 0, 0, 0).unwrap_or(usize::MAX);
+        let generation = st.graphs.generation();
+        st.recs
+            .insert(tid, Recording::new(n_tok, ptr, cands, generation, next_cut));
+        Ok(CudaStep { n_tok, pos0 })
+    }
+
+    pub(crate) fn flush_this_thread(&self) -> EngineResult<()> {
         let tid = std::thread::current().id();
         let mut st = self.lock();
         self.flush(&mut st, tid).map_err(engine_err)
@@ -929,6 +1003,7 @@ impl Backend for CudaBackend {
     type Weight = CudaWeight;
     type Kv = CudaKv;
     type Step = CudaStep;
+    type Pick = CudaPick;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -1030,45 +1105,19 @@ impl Backend for CudaBackend {
     }
 
     fn step(&self, tokens: &[u32], pos0: usize) -> EngineResult<CudaStep> {
-        let tid = std::thread::current().id();
-        let mut st = self.lock();
-        self.flush(&mut st, tid).map_err(engine_err)?;
-        let bytes = step_bytes(tokens, pos0);
-        let need = bytes.len().next_multiple_of(4096);
-        if st
-            .step_bufs
-            .get(&tid)
-            .is_none_or(|m| m.bytes() < bytes.len())
-        {
-            let m = self.alloc(need, "the step inputs")?;
-            st.step_bufs.insert(tid, m);
-        }
-        let ptr = st.step_bufs[&tid].ptr();
-        self.gpu.htod(ptr, &bytes).map_err(engine_err)?;
-        // Segments are launched while a step is recorded only while one thread steps on
-        // this backend (the server's engine thread, the CLI): another thread's step could
-        // otherwise land between two segments of this one on the shared stream and reuse
-        // its scratch memory. Once a second thread steps, each step runs whole at its
-        // flush (one step of the first thread may still be split around the second's
-        // first step).
-        let cands = if tokens.len() == 1
-            && self.graphs.load(Ordering::Relaxed)
-            && st.step_bufs.len() == 1
-        {
-            st.graphs.chains_of(ptr)
-        } else {
-            Vec::new()
-        };
-        let next_cut = st.graphs.next_cut(&cands, 0, 0, 0).unwrap_or(usize::MAX);
-        let generation = st.graphs.generation();
-        st.recs.insert(
-            tid,
-            Recording::new(tokens.len(), ptr, cands, generation, next_cut),
-        );
-        Ok(CudaStep {
-            n_tok: tokens.len(),
-            pos0,
-        })
+        self.begin_step(Some(tokens), tokens.len(), pos0)
+    }
+
+    fn step_picked(&self, last: &CudaPick, pos0: usize) -> EngineResult<CudaStep> {
+        self.step_picked_op(last, pos0)
+    }
+
+    fn pick(&self, step: &CudaStep, logits: &CudaBuf, n: usize) -> EngineResult<CudaPick> {
+        self.pick_op(step, logits, n)
+    }
+
+    fn take_pick(&self, pick: CudaPick) -> EngineResult<u32> {
+        self.take_pick_op(pick)
     }
 
     fn embed(
@@ -1306,13 +1355,7 @@ impl Backend for CudaBackend {
         let bytes = len * 4;
         if st.pinned.as_ref().is_none_or(|h| h.bytes < bytes) {
             st.pinned = None;
-            // SAFETY: a plain page-locked allocation, freed by `Pinned::drop`.
-            let ptr = unsafe { cudarc::driver::result::malloc_host(bytes.max(1 << 20), 0) }
-                .map_err(|e| engine_err(CudaError::driver("cuMemAllocHost", e)))?;
-            st.pinned = Some(Pinned {
-                ptr: ptr as *mut u8,
-                bytes: bytes.max(1 << 20),
-            });
+            st.pinned = Some(Pinned::alloc(bytes.max(1 << 20), 0).map_err(engine_err)?);
         }
         let h = st.pinned.as_ref().expect("allocated");
         // SAFETY: the pinned buffer holds at least `bytes` bytes and nothing else uses it

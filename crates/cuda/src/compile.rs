@@ -156,6 +156,11 @@ pub const SOURCES: &[Source] = &[
         kernels: &["moe_route", "router_route", "moe_reduce"],
     },
     Source {
+        file: "pick.cu",
+        text: include_str!("../kernels/pick.cu"),
+        kernels: &["greedy_pick"],
+    },
+    Source {
         file: "moe_mma.cu",
         text: include_str!("../kernels/moe_mma.cu"),
         kernels: &[

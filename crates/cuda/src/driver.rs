@@ -413,6 +413,23 @@ impl Event {
             .map_err(|e| CudaError::driver("cuEventRecord", e))
     }
 
+    /// Whether the device has passed the event (without waiting).
+    pub fn done(&self) -> Result<bool> {
+        // SAFETY: our event.
+        match unsafe { result::event::query(self.ev) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(CudaError::driver("cuEventQuery", e)),
+        }
+    }
+
+    /// Waits until the device has passed the event.
+    pub fn wait(&self) -> Result<()> {
+        // SAFETY: our event.
+        unsafe { result::event::synchronize(self.ev) }
+            .map_err(|e| CudaError::driver("cuEventSynchronize", e))
+    }
+
     /// Milliseconds from `self` to `end` (waits for `end`).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         // SAFETY: both events were recorded on our stream.

@@ -36,6 +36,7 @@ mod moe_ops;
 pub mod nccl;
 pub mod ops;
 pub mod parity;
+mod pick;
 pub mod probe;
 pub mod reference;
 pub mod synth;

@@ -401,18 +401,18 @@ fn float_mat(w: &CudaWeight) -> Result<(&Arc<DevMem>, GgmlType, usize, usize, us
 }
 
 /// One launch to record.
-struct Launch<'a> {
-    f: Func,
-    grid: (u32, u32, u32),
-    block: u32,
-    smem: u32,
-    args: KArgs,
-    label: &'static str,
-    keep: Vec<&'a Arc<DevMem>>,
+pub(crate) struct Launch<'a> {
+    pub(crate) f: Func,
+    pub(crate) grid: (u32, u32, u32),
+    pub(crate) block: u32,
+    pub(crate) smem: u32,
+    pub(crate) args: KArgs,
+    pub(crate) label: &'static str,
+    pub(crate) keep: Vec<&'a Arc<DevMem>>,
 }
 
 impl CudaBackend {
-    fn launch_op(&self, l: Launch<'_>) {
+    pub(crate) fn launch_op(&self, l: Launch<'_>) {
         self.record(
             Op::Kernel(KernelOp {
                 f: l.f,
@@ -426,7 +426,7 @@ impl CudaBackend {
         );
     }
 
-    fn args<T: bytemuck::NoUninit>(v: T) -> KArgs {
+    pub(crate) fn args<T: bytemuck::NoUninit>(v: T) -> KArgs {
         let mut a = KArgs::default();
         a.push(v);
         a

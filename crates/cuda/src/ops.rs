@@ -672,6 +672,20 @@ pub struct RouteParams {
     pub scale: f32,
 }
 
+/// `PickParams` of kernels/pick.cu.
+#[repr(C)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq, Default)]
+pub struct PickParams {
+    pub logits: DPtr,
+    pub step: DPtr,
+    /// The thread's ring of choices in host-mapped memory.
+    pub ring: DPtr,
+    pub partials: DPtr,
+    pub counter: DPtr,
+    pub n: i32,
+    pub ring_len: i32,
+}
+
 /// `ReduceTail` of kernels/gemv.cu.
 #[repr(C)]
 #[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, PartialEq)]

@@ -134,3 +134,114 @@ pub fn golden(dir: &Path) -> Golden {
         vocab: shape[1],
     }
 }
+
+/// Pipelined greedy decoding ([`crate::Session::decode_greedy`]: the backend chooses every
+/// token, each step queued before the host reads the choice it evaluates) against the
+/// golden master `g` (at least 7 decode steps): after the prompt, every one of the
+/// reference's greedy tokens; stopped after five choices, the session holds the fifth
+/// (its step was queued ahead) and the next step gives the reference's logits within
+/// `tol`; in a context three tokens longer than the prompt, three choices and then a full
+/// context; and [`crate::generate`] with a token of the reference's as its end of
+/// generation stops at that token the same way whether it samples from the logits or lets
+/// the backend choose. The first difference, or `Ok`.
+pub fn check_pipelined_greedy(
+    model: &std::sync::Arc<dyn crate::Model>,
+    g: &Golden,
+    tol: f64,
+) -> Result<(), String> {
+    use std::ops::ControlFlow;
+
+    use crate::{GreedyEnd, Session};
+    let e = |what: &str, err: crate::EngineError| format!("{what}: {err}");
+    let n = g.decode.len() / g.vocab;
+    let start = |n_ctx: usize| -> Result<(Session, u32), String> {
+        let mut s = Session::new(model.clone(), n_ctx).map_err(|x| e("session", x))?;
+        let first = argmax(
+            s.prefill(&g.prompt, &mut |_, _| {})
+                .map_err(|x| e("prefill", x))?,
+        );
+        Ok((s, first as u32))
+    };
+    let run = |s: &mut Session, first, max, stop_at: usize| {
+        let mut picks = Vec::new();
+        let end = s.decode_greedy(first, max, &mut |t| {
+            picks.push(t);
+            if picks.len() == stop_at {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        end.map(|end| (end, picks))
+            .map_err(|x| e("decode_greedy", x))
+    };
+    let (mut s, first) = start(4096)?;
+    let (end, picks) = run(&mut s, first, n, usize::MAX)?;
+    if first != g.decode_tokens[0] || picks != g.decode_tokens[1..=n] || end != GreedyEnd::Max {
+        return Err(format!(
+            "{n} choices: {end:?}, {:?} against the reference's {:?}",
+            [&[first][..], &picks].concat(),
+            &g.decode_tokens[..=n]
+        ));
+    }
+    let (mut s, first) = start(4096)?;
+    let (end, _) = run(&mut s, first, n, 5)?;
+    let held = [&g.prompt[..], &g.decode_tokens[..6]].concat();
+    if end != GreedyEnd::Stopped || s.tokens() != held || s.logits().is_some() {
+        return Err(format!(
+            "stopped after 5 choices: {end:?}, {} tokens held ({} expected), logits known: {}",
+            s.tokens().len(),
+            held.len(),
+            s.logits().is_some()
+        ));
+    }
+    let row = s
+        .decode(g.decode_tokens[6])
+        .map_err(|x| e("the step after stopping", x))?;
+    let err = row_err(row, &g.decode[6 * g.vocab..7 * g.vocab]);
+    if err > tol {
+        return Err(format!(
+            "the step after stopping: error {err:.2e} > {tol:.2e}"
+        ));
+    }
+    let (mut s, first) = start(g.prompt.len() + 3)?;
+    let (end, picks) = run(&mut s, first, n, usize::MAX)?;
+    if end != GreedyEnd::ContextFull || picks != g.decode_tokens[1..=3] {
+        return Err(format!(
+            "a context of 3 more tokens: {end:?} after {picks:?} ({:?} expected)",
+            &g.decode_tokens[1..=3]
+        ));
+    }
+    let eog = g.decode_tokens[4];
+    let upto = g.decode_tokens.iter().position(|&t| t == eog).unwrap_or(4);
+    for needs_logits in [true, false] {
+        let mut s = Session::new(model.clone(), 4096).map_err(|x| e("session", x))?;
+        let params = crate::generate::GenerateParams {
+            max_tokens: n,
+            sampler: crate::sampler::SamplerParams::GREEDY,
+            seed: 0,
+            needs_logits,
+        };
+        let mut got = Vec::new();
+        let stats = crate::generate::generate(
+            &mut s,
+            &g.prompt,
+            &params,
+            &|t| t == eog,
+            &mut |_, _| {},
+            &mut |t, _| {
+                got.push(t);
+                ControlFlow::Continue(())
+            },
+        )
+        .map_err(|x| e("generate", x))?;
+        if got != g.decode_tokens[..=upto] || stats.stop != crate::generate::StopReason::Eog {
+            return Err(format!(
+                "generate (logits read: {needs_logits}): {:?} after {got:?} ({:?} expected)",
+                stats.stop,
+                &g.decode_tokens[..=upto]
+            ));
+        }
+    }
+    Ok(())
+}

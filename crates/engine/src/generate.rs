@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::Result;
 use crate::sampler::{Rng, SamplerParams, sample};
-use crate::session::{Session, SyncStats};
+use crate::session::{GreedyEnd, Session, SyncStats};
 
 /// Settings of one generation.
 #[derive(Debug, Clone, Copy)]
@@ -17,6 +17,11 @@ pub struct GenerateParams {
     pub sampler: SamplerParams,
     /// Initial RNG state (ds4: the state starts equal to the seed).
     pub seed: u64,
+    /// Whether `on_token` reads the logits row (log-probabilities). Without it a greedy
+    /// generation lets the backend choose each token after the first
+    /// ([`Session::decode_greedy`]: the device never waits for the host between steps)
+    /// and hands `on_token` an empty row for those.
+    pub needs_logits: bool,
 }
 
 /// Why generation ended.
@@ -75,11 +80,13 @@ impl GenerateStats {
 }
 
 /// Brings `session` to `prompt` and generates. `on_token(id, logits)` sees every sampled
-/// token (including a final EOG token) with the logits row it was sampled from, and may
-/// break to stop; `is_eog` tells which tokens end
-/// generation. `progress(done, total)` reports prefill progress. The last sampled token
-/// is not evaluated, so the session holds the prompt plus all generated tokens but the
-/// last; the next request's [`Session::sync`] evaluates it if it is kept.
+/// token (including a final EOG token) with the logits row it was sampled from (empty
+/// for the backend's greedy choices, see [`GenerateParams::needs_logits`]), and may break
+/// to stop; `is_eog` tells which tokens end generation. `progress(done, total)` reports
+/// prefill progress. The last sampled token is not evaluated, except when a greedy
+/// generation chosen on the backend stops before `max_tokens` (its step was queued
+/// ahead); the session holds the prompt and every evaluated token, and the next request's
+/// [`Session::sync`] evaluates what it needs.
 pub fn generate(
     session: &mut Session,
     prompt: &[u32],
@@ -101,27 +108,45 @@ pub fn generate(
         stop: StopReason::Length,
     };
     let mut t_first = None;
-    while stats.generated_tokens < params.max_tokens {
-        let logits = session.logits().expect("sync and decode leave logits");
-        let token = sample(logits, &params.sampler, &mut rng);
+    // Counts a sampled token and says whether generation ends with it.
+    let mut accept = |token: u32, logits: &[f32], stats: &mut GenerateStats| {
         stats.generated_tokens += 1;
         let t = *t_first.get_or_insert_with(Instant::now);
         if stats.generated_tokens > 1 {
             stats.decode_time = Some(t.elapsed());
         }
         if on_token(token, logits).is_break() {
-            stats.stop = StopReason::Stopped;
-            break;
+            ControlFlow::Break(StopReason::Stopped)
+        } else if is_eog(token) {
+            ControlFlow::Break(StopReason::Eog)
+        } else if stats.generated_tokens == params.max_tokens {
+            ControlFlow::Break(StopReason::Length)
+        } else {
+            ControlFlow::Continue(())
         }
-        if is_eog(token) {
-            stats.stop = StopReason::Eog;
-            break;
-        }
-        if stats.generated_tokens == params.max_tokens {
+    };
+    let pipelined = params.sampler.is_greedy() && !params.needs_logits;
+    while stats.generated_tokens < params.max_tokens {
+        let logits = session.logits().expect("sync and decode leave logits");
+        let token = sample(logits, &params.sampler, &mut rng);
+        if let ControlFlow::Break(stop) = accept(token, logits, &mut stats) {
+            stats.stop = stop;
             break;
         }
         if session.tokens().len() + 1 > session.n_ctx() {
             stats.stop = StopReason::ContextFull;
+            break;
+        }
+        if pipelined {
+            let mut stop = StopReason::Length;
+            let left = params.max_tokens - stats.generated_tokens;
+            let end = session.decode_greedy(token, left, &mut |t| {
+                accept(t, &[], &mut stats).map_break(|s| stop = s)
+            })?;
+            stats.stop = match end {
+                GreedyEnd::ContextFull => StopReason::ContextFull,
+                GreedyEnd::Max | GreedyEnd::Stopped => stop,
+            };
             break;
         }
         session.decode(token)?;

@@ -38,4 +38,4 @@ pub mod session;
 pub use error::{EngineError, Result, human_bytes};
 pub use loaded::LoadedModel;
 pub use model::{Cache, Logits, Model, ModelInfo};
-pub use session::Session;
+pub use session::{GreedyEnd, Session};

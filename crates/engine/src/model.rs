@@ -44,6 +44,11 @@ pub enum Logits {
     Last,
     /// One row per input token, in order.
     All,
+    /// None written to `out`: the last row's greedy choice is made on the backend and
+    /// kept there, the token of a following [`Model::forward_picked`] on the same cache,
+    /// and the host reads it with [`Model::take_pick`] (pipelined greedy decoding,
+    /// [`crate::Session::decode_greedy`]).
+    Pick,
 }
 
 /// One sequence's state for one model.
@@ -119,6 +124,15 @@ pub trait Model: Send + Sync {
         logits: Logits,
         out: &mut Vec<f32>,
     ) -> Result<()>;
+    /// Evaluates one token at position `cache.len()`, the greedy choice of the cache's
+    /// latest [`Logits::Pick`] step, which the host need not have read (a device backend
+    /// takes it from its own memory), and appends it; its own choice is made as
+    /// [`Logits::Pick`] makes it. The cache's previous step must have been a
+    /// [`Logits::Pick`] step.
+    fn forward_picked(&self, cache: &mut dyn Cache) -> Result<()>;
+    /// The oldest greedy choice of `cache`'s [`Logits::Pick`] steps not taken yet,
+    /// waiting for the step that made it (not for later ones).
+    fn take_pick(&self, cache: &mut dyn Cache) -> Result<u32>;
     /// The memory one sequence of `n_ctx` tokens takes, by part (for the load report);
     /// empty when the family does not say.
     fn state_parts(&self, _n_ctx: usize) -> Vec<(&'static str, u64)> {

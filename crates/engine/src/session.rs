@@ -5,6 +5,7 @@
 //! common prefix with a new token sequence (what the server and chat do every turn).
 
 use std::io::{Read, Write};
+use std::ops::ControlFlow;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,6 +59,17 @@ impl Snapshot {
 
 /// The magic of [`Session::write_snapshot`]'s format.
 const SNAPSHOT_MAGIC: &[u8; 8] = b"DS4SESS1";
+
+/// Why [`Session::decode_greedy`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GreedyEnd {
+    /// `on_pick` saw `max` choices.
+    Max,
+    /// `on_pick` broke.
+    Stopped,
+    /// The context cannot hold the last choice.
+    ContextFull,
+}
 
 /// What [`Session::sync`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +181,79 @@ impl Session {
     /// Appends one token and returns the logits after it.
     pub fn decode(&mut self, token: u32) -> Result<&[f32]> {
         self.prefill(&[token], &mut |_, _| {})
+    }
+
+    /// Greedy decoding with each step queued on the backend before the host has read the
+    /// choice it evaluates ([`Logits::Pick`]: the backend chooses, and a device does not
+    /// wait for the host between steps). Evaluates `token`, then hands up to `max` greedy
+    /// choices to `on_pick` in order — the tokens `decode` and
+    /// [`crate::sampler::argmax`] would choose one after another — evaluating each one
+    /// but the last, until `on_pick` breaks or the context is full.
+    ///
+    /// The session then holds `token` and the choices before the last; when `on_pick`
+    /// broke before the `max`-th choice, also that last choice (its step was queued
+    /// before the host read it). The logits after the last evaluated token are not read
+    /// ([`Session::logits`] is `None`; [`Session::sync`] evaluates that token again when
+    /// a request needs them).
+    ///
+    /// # Errors
+    /// As [`Session::decode`]; the context must hold `token`.
+    pub fn decode_greedy(
+        &mut self,
+        token: u32,
+        max: usize,
+        on_pick: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<GreedyEnd> {
+        if max == 0 {
+            return Ok(GreedyEnd::Max);
+        }
+        self.check_room(1)?;
+        self.logits.clear();
+        let mut none = Vec::new();
+        self.evaluate(|m, c| m.forward(c, &[token], Logits::Pick, &mut none))?;
+        self.tokens.push(token);
+        let mut picked = 0;
+        loop {
+            picked += 1;
+            // The step of the choice not read yet, queued before reading it while another
+            // choice is wanted and fits.
+            let ahead = picked < max && self.tokens.len() < self.n_ctx();
+            if ahead {
+                self.evaluate(|m, c| m.forward_picked(c)).inspect_err(|_| {
+                    // The choice the failed step would have evaluated: nothing waits for it.
+                    let _ = self.model.take_pick(&mut *self.cache);
+                })?;
+            }
+            let t = self.model.take_pick(&mut *self.cache)?;
+            if ahead {
+                self.tokens.push(t);
+            }
+            if on_pick(t).is_break() {
+                if ahead {
+                    self.model.take_pick(&mut *self.cache)?;
+                }
+                return Ok(GreedyEnd::Stopped);
+            }
+            if !ahead {
+                return Ok(if picked == max {
+                    GreedyEnd::Max
+                } else {
+                    GreedyEnd::ContextFull
+                });
+            }
+        }
+    }
+
+    /// Runs one forward call on the cache, keeping the session consistent with what was
+    /// evaluated when it fails.
+    fn evaluate(&mut self, f: impl FnOnce(&dyn Model, &mut dyn Cache) -> Result<()>) -> Result<()> {
+        let r = f(&*self.model, &mut *self.cache);
+        if r.is_err() {
+            let _ = self.cache.truncate(self.tokens.len());
+            self.tokens.truncate(self.cache.len());
+            self.logits.clear();
+        }
+        r
     }
 
     /// Appends `tokens` and returns the logits after each of them (`tokens.len()` rows of

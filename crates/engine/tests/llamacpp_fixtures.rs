@@ -205,6 +205,7 @@ fn check_greedy(json: &str) {
             min_p: 0.0,
         },
         seed: 42,
+        needs_logits: false,
     };
     for c in &cases {
         // Tokens are compared before the first step whose recorded gap is a near-tie.

@@ -356,6 +356,7 @@ impl EngineSession {
             max_tokens: settings.max_tokens,
             sampler: sampler_params(&settings.sampler),
             seed: settings.seed,
+            needs_logits: settings.top_logprobs.is_some(),
         };
         let tok = self.tokenizer.clone();
         let k = settings.top_logprobs;

@@ -183,6 +183,7 @@ fn continuation(lm: &LoadedModel, user: &str, prefill: &str, n: usize) -> String
             max_tokens: n,
             sampler: SamplerParams::GREEDY,
             seed: 1,
+            needs_logits: false,
         },
         &|t| tok.is_eog(t),
         &mut |_, _| {},

@@ -81,6 +81,7 @@ async fn chat_text_equals_the_cli_run_for_a_fixed_seed() {
                     max_tokens: 40,
                     sampler: *sampler,
                     seed: *seed,
+                    needs_logits: false,
                 },
             )
         })

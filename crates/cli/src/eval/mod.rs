@@ -286,6 +286,7 @@ fn conversation(
         max_tokens: WARMUP_MAX_TOKENS.min(args.max_tokens),
         sampler: args.sampler(),
         seed: args.seed,
+        needs_logits: false,
     };
     let warm = match turn(lm, &mut session, "warmup", &prompt, false, &params, probe) {
         Ok(t) => t,
@@ -327,6 +328,7 @@ fn conversation(
             max_tokens: args.max_tokens,
             sampler: args.sampler(),
             seed: args.seed.wrapping_add(i as u64),
+            needs_logits: false,
         };
         match turn(lm, s, name, &prompt, starts_in_reasoning, &params, probe) {
             Ok(t) => {

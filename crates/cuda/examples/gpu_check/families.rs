@@ -179,6 +179,17 @@ pub fn model(args: &[String]) -> Res<()> {
     let again = s.decode(g.decode_tokens[3])?.to_vec();
     let e_rewind = row_err(&again, &g.decode[3 * v..4 * v]);
     println!("{name}: CUDA rewind by 3 and replay: {e_rewind:.2e}");
+    // Greedy decoding with the device choosing every token (f32: the reference's
+    // greedy tokens are this model's).
+    let pipelined = if bf16 {
+        "not checked (bf16)".to_string()
+    } else {
+        match ds4_engine::fixtures::check_pipelined_greedy(&cuda, &g, 1e-3) {
+            Ok(()) => "ok".to_string(),
+            Err(e) => return Err(format!("{name}: CUDA pipelined greedy: {e}").into()),
+        }
+    };
+    println!("{name}: CUDA pipelined greedy: {pipelined}");
     println!(
         "RESULT {{\"kind\":\"model\",\"fixture\":\"{name}\",\"cuda_prefill\":{e_gp:.3e},\"cuda_decode\":{e_gd:.3e},\"cpu_prefill\":{e_cp:.3e},\"cpu_decode\":{e_cd:.3e},\"cuda_vs_cpu\":{vs_cpu:.3e},\"greedy\":{greedy},\"steps\":{steps},\"pieces\":{pieces:?},\"rewind\":{e_rewind:.3e}}}"
     );

@@ -22,6 +22,7 @@
 //!
 //! | area | operations |
 //! | --- | --- |
+//! | steps | [`step`](Backend::step), [`step_picked`](Backend::step_picked), [`pick`](Backend::pick), [`take_pick`](Backend::take_pick) |
 //! | memory | [`buf`](Backend::buf), [`ids`](Backend::ids), [`copy`](Backend::copy), [`fill`](Backend::fill), [`read`](Backend::read), [`write`](Backend::write), [`read_ids`](Backend::read_ids), [`write_ids`](Backend::write_ids), [`store_rows`](Backend::store_rows) |
 //! | dense | [`embed`](Backend::embed), [`rms_norm`](Backend::rms_norm), [`rms_norm_cast_once`](Backend::rms_norm_cast_once), [`layer_norm`](Backend::layer_norm), [`matmul`](Backend::matmul), [`matmul_grouped`](Backend::matmul_grouped), [`rope`](Backend::rope), [`attention`](Backend::attention), [`swiglu`](Backend::swiglu), [`add`](Backend::add), [`scale_sigmoid`](Backend::scale_sigmoid) |
 //! | MoE | [`moe_route`](Backend::moe_route), [`moe_experts`](Backend::moe_experts) |
@@ -139,6 +140,8 @@ pub trait Backend: Buffers + Send + Sync + 'static {
     type Kv: Send;
     /// One forward step's inputs (token ids and their positions).
     type Step;
+    /// A greedy choice made on the backend ([`Backend::pick`]), not yet read by the host.
+    type Pick: Send;
 
     /// Short name (`cpu`, `cuda`).
     fn name(&self) -> &'static str;
@@ -227,6 +230,21 @@ pub trait Backend: Buffers + Send + Sync + 'static {
     }
     /// Hands over the inputs of one step: `tokens[i]` sits at position `pos0 + i`.
     fn step(&self, tokens: &[u32], pos0: usize) -> Result<Self::Step>;
+    /// Hands over a one-token step at `pos0` whose token is `last`, the choice of this
+    /// sequence's previous step, which the host need not have read: a backend that runs
+    /// ahead of the host (a device) takes it from its own memory, so the step can be
+    /// queued before `last` is known (pipelined greedy decoding,
+    /// [`crate::Session::decode_greedy`]). `last` is the latest [`Backend::pick`] of the
+    /// previous step of the same sequence, made on the same thread.
+    fn step_picked(&self, last: &Self::Pick, pos0: usize) -> Result<Self::Step>;
+    /// The greedy choice of a step: the argmax of `logits[..n]`, the step's last row
+    /// (the lowest id whose value is strictly greatest and above −1e30, 0 when none:
+    /// [`crate::sampler::argmax`]), made on the backend without reading the logits back.
+    /// It is the token of a following [`Backend::step_picked`], and the host reads it with
+    /// [`Backend::take_pick`].
+    fn pick(&self, step: &Self::Step, logits: &Self::Buf, n: usize) -> Result<Self::Pick>;
+    /// The token chosen by `pick`, waiting for the step that chose it (and no later one).
+    fn take_pick(&self, pick: Self::Pick) -> Result<u32>;
 
     // ---- dense operations ----
 

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use ds4_gguf::GgufFile;
 
+use super::{Picks, Tokens};
 use crate::backend::{AttnShape, Backend, Prec, Rope};
 use crate::loader::{Hparams, TensorLoader};
 use crate::model::{Cache, Logits, Model, ModelInfo};
@@ -118,6 +119,8 @@ pub struct LlamaCache<B: Backend> {
     layers: usize,
     kv_dim: usize,
     scratch: Option<Scratch<B>>,
+    /// Greedy choices not read yet.
+    picks: Picks<B>,
 }
 
 impl<B: Backend> Llama<B> {
@@ -254,11 +257,42 @@ impl<B: Backend> Llama<B> {
         ]
     }
 
+    fn downcast(cache: &mut dyn Cache) -> Result<&mut LlamaCache<B>> {
+        cache
+            .as_any_mut()
+            .downcast_mut::<LlamaCache<B>>()
+            .ok_or_else(|| EngineError::Config("cache belongs to another model".into()))
+    }
+
+    /// [`Model::forward`] of given or picked tokens.
+    fn forward_tokens(
+        &self,
+        cache: &mut dyn Cache,
+        tokens: Tokens<'_>,
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let cache = Self::downcast(cache)?;
+        tokens.check(cache.len, cache.n_ctx, self.cfg.n_vocab)?;
+        out.clear();
+        let pieces = tokens.pieces(CHUNK);
+        let n = pieces.len();
+        for (i, &chunk) in pieces.iter().enumerate() {
+            let want = match logits {
+                Logits::Last | Logits::Pick if i + 1 < n => Logits::None,
+                other => other,
+            };
+            self.backend
+                .run(|| self.forward_chunk(cache, chunk, want, out))?;
+        }
+        Ok(())
+    }
+
     /// Evaluates one chunk of at most `CHUNK` tokens at position `pos0`.
     fn forward_chunk(
         &self,
         cache: &mut LlamaCache<B>,
-        tokens: &[u32],
+        tokens: Tokens<'_>,
         logits: Logits,
         out: &mut Vec<f32>,
     ) -> Result<()> {
@@ -270,7 +304,7 @@ impl<B: Backend> Llama<B> {
             cache.scratch = Some(self.scratch()?);
         }
         let s = cache.scratch.as_mut().expect("allocated above");
-        let step = b.step(tokens, cache.len)?;
+        let step = tokens.step(b, &cache.picks, cache.len)?;
         b.embed(&step, &self.tok_embd, 1, PREC, &mut s.x)?;
         for (il, l) in self.layers.iter().enumerate() {
             b.rms_norm(&s.x, Some(&l.attn_norm), n, d, c.eps, PREC, &mut s.h)?;
@@ -315,7 +349,7 @@ impl<B: Backend> Llama<B> {
         cache.len += n;
         let first = match logits {
             Logits::None => return Ok(()),
-            Logits::Last => n - 1,
+            Logits::Last | Logits::Pick => n - 1,
             Logits::All => 0,
         };
         let w_out = self.output.as_ref().unwrap_or(&self.tok_embd);
@@ -333,7 +367,9 @@ impl<B: Backend> Llama<B> {
                 &mut s.h,
             )?;
             b.matmul(w_out, None, &s.h, rows, PREC, &mut s.logits)?;
-            b.read(&s.logits, 0, rows * c.n_vocab, out)?;
+            cache
+                .picks
+                .logits(b, &step, logits, &s.logits, rows, c.n_vocab, out)?;
             row += rows;
         }
         Ok(())
@@ -364,6 +400,7 @@ impl<B: Backend> Model for Llama<B> {
             layers: c.n_layer,
             kv_dim: c.kv_dim(),
             scratch: None,
+            picks: Picks::default(),
         }))
     }
 
@@ -374,33 +411,15 @@ impl<B: Backend> Model for Llama<B> {
         logits: Logits,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let cache = cache
-            .as_any_mut()
-            .downcast_mut::<LlamaCache<B>>()
-            .ok_or_else(|| EngineError::Config("cache belongs to another model".into()))?;
-        if cache.len + tokens.len() > cache.n_ctx {
-            return Err(EngineError::ContextFull {
-                needed: cache.len + tokens.len(),
-                n_ctx: cache.n_ctx,
-            });
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
-            return Err(EngineError::BadToken {
-                id,
-                n_vocab: self.cfg.n_vocab,
-            });
-        }
-        out.clear();
-        let chunks = tokens.len().div_ceil(CHUNK);
-        for (i, chunk) in tokens.chunks(CHUNK).enumerate() {
-            let want = match logits {
-                Logits::Last if i + 1 < chunks => Logits::None,
-                other => other,
-            };
-            self.backend
-                .run(|| self.forward_chunk(cache, chunk, want, out))?;
-        }
-        Ok(())
+        self.forward_tokens(cache, Tokens::Given(tokens), logits, out)
+    }
+
+    fn forward_picked(&self, cache: &mut dyn Cache) -> Result<()> {
+        self.forward_tokens(cache, Tokens::Picked, Logits::Pick, &mut Vec::new())
+    }
+
+    fn take_pick(&self, cache: &mut dyn Cache) -> Result<u32> {
+        Self::downcast(cache)?.picks.take(&*self.backend)
     }
 
     /// The state format: `b"DS4LLMKV"`, u32 version 1, u64 `n_layer`, `kv_dim`, `n_ctx`,
@@ -514,6 +533,7 @@ impl<B: Backend> Cache for LlamaCache<B> {
             layers: self.layers,
             kv_dim: self.kv_dim,
             scratch: None,
+            picks: Picks::default(),
         }))
     }
 

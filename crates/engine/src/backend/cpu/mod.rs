@@ -206,6 +206,8 @@ impl Backend for CpuBackend {
     type Weight = CpuWeight;
     type Kv = CpuKv;
     type Step = CpuStep;
+    /// Chosen at once (every operation has run when it returns).
+    type Pick = u32;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -315,6 +317,18 @@ impl Backend for CpuBackend {
             tokens: tokens.to_vec(),
             pos0,
         })
+    }
+
+    fn step_picked(&self, last: &u32, pos0: usize) -> Result<CpuStep> {
+        self.step(&[*last], pos0)
+    }
+
+    fn pick(&self, _step: &CpuStep, logits: &Vec<f32>, n: usize) -> Result<u32> {
+        Ok(crate::sampler::argmax(span(logits, 0, n, "pick")?))
+    }
+
+    fn take_pick(&self, pick: u32) -> Result<u32> {
+        Ok(pick)
     }
 
     fn embed(

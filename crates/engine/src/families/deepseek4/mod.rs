@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 use ds4_gguf::{GgmlType, GgufFile};
 
+use super::Tokens;
 use crate::backend::{Backend, HcShape, Prec, Rope, Routing, Scoring, SelectShape, SinkAttnShape};
 use crate::loader::{Hparams, TensorLoader};
 use crate::model::{Cache, Logits, Model, ModelInfo};
@@ -520,7 +521,7 @@ impl<B: Backend> DeepSeek4<B> {
     fn forward_inner(
         &self,
         cache: &mut DeepSeek4Cache<B>,
-        tokens: &[u32],
+        tokens: Tokens<'_>,
         want: Logits,
         out: &mut Vec<f32>,
         mut trace: Option<&mut Trace>,
@@ -531,10 +532,11 @@ impl<B: Backend> DeepSeek4<B> {
         if cache.scratch.is_none() {
             cache.scratch = Some(Scratch::new(&*self.backend, &self.cfg, piece)?);
         }
-        let n_pieces = tokens.len().div_ceil(piece);
-        for (pi, chunk) in tokens.chunks(piece).enumerate() {
+        let pieces = tokens.pieces(piece);
+        let n_pieces = pieces.len();
+        for (pi, &chunk) in pieces.iter().enumerate() {
             let w = match want {
-                Logits::Last if pi + 1 < n_pieces => Logits::None,
+                Logits::Last | Logits::Pick if pi + 1 < n_pieces => Logits::None,
                 other => other,
             };
             let mut sc = cache.scratch.take().expect("allocated above");
@@ -564,7 +566,7 @@ impl<B: Backend> DeepSeek4<B> {
         &self,
         cache: &mut DeepSeek4Cache<B>,
         sc: &mut Scratch<B>,
-        tokens: &[u32],
+        tokens: Tokens<'_>,
         want: Logits,
         out: &mut Vec<f32>,
         mut trace: Option<&mut Trace>,
@@ -581,7 +583,7 @@ impl<B: Backend> DeepSeek4<B> {
         let hcs = self.hc_shape();
         let nd = hcs.n * d;
         let pos0 = cache.len;
-        let step = b.step(tokens, pos0)?;
+        let step = tokens.step(b, &cache.picks, pos0)?;
         b.region("embedding");
         b.embed(&step, &self.tok_embd, hcs.n, p, &mut sc.x)?;
         if let Some(tr) = trace.as_deref_mut() {
@@ -664,28 +666,25 @@ impl<B: Backend> DeepSeek4<B> {
         }
         let first = match want {
             Logits::None => return Ok(()),
-            Logits::Last => s - 1,
+            Logits::Last | Logits::Pick => s - 1,
             Logits::All => 0,
         };
         let mut row = first;
         while row < s {
             let rows = (s - row).min(LOGIT_ROWS);
             b.copy(&sc.x, row * nd, &mut sc.xl, 0, rows * nd)?;
-            self.head(sc, rows, &hcs, out)?;
+            self.head(sc, rows, &hcs)?;
+            cache
+                .picks
+                .logits(b, &step, want, &sc.logits, rows, c.n_vocab, out)?;
             row += rows;
         }
         Ok(())
     }
 
-    /// Logits of `rows` rows of streams in `sc.xl`, appended to `out`: the hyper-head,
-    /// the final norm and the output projection.
-    fn head(
-        &self,
-        sc: &mut Scratch<B>,
-        rows: usize,
-        hcs: &HcShape,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
+    /// Logits of `rows` rows of streams in `sc.xl` into `sc.logits`: the hyper-head, the
+    /// final norm and the output projection.
+    fn head(&self, sc: &mut Scratch<B>, rows: usize, hcs: &HcShape) -> Result<()> {
         let b = &*self.backend;
         b.region("head");
         let (c, p) = (&self.cfg, self.prec());
@@ -706,8 +705,7 @@ impl<B: Backend> DeepSeek4<B> {
             )?;
             &sc.hl2
         };
-        b.matmul(&self.output, None, normed, rows, p, &mut sc.logits)?;
-        b.read(&sc.logits, 0, rows * c.n_vocab, out)
+        b.matmul(&self.output, None, normed, rows, p, &mut sc.logits)
     }
 
     /// The entries each query of a CSA layer attended to, for [`Trace`].
@@ -743,20 +741,8 @@ impl<B: Backend> DeepSeek4<B> {
             .collect())
     }
 
-    fn check(&self, cache: &dyn Cache, tokens: &[u32]) -> Result<()> {
-        if cache.len() + tokens.len() > cache.capacity() {
-            return Err(EngineError::ContextFull {
-                needed: cache.len() + tokens.len(),
-                n_ctx: cache.capacity(),
-            });
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
-            return Err(EngineError::BadToken {
-                id,
-                n_vocab: self.cfg.n_vocab,
-            });
-        }
-        Ok(())
+    fn check(&self, cache: &dyn Cache, tokens: Tokens<'_>) -> Result<()> {
+        tokens.check(cache.len(), cache.capacity(), self.cfg.n_vocab)
     }
 
     pub(crate) fn downcast<'c>(
@@ -785,10 +771,17 @@ impl<B: Backend> DeepSeek4<B> {
         tokens: &[u32],
         trace: &mut Trace,
     ) -> Result<Vec<f32>> {
-        self.check(cache, tokens)?;
+        self.check(cache, Tokens::Given(tokens))?;
         let c = self.downcast(cache)?;
         let mut out = Vec::new();
-        self.forward_inner(c, tokens, Logits::All, &mut out, Some(trace), None)?;
+        self.forward_inner(
+            c,
+            Tokens::Given(tokens),
+            Logits::All,
+            &mut out,
+            Some(trace),
+            None,
+        )?;
         Ok(out)
     }
 
@@ -806,13 +799,13 @@ impl<B: Backend> DeepSeek4<B> {
         out: &mut Vec<f32>,
         hidden: &mut Vec<f32>,
     ) -> Result<()> {
-        self.check(cache, tokens)?;
+        self.check(cache, Tokens::Given(tokens))?;
         let c = self.downcast(cache)?;
         out.clear();
         if tokens.is_empty() {
             return Ok(());
         }
-        self.forward_inner(c, tokens, want, out, None, Some(hidden))
+        self.forward_inner(c, Tokens::Given(tokens), want, out, None, Some(hidden))
     }
 }
 
@@ -857,18 +850,28 @@ impl<B: Backend> Model for DeepSeek4<B> {
         logits: Logits,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        self.check(cache, tokens)?;
+        self.check(cache, Tokens::Given(tokens))?;
         let c = self.downcast(cache)?;
         if tokens.is_empty() {
             out.clear();
             return Ok(());
         }
-        self.forward_inner(c, tokens, logits, out, None, None)?;
+        self.forward_inner(c, Tokens::Given(tokens), logits, out, None, None)?;
         // A prefill (not a verification block, which asks for every row) leaves a rewind
         // anchor: the next chat turn usually diverges a few tokens before its end.
         if tokens.len() > 1 && logits != Logits::All {
             c.push_anchor()?;
         }
         Ok(())
+    }
+
+    fn forward_picked(&self, cache: &mut dyn Cache) -> Result<()> {
+        self.check(cache, Tokens::Picked)?;
+        let c = self.downcast(cache)?;
+        self.forward_inner(c, Tokens::Picked, Logits::Pick, &mut Vec::new(), None, None)
+    }
+
+    fn take_pick(&self, cache: &mut dyn Cache) -> Result<u32> {
+        self.downcast(cache)?.picks.take(&*self.backend)
     }
 }

@@ -109,6 +109,8 @@ pub struct DeepSeek4Cache<B: Backend> {
     pub(crate) anchors: Vec<Anchor<B>>,
     /// The forward pass's activation buffers (allocated at the first call).
     pub(crate) scratch: Option<super::Scratch<B>>,
+    /// Greedy choices not read yet.
+    pub(crate) picks: crate::families::Picks<B>,
 }
 
 /// Ring slots of a compressor of rate `m` for rewind reach `r`.
@@ -234,6 +236,7 @@ impl<B: Backend> DeepSeek4Cache<B> {
             window,
             anchors: Vec::new(),
             scratch: None,
+            picks: Default::default(),
         })
     }
 

@@ -33,6 +33,7 @@ use std::sync::Arc;
 
 use ds4_gguf::{GgmlType, GgufFile};
 
+use super::Tokens;
 use crate::backend::{
     Backend, DeltaShape, HcShape, MlaShape, OutGate, PoolSelect, Prec, Routing, Scoring,
     SelectShape,
@@ -495,7 +496,7 @@ impl<B: Backend> Glm5Next<B> {
     fn forward_inner(
         &self,
         cache: &mut Glm5NextCache<B>,
-        tokens: &[u32],
+        tokens: Tokens<'_>,
         want: Logits,
         out: &mut Vec<f32>,
         mut trace: Option<&mut Trace>,
@@ -504,11 +505,11 @@ impl<B: Backend> Glm5Next<B> {
         if cache.scratch.is_none() {
             cache.scratch = Some(Scratch::new(&*self.backend, &self.cfg)?);
         }
-        let p = piece(&*self.backend);
-        let n_pieces = tokens.len().div_ceil(p);
-        for (pi, piece) in tokens.chunks(p).enumerate() {
+        let pieces = tokens.pieces(piece(&*self.backend));
+        let n_pieces = pieces.len();
+        for (pi, &piece) in pieces.iter().enumerate() {
             let w = match want {
-                Logits::Last if pi + 1 < n_pieces => Logits::None,
+                Logits::Last | Logits::Pick if pi + 1 < n_pieces => Logits::None,
                 other => other,
             };
             let mut sc = cache.scratch.take().expect("allocated above");
@@ -529,7 +530,7 @@ impl<B: Backend> Glm5Next<B> {
         &self,
         cache: &mut Glm5NextCache<B>,
         sc: &mut Scratch<B>,
-        tokens: &[u32],
+        tokens: Tokens<'_>,
         want: Logits,
         out: &mut Vec<f32>,
         mut trace: Option<&mut Trace>,
@@ -550,7 +551,7 @@ impl<B: Backend> Glm5Next<B> {
         if let state::Plan::Fold(pos) = plan {
             cache.fold(pos)?;
         }
-        let step = b.step(tokens, pos0)?;
+        let step = tokens.step(b, &cache.picks, pos0)?;
         b.region("embedding");
         b.embed(&step, &self.tok_embd, hcs.n, p, &mut sc.x)?;
         if let Some(tr) = trace.as_deref_mut() {
@@ -699,7 +700,7 @@ impl<B: Backend> Glm5Next<B> {
         }
         let first = match want {
             Logits::None => return Ok(()),
-            Logits::Last => s - 1,
+            Logits::Last | Logits::Pick => s - 1,
             Logits::All => 0,
         };
         b.region("head");
@@ -723,7 +724,9 @@ impl<B: Backend> Glm5Next<B> {
                 &sc.hl2
             };
             b.matmul(&self.output, None, normed, rows, p, &mut sc.logits)?;
-            b.read(&sc.logits, 0, rows * c.n_vocab, out)?;
+            cache
+                .picks
+                .logits(b, &step, want, &sc.logits, rows, c.n_vocab, out)?;
             row += rows;
         }
         Ok(())
@@ -768,20 +771,8 @@ impl<B: Backend> Glm5Next<B> {
             .collect())
     }
 
-    fn check(&self, cache: &dyn Cache, tokens: &[u32]) -> Result<()> {
-        if cache.len() + tokens.len() > cache.capacity() {
-            return Err(EngineError::ContextFull {
-                needed: cache.len() + tokens.len(),
-                n_ctx: cache.capacity(),
-            });
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
-            return Err(EngineError::BadToken {
-                id,
-                n_vocab: self.cfg.n_vocab,
-            });
-        }
-        Ok(())
+    fn check(&self, cache: &dyn Cache, tokens: Tokens<'_>) -> Result<()> {
+        tokens.check(cache.len(), cache.capacity(), self.cfg.n_vocab)
     }
 
     fn downcast<'c>(&self, cache: &'c mut dyn Cache) -> Result<&'c mut Glm5NextCache<B>> {
@@ -807,10 +798,10 @@ impl<B: Backend> Glm5Next<B> {
         tokens: &[u32],
         trace: &mut Trace,
     ) -> Result<Vec<f32>> {
-        self.check(cache, tokens)?;
+        self.check(cache, Tokens::Given(tokens))?;
         let c = self.downcast(cache)?;
         let mut out = Vec::new();
-        self.forward_inner(c, tokens, Logits::All, &mut out, Some(trace))?;
+        self.forward_inner(c, Tokens::Given(tokens), Logits::All, &mut out, Some(trace))?;
         Ok(out)
     }
 }
@@ -858,18 +849,28 @@ impl<B: Backend> Model for Glm5Next<B> {
         logits: Logits,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        self.check(cache, tokens)?;
+        self.check(cache, Tokens::Given(tokens))?;
         let c = self.downcast(cache)?;
         if tokens.is_empty() {
             out.clear();
             return Ok(());
         }
-        self.forward_inner(c, tokens, logits, out, None)?;
+        self.forward_inner(c, Tokens::Given(tokens), logits, out, None)?;
         // A prefill (not a verification block, which asks for every row) leaves a rewind
         // anchor: the next chat turn usually diverges a few tokens before its end.
         if tokens.len() > 1 && logits != Logits::All {
             c.push_anchor()?;
         }
         Ok(())
+    }
+
+    fn forward_picked(&self, cache: &mut dyn Cache) -> Result<()> {
+        self.check(cache, Tokens::Picked)?;
+        let c = self.downcast(cache)?;
+        self.forward_inner(c, Tokens::Picked, Logits::Pick, &mut Vec::new(), None)
+    }
+
+    fn take_pick(&self, cache: &mut dyn Cache) -> Result<u32> {
+        self.downcast(cache)?.picks.take(&*self.backend)
     }
 }

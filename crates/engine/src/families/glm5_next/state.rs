@@ -145,6 +145,8 @@ pub struct Glm5NextCache<B: Backend> {
     pub(crate) anchors: Vec<Anchor<B>>,
     /// The forward pass's activation buffers (allocated at the first call).
     pub(crate) scratch: Option<super::Scratch<B>>,
+    /// Greedy choices not read yet.
+    pub(crate) picks: crate::families::Picks<B>,
 }
 
 fn kda_state<B: Backend>(b: &B, d: &DeltaShape) -> Result<KdaState<B>> {
@@ -261,6 +263,7 @@ impl<B: Backend> Glm5NextCache<B> {
             window: DEFAULT_REWIND_WINDOW,
             anchors: Vec::new(),
             scratch: None,
+            picks: Default::default(),
         })
     }
 

@@ -314,3 +314,16 @@ fn next_turn_rewinds_through_the_prefill_anchor() {
     // Below the anchor's reach only 0 is left.
     assert_eq!(cache.rewind_point(s - 30), 0);
 }
+
+/// Greedy decoding with the backend choosing every token, each step queued before the
+/// host reads its token (`Session::decode_greedy`), picks the reference's greedy tokens,
+/// stops and fills the context as `decode` and the host's argmax would.
+#[test]
+fn pipelined_greedy_picks_the_reference_tokens() {
+    for name in ["real_layout_f32", "small_rates_f32"] {
+        let (m, g, tol) = setup(name);
+        let m: Arc<dyn Model> = Arc::new(m);
+        crate::fixtures::check_pipelined_greedy(&m, &g, tol)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}

@@ -306,3 +306,16 @@ fn next_turn_rewinds_through_the_prefill_anchor() {
     assert_eq!(c.rewind_point(s - 3), s - 3);
     assert_eq!(c.rewind_point(5), 0);
 }
+
+/// Greedy decoding with the backend choosing every token, each step queued before the
+/// host reads its token (`Session::decode_greedy`), picks the reference's greedy tokens,
+/// stops and fills the context as `decode` and the host's argmax would.
+#[test]
+fn pipelined_greedy_picks_the_reference_tokens() {
+    for name in ["real_layout_f32", "softplus_dense_f32"] {
+        let (m, g, tol) = setup(name);
+        let m: Arc<dyn Model> = Arc::new(m);
+        crate::fixtures::check_pipelined_greedy(&m, &g, tol)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
