@@ -210,6 +210,25 @@ __device__ __forceinline__ u32 fkey(float f) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// The calling thread's rank among the threads of its block (NW warps) whose `flag` is
+// set (those of lower warps, then of lower lanes) and the block's count of them: one
+// ballot per warp, its count in `cnt[warp]` (shared, a slot per warp), one barrier. The
+// caller puts a barrier between this call and the next write of `cnt`.
+template <int NW>
+__device__ __forceinline__ int2 block_rank(bool flag, int* cnt) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 b = __ballot_sync(0xffffffffu, flag);
+    if (lane == 0) cnt[warp] = __popc(b);
+    __syncthreads();
+    int before = __popc(b & ((1u << lane) - 1)), total = 0;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+        before += w < warp ? cnt[w] : 0;
+        total += cnt[w];
+    }
+    return make_int2(before, total);
+}
+
 // Bins of one digit of `dsa_topk`'s radix search (8 bits; blockDim.x == DSA_BINS).
 #define DSA_BINS 256
 
@@ -221,7 +240,6 @@ __device__ __forceinline__ u32 fkey(float f) {
 // rank still wanted. The winners are then written in id order with a block scan.
 extern "C" __global__ void __launch_bounds__(DSA_BINS) dsa_topk(const SelectParams P) {
     __shared__ int warp_cnt[32];
-    __shared__ int base;
     __shared__ u32 hist[DSA_BINS];
     __shared__ u32 found[2];  // the digit, and the keys above its bin
     pdl_wait();
@@ -235,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(DSA_BINS) dsa_topk(const SelectPara
         for (int j = threadIdx.x; j < P.top_k; j += blockDim.x) out[j] = j < visible ? j : -1;
         return;
     }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     // thr: the bytes found so far (those under `known`); want: the rank of the k-th
     // largest key among the keys that match them (at least that many do).
     u32 thr = 0, known = 0, want = (u32)P.top_k;
@@ -271,42 +289,21 @@ extern "C" __global__ void __launch_bounds__(DSA_BINS) dsa_topk(const SelectPara
         thr |= found[0] << shift;
         known |= (u32)(DSA_BINS - 1) << shift;
         want -= found[1];
-        __syncthreads();  // (each read above precedes a barrier already: not needed, as measured)
     }
     // Entries above the threshold all win; the `want` ties at it fill the rest by lower id.
     const int need_eq = (int)want;
-    if (threadIdx.x == 0) base = 0;
-    __syncthreads();
-    int eq_seen = 0;  // ties at the threshold before this chunk
+    int eq_seen = 0, written = 0;  // ties at the threshold and winners before this chunk
     for (int c0 = 0; c0 < visible; c0 += blockDim.x) {
         const int e = c0 + threadIdx.x;
         const u32 key = e < visible ? fkey(sc[e]) : 0;
         const bool eq = e < visible && key == thr;
-        // Rank of this tie among the ties (scan over the block).
-        const u32 eq_ballot = __ballot_sync(0xffffffffu, eq);
-        if (lane == 0) warp_cnt[warp] = __popc(eq_ballot);
+        const int2 tie = block_rank<DSA_BINS / 32>(eq, warp_cnt);
+        const bool win = e < visible && (key > thr || (eq && eq_seen + tie.x < need_eq));
         __syncthreads();
-        int eq_before = eq_seen;
-        for (int w2 = 0; w2 < warp; ++w2) eq_before += warp_cnt[w2];
-        eq_before += __popc(eq_ballot & ((1u << lane) - 1));
-        int eq_total = 0;
-        for (int w2 = 0; w2 < nw; ++w2) eq_total += warp_cnt[w2];
-        const bool win = e < visible && (key > thr || (eq && eq_before < need_eq));
-        __syncthreads();
-        const u32 win_ballot = __ballot_sync(0xffffffffu, win);
-        if (lane == 0) warp_cnt[warp] = __popc(win_ballot);
-        __syncthreads();
-        int before = base;
-        for (int w2 = 0; w2 < warp; ++w2) before += warp_cnt[w2];
-        before += __popc(win_ballot & ((1u << lane) - 1));
-        if (win) out[before] = e;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            int tot = 0;
-            for (int w2 = 0; w2 < nw; ++w2) tot += warp_cnt[w2];
-            base += tot;
-        }
-        eq_seen += eq_total;
+        const int2 at = block_rank<DSA_BINS / 32>(win, warp_cnt);
+        if (win) out[written + at.x] = e;
+        eq_seen += tie.y;
+        written += at.y;
         __syncthreads();
     }
 }
@@ -336,17 +333,12 @@ struct MlaParams {
 
 // The pools a query attends with a selection (pool ids `s[0..per_q)`, −1 where none):
 // each pool whose id differs from the last valid id before it (a repeated id counts
-// once), in order, written to `kept`. By the whole block, blockDim.x entries at a time;
-// returns their count (on every thread).
+// once), in order, written to `kept`. By the whole block (MLA_HG warps), blockDim.x
+// entries at a time; returns their count (on every thread).
 __device__ int mla_pools(const MlaParams& P, const i32* s, int* kept) {
-    __shared__ int wlast[32], wkept[32];
-    __shared__ int carry_idx, carry_n;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (threadIdx.x == 0) {
-        carry_idx = -1;
-        carry_n = 0;
-    }
-    __syncthreads();
+    __shared__ int wlast[MLA_HG], wkept[MLA_HG];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int carry_idx = -1, carry_n = 0;  // the last valid index and the pools kept so far
     for (int c0 = 0; c0 < P.per_q; c0 += blockDim.x) {
         const int j = c0 + threadIdx.x;
         const int v = j < P.per_q ? s[j] : -1;
@@ -360,23 +352,17 @@ __device__ int mla_pools(const MlaParams& P, const i32* s, int* kept) {
         if (lane == 31) wlast[warp] = idx;
         __syncthreads();
         int before = carry_idx;
-        for (int w = 0; w < warp; ++w) before = max(before, wlast[w]);
+#pragma unroll
+        for (int w = 0; w < MLA_HG; ++w) {
+            if (w < warp) before = max(before, wlast[w]);
+            carry_idx = max(carry_idx, wlast[w]);
+        }
         const int up = __shfl_up_sync(0xffffffffu, idx, 1);
         const int prev = max(before, lane > 0 ? up : -1);
         const bool keep = v >= 0 && (prev < 0 || s[prev] != v);
-        const u32 ballot = __ballot_sync(0xffffffffu, keep);
-        if (lane == 0) wkept[warp] = __popc(ballot);
-        __syncthreads();
-        int at = carry_n + __popc(ballot & ((1u << lane) - 1));
-        for (int w = 0; w < warp; ++w) at += wkept[w];
-        if (keep) kept[at] = v;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int w = 0; w < nw; ++w) {
-                carry_idx = max(carry_idx, wlast[w]);
-                carry_n += wkept[w];
-            }
-        }
+        const int2 at = block_rank<MLA_HG>(keep, wkept);
+        if (keep) kept[carry_n + at.x] = v;
+        carry_n += at.y;
         __syncthreads();
     }
     return carry_n;
@@ -924,18 +910,11 @@ extern "C" __global__ void __launch_bounds__(SINK_MIX_KC) sink_mix(const SinkPar
         // The chunk's keys that have a row, in key order (a scan of the block's ballots).
         const int j = j0 + threadIdx.x;
         const float* k = j < R.n ? sink_key(P, i, R.t, R.lo, R.n_win, R.visible, j) : nullptr;
-        const u32 ballot = __ballot_sync(0xffffffffu, k != nullptr);
-        if (lane == 0) wn[warp] = __popc(ballot);
-        __syncthreads();
-        int at = __popc(ballot & ((1u << lane) - 1)), cnt = 0;
-#pragma unroll
-        for (int w = 0; w < SINK_MIX_HEADS; ++w) {
-            at += w < warp ? wn[w] : 0;
-            cnt += wn[w];
-        }
+        const int2 at = block_rank<SINK_MIX_HEADS>(k != nullptr, wn);
+        const int cnt = at.y;
         if (k) {
-            kp[at] = k;
-            kj[at] = j;
+            kp[at.x] = k;
+            kj[at.x] = j;
         }
         __syncthreads();
         if (cnt == 0) continue;  // uniform: the next chunk's barriers follow
