@@ -31,7 +31,7 @@ use clap::Args;
 use ds4_args::int;
 use ds4_cuda::{CudaBackend, PartTime, by_part};
 use ds4_engine::sampler::argmax;
-use ds4_engine::{LoadedModel, Session};
+use ds4_engine::{GreedyEnd, LoadedModel, Session};
 use ds4_measure::args::ReceiptArgs;
 use ds4_measure::receipt::{BenchRun, Failure, GpuInfo, Receipt, ReceiptKind};
 use ds4_measure::stats::Summary;
@@ -167,8 +167,10 @@ fn decode_run(
 /// choice is read ([`Session::decode_greedy`], as generation decodes greedily).
 fn greedy_steps(s: &mut Session, n: usize) -> Result<()> {
     let first = argmax(s.logits().context("no logits after prefill")?);
-    s.decode_greedy(first, n, &mut |_| ControlFlow::Continue(()))?;
-    Ok(())
+    match s.decode_greedy(first, n, &mut |_| ControlFlow::Continue(()))? {
+        GreedyEnd::Max => Ok(()),
+        end => bail!("{n} greedy decode steps ended early: {end:?}"),
+    }
 }
 
 /// Decode steps timed kernel by kernel for the time per model part (CUDA only).

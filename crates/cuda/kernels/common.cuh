@@ -716,8 +716,9 @@ __device__ __forceinline__ void rotate_torch(float* seg, int j, int half, int ne
     seg[b] = rnd(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)), rb);
 }
 
-// Per-step inputs in device memory (written by `Backend::step` before a step runs), so
-// that a captured decode graph reads the current position instead of baking it in.
+// Per-step inputs in device memory (written by `Backend::step` before a step runs, or by
+// the previous step's `greedy_pick` for a picked token's step), so that a captured
+// decode graph reads the current position instead of baking it in.
 struct StepInfo {
     i32 pos0;   // position of the first token of the step
     i32 n_tok;  // tokens in the step

@@ -20,12 +20,12 @@ struct PickParams {
     i32 n, ring_len;
 };
 
-// A value's key: its order in the high 32 bits (larger values higher; NaN and values at
-// or below -1e30 key 0, never chosen), the complement of its index in the low 32 bits
-// (of equal values the lower index keys higher). The largest key is the choice.
+// A value's key: its order in the high 32 bits (larger values higher, -0 as +0; NaN and
+// values at or below -1e30 key 0, never chosen), the complement of its index in the low
+// 32 bits (of equal values the lower index keys higher). The largest key is the choice.
 __device__ __forceinline__ u64 pick_key(float v, int i) {
     if (!(v > -1e30f)) return 0;
-    const u32 b = __float_as_uint(v);
+    const u32 b = v == 0.f ? 0u : __float_as_uint(v);
     const u32 order = b & 0x80000000u ? ~b : b | 0x80000000u;
     return ((u64)order << 32) | (u32)~(u32)i;
 }

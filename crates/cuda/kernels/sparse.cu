@@ -330,6 +330,7 @@ struct MlaParams {
 #define MLA_TT 32  // tokens per tile: four per warp in the scores
 #define MLA_VCH 4  // value channels per thread and head: vdim ≤ MLA_VCH · 256
 #define MLA_CHUNKS 16  // at most this many blocks share a (query, head group)'s tokens
+static_assert(MLA_HG * 32 == 256, "mla_attend's blocks are MLA_HG warps (block_rank<MLA_HG>)");
 
 // The pools a query attends with a selection (pool ids `s[0..per_q)`, −1 where none):
 // each pool whose id differs from the last valid id before it (a repeated id counts
@@ -829,6 +830,7 @@ extern "C" __global__ void sink_scores(const SinkParams P) {
 // each) and keys per tile of rows staged in shared memory.
 #define SINK_MIX_KC 256
 #define SINK_MIX_HEADS 8
+static_assert(SINK_MIX_KC == 32 * SINK_MIX_HEADS, "sink_mix's blocks are a warp per head (block_rank<SINK_MIX_HEADS>)");
 #define SINK_MIX_TT 32
 
 // grid (rows, ceil(hd/64), ceil(heads/8)), 256 threads: warp w of block (i, y, hb) owns

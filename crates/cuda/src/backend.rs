@@ -93,7 +93,8 @@ pub struct Stats {
     pub graph_timed: u64,
     /// Host time of the graph-replayed decode steps (ms, summed over `graph_replays`):
     /// from the step's start to its last op recorded (the model's code), finding and
-    /// launching its graph, and reading its result back (waiting for the device).
+    /// launching its graph, and reading its result back or its greedy choice (waiting for
+    /// the device).
     pub host_record_ms: f64,
     pub host_launch_ms: f64,
     pub host_read_ms: f64,
@@ -167,15 +168,16 @@ pub(crate) struct State {
     /// Labels of the launches that decode graphs captured from now on leave out
     /// ([`CudaBackend::set_without`]; empty in normal use).
     without: Vec<String>,
-    /// Whether the last flush replayed a graph (the next `read` counts as its wait).
-    replayed: bool,
+    /// Whether the last flush replayed a graph (the next `read` or pick counts as its
+    /// wait).
+    pub(crate) replayed: bool,
     /// Scratch memory of multi-launch operations, by purpose (`crate::moe_ops`).
     pub(crate) scratch: HashMap<&'static str, Arc<DevMem>>,
     /// RoPE inverse-frequency tables on the device, by their f32 bits.
     rope_tables: HashMap<Vec<u32>, Arc<DevMem>>,
     /// Each stepping thread's ring of greedy choices (host memory the device writes,
     /// `crate::pick`).
-    pub(crate) pick_rings: HashMap<ThreadId, Pinned>,
+    pub(crate) pick_rings: HashMap<ThreadId, (Pinned, DPtr)>,
     /// Events of greedy choices, for reuse.
     pub(crate) pick_events: Vec<Event>,
 }
@@ -200,7 +202,8 @@ impl Pinned {
     }
 }
 
-// SAFETY: plain host memory, used under the state lock.
+// SAFETY: plain host memory: `read`'s buffer is used under the state lock; a ring of
+// greedy choices is read only after the event of the step that wrote the slot.
 unsafe impl Send for Pinned {}
 
 impl Drop for Pinned {

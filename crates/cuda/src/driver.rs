@@ -396,7 +396,7 @@ impl Drop for DevMem {
     }
 }
 
-/// A CUDA event for timing.
+/// A CUDA event: for timing, or for waiting until the device has passed a point.
 pub struct Event {
     ev: sys::CUevent,
     gpu: Arc<Gpu>,

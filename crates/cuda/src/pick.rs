@@ -25,6 +25,8 @@ pub(crate) const RING: usize = 16;
 /// Blocks of a `greedy_pick` launch: each keys a share of the row, the last one to finish
 /// all the blocks' keys.
 const PICK_BLOCKS: u32 = 128;
+/// Threads of a block (kernels/pick.cu's PICK_THREADS).
+const PICK_THREADS: u32 = 256;
 
 /// A greedy choice made on the device, read from its slot once `done` has passed.
 pub struct CudaPick {
@@ -32,6 +34,10 @@ pub struct CudaPick {
     done: Event,
     /// The position of the step whose token it is.
     pos: usize,
+    /// The thread whose step inputs hold the token.
+    thread: std::thread::ThreadId,
+    /// Whether its step was a graph replay (its wait then counts as a replay's).
+    replayed: bool,
 }
 
 // SAFETY: the slot is host memory the backend holds for as long as it lives; it is read
@@ -40,11 +46,18 @@ unsafe impl Send for CudaPick {}
 
 impl CudaBackend {
     /// `Backend::step_picked`: the step inputs `greedy_pick` left are the next step's.
+    /// The caller steps one sequence on this thread between the pick and this step (the
+    /// step inputs are the thread's).
     pub(crate) fn step_picked_op(&self, last: &CudaPick, pos0: usize) -> EngineResult<CudaStep> {
-        if last.pos != pos0 {
+        if last.pos != pos0 || last.thread != std::thread::current().id() {
             return Err(ds4_engine::EngineError::Backend(format!(
-                "a picked token's step at position {pos0}, but the last choice is for position {}",
-                last.pos
+                "a picked token's step at position {pos0} on this thread, but the last choice is for position {} on {}",
+                last.pos,
+                if last.thread == std::thread::current().id() {
+                    "it"
+                } else {
+                    "another thread"
+                }
             )));
         }
         self.begin_step(None, 1, pos0)
@@ -72,14 +85,17 @@ impl CudaBackend {
         self.launch_op(Launch {
             f: self.k.greedy_pick,
             grid: (PICK_BLOCKS, 1, 1),
-            block: 256,
+            block: PICK_THREADS,
             smem: 0,
             args: Self::args(p),
             label: "greedy_pick",
             keep: vec![&logits.mem, &partials, &counter],
         });
         self.flush_this_thread()?;
-        let done = self.lock().pick_events.pop();
+        let (done, replayed) = {
+            let mut st = self.lock();
+            (st.pick_events.pop(), std::mem::take(&mut st.replayed))
+        };
         let done = match done {
             Some(e) => e,
             None => self.gpu.event().map_err(engine_err)?,
@@ -91,6 +107,8 @@ impl CudaBackend {
             slot: unsafe { ring_host.add(pos % RING) },
             done,
             pos,
+            thread: std::thread::current().id(),
+            replayed,
         })
     }
 
@@ -101,7 +119,9 @@ impl CudaBackend {
         // SAFETY: the slot is in the live ring; the device wrote it before the event.
         let token = unsafe { std::ptr::read_volatile(pick.slot) };
         let mut st = self.lock();
-        st.stats.host_read_ms += t0.elapsed().as_secs_f64() * 1e3;
+        if pick.replayed {
+            st.stats.host_read_ms += t0.elapsed().as_secs_f64() * 1e3;
+        }
         Self::read_graph_timing(&mut st);
         st.pick_events.push(pick.done);
         Ok(token)
@@ -111,20 +131,20 @@ impl CudaBackend {
     fn pick_ring(&self) -> crate::error::Result<(DPtr, *const u32)> {
         let tid = std::thread::current().id();
         let mut st = self.lock();
-        let host = match st.pick_rings.entry(tid) {
-            std::collections::hash_map::Entry::Occupied(e) => e.get().ptr,
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let flags = cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP;
-                e.insert(Pinned::alloc(4 * RING, flags)?).ptr
-            }
-        };
+        if let Some((ring, dev)) = st.pick_rings.get(&tid) {
+            return Ok((*dev, ring.ptr as *const u32));
+        }
+        self.gpu.bind()?;
+        let ring = Pinned::alloc(4 * RING, cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP)?;
         let mut dev: DPtr = 0;
-        // SAFETY: `host` is page-locked memory allocated with DEVICEMAP.
+        // SAFETY: `ring` is page-locked memory allocated with DEVICEMAP.
         unsafe {
-            cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dev, host.cast(), 0)
+            cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dev, ring.ptr.cast(), 0)
                 .result()
                 .map_err(|e| CudaError::driver("cuMemHostGetDevicePointer", e))?;
         }
-        Ok((dev, host as *const u32))
+        let host = ring.ptr as *const u32;
+        st.pick_rings.insert(tid, (ring, dev));
+        Ok((dev, host))
     }
 }

@@ -83,10 +83,12 @@ impl GenerateStats {
 /// token (including a final EOG token) with the logits row it was sampled from (empty
 /// for the backend's greedy choices, see [`GenerateParams::needs_logits`]), and may break
 /// to stop; `is_eog` tells which tokens end generation. `progress(done, total)` reports
-/// prefill progress. The last sampled token is not evaluated, except when a greedy
-/// generation chosen on the backend stops before `max_tokens` (its step was queued
-/// ahead); the session holds the prompt and every evaluated token, and the next request's
-/// [`Session::sync`] evaluates what it needs.
+/// prefill progress. The last sampled token is not evaluated — except when the backend
+/// chooses the tokens ([`GenerateParams::needs_logits`] off, greedy) and generation stops
+/// at a later token than the first by `on_token`'s break or an end-of-generation token
+/// before `max_tokens`, with room in the context: its step was queued before it was read
+/// ([`Session::decode_greedy`]). The session holds the prompt and every evaluated token;
+/// the next request's [`Session::sync`] evaluates what it needs.
 pub fn generate(
     session: &mut Session,
     prompt: &[u32],

@@ -63,7 +63,7 @@ const SNAPSHOT_MAGIC: &[u8; 8] = b"DS4SESS1";
 /// Why [`Session::decode_greedy`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GreedyEnd {
-    /// `on_pick` saw `max` choices.
+    /// `on_pick` saw `max` choices and did not break at the last.
     Max,
     /// `on_pick` broke.
     Stopped,
@@ -162,15 +162,7 @@ impl Session {
         for chunk in tokens.chunks(self.model.prefill_chunk().max(1)) {
             let last = done + chunk.len() == tokens.len();
             let mode = if last { Logits::Last } else { Logits::None };
-            let r = self
-                .model
-                .forward(&mut *self.cache, chunk, mode, &mut self.logits);
-            if let Err(e) = r {
-                // Keep the session consistent with what was evaluated.
-                let _ = self.cache.truncate(self.tokens.len());
-                self.logits.clear();
-                return Err(e);
-            }
+            self.evaluate(|m, c, logits| m.forward(c, chunk, mode, logits))?;
             self.tokens.extend_from_slice(chunk);
             done += chunk.len();
             progress(done, tokens.len());
@@ -185,19 +177,20 @@ impl Session {
 
     /// Greedy decoding with each step queued on the backend before the host has read the
     /// choice it evaluates ([`Logits::Pick`]: the backend chooses, and a device does not
-    /// wait for the host between steps). Evaluates `token`, then hands up to `max` greedy
-    /// choices to `on_pick` in order — the tokens `decode` and
-    /// [`crate::sampler::argmax`] would choose one after another — evaluating each one
-    /// but the last, until `on_pick` breaks or the context is full.
+    /// wait for the host between steps). Evaluates `token` (nothing when `max` is 0),
+    /// then hands up to `max` greedy choices to `on_pick` in order — the tokens `decode`
+    /// and [`crate::sampler::argmax`] would choose one after another — evaluating each
+    /// one but the last, until `on_pick` breaks or the context is full.
     ///
-    /// The session then holds `token` and the choices before the last; when `on_pick`
-    /// broke before the `max`-th choice, also that last choice (its step was queued
-    /// before the host read it). The logits after the last evaluated token are not read
-    /// ([`Session::logits`] is `None`; [`Session::sync`] evaluates that token again when
-    /// a request needs them).
+    /// The session then holds `token` and the choices before the last; also the last
+    /// when `on_pick` broke at a choice before the `max`-th while the context had room
+    /// for it (its step was queued before the host read it). The logits after the last
+    /// evaluated token are not read ([`Session::logits`] is `None`; [`Session::sync`]
+    /// evaluates that token again when a request needs them).
     ///
     /// # Errors
-    /// As [`Session::decode`]; the context must hold `token`.
+    /// As [`Session::decode`]; the context must hold `token`. After an error the session
+    /// holds what was evaluated before the failed step.
     pub fn decode_greedy(
         &mut self,
         token: u32,
@@ -209,8 +202,7 @@ impl Session {
         }
         self.check_room(1)?;
         self.logits.clear();
-        let mut none = Vec::new();
-        self.evaluate(|m, c| m.forward(c, &[token], Logits::Pick, &mut none))?;
+        self.evaluate(|m, c, _| m.forward(c, &[token], Logits::Pick, &mut Vec::new()))?;
         self.tokens.push(token);
         let mut picked = 0;
         loop {
@@ -219,18 +211,16 @@ impl Session {
             // choice is wanted and fits.
             let ahead = picked < max && self.tokens.len() < self.n_ctx();
             if ahead {
-                self.evaluate(|m, c| m.forward_picked(c)).inspect_err(|_| {
-                    // The choice the failed step would have evaluated: nothing waits for it.
-                    let _ = self.model.take_pick(&mut *self.cache);
-                })?;
+                self.evaluate(|m, c, _| m.forward_picked(c))?;
             }
-            let t = self.model.take_pick(&mut *self.cache)?;
+            let t = self.evaluate(|m, c, _| m.take_pick(c))?;
             if ahead {
                 self.tokens.push(t);
             }
             if on_pick(t).is_break() {
                 if ahead {
-                    self.model.take_pick(&mut *self.cache)?;
+                    // The choice of the step queued ahead: nobody reads it.
+                    self.evaluate(|m, c, _| m.take_pick(c))?;
                 }
                 return Ok(GreedyEnd::Stopped);
             }
@@ -244,12 +234,18 @@ impl Session {
         }
     }
 
-    /// Runs one forward call on the cache, keeping the session consistent with what was
-    /// evaluated when it fails.
-    fn evaluate(&mut self, f: impl FnOnce(&dyn Model, &mut dyn Cache) -> Result<()>) -> Result<()> {
-        let r = f(&*self.model, &mut *self.cache);
+    /// Runs `f` on the model, the cache and the logits buffer. When it fails, the cache
+    /// goes back to what the session's tokens say (a step queued or half done is undone,
+    /// with the greedy choices not read; where the cache cannot truncate there, to its
+    /// nearest earlier point, and the tokens follow) and the logits are forgotten.
+    fn evaluate<R>(
+        &mut self,
+        f: impl FnOnce(&dyn Model, &mut dyn Cache, &mut Vec<f32>) -> Result<R>,
+    ) -> Result<R> {
+        let r = f(&*self.model, &mut *self.cache, &mut self.logits);
         if r.is_err() {
-            let _ = self.cache.truncate(self.tokens.len());
+            let point = self.cache.rewind_point(self.tokens.len());
+            let _ = self.cache.truncate(point);
             self.tokens.truncate(self.cache.len());
             self.logits.clear();
         }

@@ -271,8 +271,9 @@ pub trait Engine: Send + 'static {
     /// Generates after `prompt` (which [`Engine::sync`] has just brought in). Every
     /// sampled token goes to `on_token`, which may break. The last sampled token is not
     /// evaluated: afterwards the session holds `prompt` plus every sampled token but
-    /// the last, or every one when a greedy generation the backend chose stopped before
-    /// its token limit (its last step was queued before the token was read).
+    /// the last — or every one when the backend chose the tokens (greedy, no
+    /// log-probabilities) and generation stopped after the first at an end token or a
+    /// break before its token limit (the last step was queued before the token was read).
     fn generate(
         &mut self,
         prompt: &[u32],

@@ -465,7 +465,10 @@ fn bench(args: &[String]) -> Res<()> {
         let t = argmax(s.prefill(&prompt, &mut |_, _| {})?) as u32;
         start();
         let t0 = Instant::now();
-        s.decode_greedy(t, n, &mut |_| std::ops::ControlFlow::Continue(()))?;
+        let end = s.decode_greedy(t, n, &mut |_| std::ops::ControlFlow::Continue(()))?;
+        if end != ds4_engine::GreedyEnd::Max {
+            return Err(format!("{n} greedy decode steps ended early: {end:?}").into());
+        }
         Ok(n as f64 / t0.elapsed().as_secs_f64())
     };
     let decode_run = |n: usize| greedy(n, &|| {});
@@ -527,7 +530,7 @@ fn bench(args: &[String]) -> Res<()> {
         let launch = per(after.host_launch_ms, before.host_launch_ms);
         let read = per(after.host_read_ms, before.host_read_ms);
         println!(
-            "host per replayed step: {record:.3} ms recording the ops, {launch:.3} ms finding and launching the graph, {read:.3} ms waiting for the device, {:.3} ms the rest (argmax, session)",
+            "host per replayed step: {record:.3} ms recording the ops, {launch:.3} ms finding and launching the graph, {read:.3} ms waiting for the device, {:.3} ms the rest (the session's own work)",
             1e3 / fig.tokens_per_s - record - launch - read
         );
     }

@@ -369,7 +369,7 @@ impl<B: Backend> Llama<B> {
             b.matmul(w_out, None, &s.h, rows, PREC, &mut s.logits)?;
             cache
                 .picks
-                .logits(b, &step, logits, &s.logits, rows, c.n_vocab, out)?;
+                .emit(b, &step, logits, &s.logits, rows, c.n_vocab, out)?;
             row += rows;
         }
         Ok(())
@@ -506,6 +506,8 @@ impl<B: Backend> Cache for LlamaCache<B> {
     }
 
     fn truncate(&mut self, n: usize) -> Result<()> {
+        // Greedy choices not read are of steps this undoes, or stale.
+        self.picks.clear();
         if n > self.len {
             return Err(EngineError::Rewind {
                 target: n,

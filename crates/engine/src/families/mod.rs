@@ -90,6 +90,11 @@ impl<B: Backend> Picks<B> {
         })
     }
 
+    /// Forgets every choice not read (a truncation undoes their steps).
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+
     /// The oldest choice, read from the backend.
     pub(crate) fn take(&mut self, b: &B) -> Result<u32> {
         let p = self.0.pop_front().ok_or_else(|| {
@@ -101,7 +106,7 @@ impl<B: Backend> Picks<B> {
     /// Hands the logits rows `rows` in `logits` on as `want` asks: read back into `out`,
     /// or ([`Logits::Pick`]: one row, the step's last) chosen on the backend.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn logits(
+    pub(crate) fn emit(
         &mut self,
         b: &B,
         step: &B::Step,
@@ -112,6 +117,7 @@ impl<B: Backend> Picks<B> {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         if want == Logits::Pick {
+            debug_assert_eq!(rows, 1, "a pick is of the step's last row alone");
             self.0.push_back(b.pick(step, logits, n_vocab)?);
             return Ok(());
         }

@@ -676,7 +676,7 @@ impl<B: Backend> DeepSeek4<B> {
             self.head(sc, rows, &hcs)?;
             cache
                 .picks
-                .logits(b, &step, want, &sc.logits, rows, c.n_vocab, out)?;
+                .emit(b, &step, want, &sc.logits, rows, c.n_vocab, out)?;
             row += rows;
         }
         Ok(())

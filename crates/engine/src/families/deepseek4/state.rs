@@ -420,6 +420,8 @@ impl<B: Backend> Cache for DeepSeek4Cache<B> {
     }
 
     fn truncate(&mut self, n: usize) -> Result<()> {
+        // Greedy choices not read are of steps this undoes, or stale.
+        self.picks.clear();
         if n > self.len {
             return Err(EngineError::Rewind {
                 target: n,

@@ -726,7 +726,7 @@ impl<B: Backend> Glm5Next<B> {
             b.matmul(&self.output, None, normed, rows, p, &mut sc.logits)?;
             cache
                 .picks
-                .logits(b, &step, want, &sc.logits, rows, c.n_vocab, out)?;
+                .emit(b, &step, want, &sc.logits, rows, c.n_vocab, out)?;
             row += rows;
         }
         Ok(())
