@@ -432,13 +432,10 @@ impl Event {
 
     /// Milliseconds from `self` to `end` (waits for `end`).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        end.wait()?;
         // SAFETY: both events were recorded on our stream.
-        unsafe {
-            result::event::synchronize(end.ev)
-                .map_err(|e| CudaError::driver("cuEventSynchronize", e))?;
-            result::event::elapsed(self.ev, end.ev)
-                .map_err(|e| CudaError::driver("cuEventElapsedTime", e))
-        }
+        unsafe { result::event::elapsed(self.ev, end.ev) }
+            .map_err(|e| CudaError::driver("cuEventElapsedTime", e))
     }
 }
 

@@ -49,15 +49,15 @@ impl CudaBackend {
     /// The caller steps one sequence on this thread between the pick and this step (the
     /// step inputs are the thread's).
     pub(crate) fn step_picked_op(&self, last: &CudaPick, pos0: usize) -> EngineResult<CudaStep> {
-        if last.pos != pos0 || last.thread != std::thread::current().id() {
+        if last.thread != std::thread::current().id() {
+            return Err(ds4_engine::EngineError::Backend(
+                "a picked token's step on another thread than its choice's".into(),
+            ));
+        }
+        if last.pos != pos0 {
             return Err(ds4_engine::EngineError::Backend(format!(
-                "a picked token's step at position {pos0} on this thread, but the last choice is for position {} on {}",
-                last.pos,
-                if last.thread == std::thread::current().id() {
-                    "it"
-                } else {
-                    "another thread"
-                }
+                "a picked token's step at position {pos0}, but the last choice is for position {}",
+                last.pos
             )));
         }
         self.begin_step(None, 1, pos0)

@@ -257,8 +257,7 @@ impl Session {
     pub fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         self.check_room(tokens.len())?;
         let mut all = Vec::new();
-        self.model
-            .forward(&mut *self.cache, tokens, Logits::All, &mut all)?;
+        self.evaluate(|m, c, _| m.forward(c, tokens, Logits::All, &mut all))?;
         self.tokens.extend_from_slice(tokens);
         let n_vocab = self.model.info().n_vocab;
         self.logits.clear();

@@ -278,10 +278,7 @@ impl<B: Backend> Llama<B> {
         let pieces = tokens.pieces(CHUNK);
         let n = pieces.len();
         for (i, &chunk) in pieces.iter().enumerate() {
-            let want = match logits {
-                Logits::Last | Logits::Pick if i + 1 < n => Logits::None,
-                other => other,
-            };
+            let want = logits.of_piece(i + 1 == n);
             self.backend
                 .run(|| self.forward_chunk(cache, chunk, want, out))?;
         }
@@ -347,10 +344,8 @@ impl<B: Backend> Llama<B> {
             b.add(&mut s.x, &s.o, n * d, PREC)?;
         }
         cache.len += n;
-        let first = match logits {
-            Logits::None => return Ok(()),
-            Logits::Last | Logits::Pick => n - 1,
-            Logits::All => 0,
+        let Some(first) = logits.first_row(n) else {
+            return Ok(());
         };
         let w_out = self.output.as_ref().unwrap_or(&self.tok_embd);
         let mut row = first;

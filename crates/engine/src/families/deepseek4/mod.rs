@@ -535,10 +535,7 @@ impl<B: Backend> DeepSeek4<B> {
         let pieces = tokens.pieces(piece);
         let n_pieces = pieces.len();
         for (pi, &chunk) in pieces.iter().enumerate() {
-            let w = match want {
-                Logits::Last | Logits::Pick if pi + 1 < n_pieces => Logits::None,
-                other => other,
-            };
+            let w = want.of_piece(pi + 1 == n_pieces);
             let mut sc = cache.scratch.take().expect("allocated above");
             let r = self.backend.run(|| {
                 self.forward_piece(
@@ -664,10 +661,8 @@ impl<B: Backend> DeepSeek4<B> {
         if let Some(h) = hidden {
             b.read(&sc.x, 0, s * nd, h)?;
         }
-        let first = match want {
-            Logits::None => return Ok(()),
-            Logits::Last | Logits::Pick => s - 1,
-            Logits::All => 0,
+        let Some(first) = want.first_row(s) else {
+            return Ok(());
         };
         let mut row = first;
         while row < s {

@@ -508,10 +508,7 @@ impl<B: Backend> Glm5Next<B> {
         let pieces = tokens.pieces(piece(&*self.backend));
         let n_pieces = pieces.len();
         for (pi, &piece) in pieces.iter().enumerate() {
-            let w = match want {
-                Logits::Last | Logits::Pick if pi + 1 < n_pieces => Logits::None,
-                other => other,
-            };
+            let w = want.of_piece(pi + 1 == n_pieces);
             let mut sc = cache.scratch.take().expect("allocated above");
             let r = self
                 .backend
@@ -698,10 +695,8 @@ impl<B: Backend> Glm5Next<B> {
         if let state::Plan::Capture(r) = plan {
             cache.base = pos0 + r;
         }
-        let first = match want {
-            Logits::None => return Ok(()),
-            Logits::Last | Logits::Pick => s - 1,
-            Logits::All => 0,
+        let Some(first) = want.first_row(s) else {
+            return Ok(());
         };
         b.region("head");
         let mut row = first;
