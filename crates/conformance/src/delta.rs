@@ -3,8 +3,8 @@
 //! definition, token by token in f64.
 
 use ds4_engine::backend::{
-    Backend, DeltaForm, DeltaIn, DeltaJournal, DeltaShape, DeltaState, DeltaWeights, Gate, OutGate,
-    Prec,
+    Backend, DeltaForm, DeltaIn, DeltaJournal, DeltaReplay, DeltaShape, DeltaState, DeltaWeights,
+    Gate, OutGate, Prec,
 };
 use ds4_gguf::GgmlType;
 
@@ -366,66 +366,77 @@ pub fn checks<B: Backend>(r: &mut Report<'_, B>) {
     );
     r.check(
         "delta_replay",
-        "KDA 64 × 128: 5 journaled tokens replayed onto the start state",
+        "KDA 64 × 128: 11 layers of 5 journaled tokens (two journals) replayed onto their start states",
         |b, rng| {
             let sh = kda;
             let w = weights(b, rng, &sh)?;
             let n = 5;
-            let c = case(rng, &sh, n);
-            let (mut conv, mut s) = (upload(b, &c.conv0)?, upload(b, &c.s0)?);
-            let mut j = journal(b, &sh, 8)?;
             let dw = DeltaWeights {
                 conv: [&w.conv[0], &w.conv[1], &w.conv[2]],
                 dt_bias: &w.dt,
                 decay: &w.decay,
             };
-            // Tokens at positions 6..11 wrap around the journal of 8 slots.
-            for t in 0..n {
-                let step = b.step(&[0], 6 + t)?;
-                let mut st = DeltaState {
-                    conv: &mut conv,
-                    s: &mut s,
-                };
-                let mut one = b.buf(sh.v_len())?;
-                let xt = DeltaIn {
-                    q: &upload(b, &c.q[t * sh.qk_len()..(t + 1) * sh.qk_len()])?,
-                    k: &upload(b, &c.k[t * sh.qk_len()..(t + 1) * sh.qk_len()])?,
-                    v: &upload(b, &c.v[t * sh.v_len()..(t + 1) * sh.v_len()])?,
-                    g: &upload(b, &c.g[t * sh.g_len()..(t + 1) * sh.g_len()])?,
-                    beta: &upload(b, &c.beta[t * sh.v_heads..(t + 1) * sh.v_heads])?,
-                };
-                b.delta_net(
-                    &step,
-                    0..1,
-                    &xt,
-                    &dw,
-                    &mut st,
-                    Some(&mut j),
-                    &sh,
-                    DeltaForm::Recurrent,
-                    Prec::F32,
-                    &mut one,
-                )?;
+            // A case's tokens at positions 6..11 (they wrap around the journal of 8 slots)
+            // run forward from its start state: its end state and journal.
+            let forward = |c: &Case| -> ds4_engine::Result<(Vec<f64>, Vec<f64>, DeltaJournal<B>)> {
+                let (mut conv, mut s) = (upload(b, &c.conv0)?, upload(b, &c.s0)?);
+                let mut j = journal(b, &sh, 8)?;
+                for t in 0..n {
+                    let step = b.step(&[0], 6 + t)?;
+                    let mut st = DeltaState {
+                        conv: &mut conv,
+                        s: &mut s,
+                    };
+                    let mut one = b.buf(sh.v_len())?;
+                    let xt = DeltaIn {
+                        q: &upload(b, &c.q[t * sh.qk_len()..(t + 1) * sh.qk_len()])?,
+                        k: &upload(b, &c.k[t * sh.qk_len()..(t + 1) * sh.qk_len()])?,
+                        v: &upload(b, &c.v[t * sh.v_len()..(t + 1) * sh.v_len()])?,
+                        g: &upload(b, &c.g[t * sh.g_len()..(t + 1) * sh.g_len()])?,
+                        beta: &upload(b, &c.beta[t * sh.v_heads..(t + 1) * sh.v_heads])?,
+                    };
+                    b.delta_net(
+                        &step,
+                        0..1,
+                        &xt,
+                        &dw,
+                        &mut st,
+                        Some(&mut j),
+                        &sh,
+                        DeltaForm::Recurrent,
+                        Prec::F32,
+                        &mut one,
+                    )?;
+                }
+                let conv = wide(&download(b, &conv, sh.conv_len())?);
+                Ok((conv, wide(&download(b, &s, sh.state_len())?), j))
+            };
+            let cases = [case(rng, &sh, n), case(rng, &sh, n)];
+            let ends = [forward(&cases[0])?, forward(&cases[1])?];
+            // More layers than one launch of the CUDA backend replays (9), alternating
+            // between the two journals.
+            let layers = 11;
+            let mut starts = (0..layers)
+                .map(|l| Ok((upload(b, &cases[l % 2].conv0)?, upload(b, &cases[l % 2].s0)?)))
+                .collect::<ds4_engine::Result<Vec<_>>>()?;
+            let mut replays: Vec<_> = starts
+                .iter_mut()
+                .enumerate()
+                .map(|(l, (conv, s))| DeltaReplay {
+                    journal: &ends[l % 2].2,
+                    state: DeltaState { conv, s },
+                })
+                .collect();
+            b.delta_replay(&mut replays, 6..6 + n, &sh)?;
+            drop(replays);
+            let mut e = 0f64;
+            for (l, (conv, s)) in starts.iter().enumerate() {
+                let (want_conv, want_s, _) = &ends[l % 2];
+                e = e
+                    .max(rel_err(&download(b, conv, sh.conv_len())?, want_conv))
+                    .max(rel_err(&download(b, s, sh.state_len())?, want_s));
             }
-            let (mut conv2, mut s2) = (upload(b, &c.conv0)?, upload(b, &c.s0)?);
-            b.delta_replay(
-                &j,
-                6..6 + n,
-                &sh,
-                &mut DeltaState {
-                    conv: &mut conv2,
-                    s: &mut s2,
-                },
-            )?;
-            let e_conv = rel_err(
-                &download(b, &conv2, sh.conv_len())?,
-                &wide(&download(b, &conv, sh.conv_len())?),
-            );
-            let e_s = rel_err(
-                &download(b, &s2, sh.state_len())?,
-                &wide(&download(b, &s, sh.state_len())?),
-            );
-            Ok((e_conv.max(e_s), 1e-6))
+            Ok((e, 1e-6))
         },
     );
     for (sh, what) in [

@@ -11,9 +11,10 @@
 // 4. `delta_recurrent_<dk>`: the recurrence token by token, one block per value head,
 //    thread j holding column j of the head's state `[dk, dv]` in registers, the inputs
 //    staged in shared memory a chunk of tokens ahead:
-//    S ← S·exp(g), δ = (v − kᵀS)·β, S ← S + k⊗δ, o = qᵀS. The same kernel replays the
-//    journal (no output). The chunked form of the references is not used: the
-//    recurrence computes the same up to f32 rounding (doc §4.6).
+//    S ← S·exp(g), δ = (v − kᵀS)·β, S ← S + k⊗δ, o = qᵀS. The chunked form of the
+//    references is not used: the recurrence computes the same up to f32 rounding
+//    (doc §4.6). `delta_replay_conv` and `delta_replay_<dk>` run steps 3 and 4 from the
+//    journal (no output) for several layers in one launch each.
 // 5. `delta_step`: one token with as many key as value heads (KDA's decode step) as one
 //    launch: 1-4 per value head in the same arithmetic, bit for bit, the state in shared
 //    memory; optionally preceded by the float products that form the head's gate inputs
@@ -168,7 +169,7 @@ extern "C" __global__ void delta_inputs(const DeltaParams P) {
 
 // One thread per channel: the conv state becomes the last kc−1 rows of (state, rows of
 // the call); with `src_cap` (a replay) the rows are journal slots (src_pos + t) mod cap.
-extern "C" __global__ void delta_conv_state(const DeltaParams P) {
+__device__ __forceinline__ void conv_state_body(const DeltaParams& P) {
     pdl_wait();
     pdl_trigger();
     const int C = 2 * qk_len(P) + v_len(P);
@@ -186,6 +187,8 @@ extern "C" __global__ void delta_conv_state(const DeltaParams P) {
         P.conv_state[(i64)r * C + c] = x;
     }
 }
+
+extern "C" __global__ void delta_conv_state(const DeltaParams P) { conv_state_body(P); }
 
 // Tokens whose kernel inputs `recurrent_body` stages in shared memory at once, and the
 // largest number of state columns per block (two threads each).
@@ -330,6 +333,60 @@ extern "C" __global__ void delta_recurrent_16(const DeltaParams P) { recurrent<1
 extern "C" __global__ void delta_recurrent_32(const DeltaParams P) { recurrent<32>(P); }
 extern "C" __global__ void delta_recurrent_64(const DeltaParams P) { recurrent<64>(P); }
 extern "C" __global__ void delta_recurrent_128(const DeltaParams P) { recurrent<128>(P); }
+
+// ---- journal replays of several layers in one launch
+
+// The layers of a replay launch: as many as the launch's parameters hold (the host's
+// KArgs; moe_ops.rs `REPLAY_LAYERS` is the same). blockIdx.y (the conv state) or
+// blockIdx.z (the recurrence) picks one.
+#define REPLAY_LAYERS 9
+struct ReplayLayer {
+    float* conv_state;  // [kc−1, C]
+    const float* pre;   // the journal: pre-conv rows, k, v, log decays, betas
+    const float* k;
+    const float* v;
+    const float* g;
+    const float* beta;
+    float* s;           // [hv, dk, dv]
+};
+struct ReplayParams {
+    ReplayLayer layer[REPLAY_LAYERS];
+    i32 n, hk, hv, dk, dv, kc, gc;
+    i32 cap, pos;  // the journal's slots; its token t is at slot (pos + t) mod cap
+};
+
+// Layer z of a replay as the forward kernels' parameters: kernel inputs from the
+// journal, no queries or outputs, the f32 policy's fused multiply-adds.
+__device__ __forceinline__ DeltaParams replay_params(const ReplayParams& R, int z) {
+    const ReplayLayer& L = R.layer[z];
+    DeltaParams P = {};
+    P.conv_state = L.conv_state;
+    P.jpre = (float*)L.pre;
+    P.kk = (float*)L.k;
+    P.kv = (float*)L.v;
+    P.kg = (float*)L.g;
+    P.kb = (float*)L.beta;
+    P.S = L.s;
+    P.n = R.n;
+    P.hk = R.hk;
+    P.hv = R.hv;
+    P.dk = R.dk;
+    P.dv = R.dv;
+    P.kc = R.kc;
+    P.gc = R.gc;
+    P.src_cap = R.cap;
+    P.src_pos = R.pos;
+    return P;
+}
+
+// grid (⌈C/256⌉, layers), 256 threads.
+extern "C" __global__ void delta_replay_conv(const ReplayParams R) { conv_state_body(replay_params(R, blockIdx.y)); }
+
+// grid (hv, ⌈dv / cols⌉, layers), as `delta_recurrent_<dk>`.
+extern "C" __global__ void delta_replay_16(const ReplayParams R) { recurrent<16>(replay_params(R, blockIdx.z)); }
+extern "C" __global__ void delta_replay_32(const ReplayParams R) { recurrent<32>(replay_params(R, blockIdx.z)); }
+extern "C" __global__ void delta_replay_64(const ReplayParams R) { recurrent<64>(replay_params(R, blockIdx.z)); }
+extern "C" __global__ void delta_replay_128(const ReplayParams R) { recurrent<128>(replay_params(R, blockIdx.z)); }
 
 // One channel's conv inputs that `delta_step` may load before its wait (see there): its
 // kc−1 state rows and its kc weights.

@@ -22,9 +22,9 @@ use std::time::Instant;
 use std::ops::Range;
 
 use ds4_engine::backend::{
-    AttnShape, Backend, Buffers, CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaShape,
-    DeltaState, DeltaWeights, Experts, HcShape, HcWeights, MlaShape, Prec, Rope, Routing,
-    SelectShape, SinkAttnShape,
+    AttnShape, Backend, Buffers, CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaReplay,
+    DeltaShape, DeltaState, DeltaWeights, Experts, HcShape, HcWeights, MlaShape, Prec, Rope,
+    Routing, SelectShape, SinkAttnShape,
 };
 use ds4_engine::{EngineError, Result as EngineResult};
 use ds4_gguf::{GgufFile, TensorInfo};
@@ -1566,12 +1566,11 @@ impl Backend for CudaBackend {
 
     fn delta_replay(
         &self,
-        journal: &DeltaJournal<Self>,
+        layers: &mut [DeltaReplay<'_, Self>],
         range: Range<usize>,
         shape: &DeltaShape,
-        state: &mut DeltaState<'_, Self>,
     ) -> EngineResult<()> {
-        self.delta_replay_op(journal, range, shape, state)
+        self.delta_replay_op(layers, range, shape)
     }
 
     fn gated_norm(

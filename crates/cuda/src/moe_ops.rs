@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use ds4_engine::backend::{
-    CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaShape, DeltaState, DeltaWeights, Experts,
-    Gate, HcShape, HcWeights, MlaShape, OutGate, PoolSelect, Prec, Rope, Routing, Scoring,
-    SelectShape, SinkAttnShape,
+    CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaReplay, DeltaShape, DeltaState,
+    DeltaWeights, Experts, Gate, HcShape, HcWeights, MlaShape, OutGate, PoolSelect, Prec, Rope,
+    Routing, Scoring, SelectShape, SinkAttnShape,
 };
 use ds4_engine::{EngineError, Result};
 use ds4_gguf::GgmlType;
@@ -28,8 +28,9 @@ use crate::gemm::Sgemm;
 use crate::layout::{act_need, gemv_smem_bytes};
 use crate::ops::{
     CompressParams, DeltaParams, ExpertGemv, FG_THREADS, FloatSeg, GatedNormArgs, HC_COLS,
-    HcPostArgs, HcPreArgs, KArgs, KernelOp, LayerNormArgs, MatRef, NormRefArgs, Op, ReduceTail,
-    RopeTorchArgs, RouteParams, SinkParams, StoreRowsArgs, float_blocks, float_lanes,
+    HcPostArgs, HcPreArgs, KArgs, KernelOp, LayerNormArgs, MatRef, NormRefArgs, Op, REPLAY_LAYERS,
+    ReduceTail, ReplayLayer, ReplayParams, RopeTorchArgs, RouteParams, SinkParams, StoreRowsArgs,
+    float_blocks, float_lanes,
 };
 use crate::weights::CudaWeight;
 
@@ -1396,16 +1397,16 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The recurrence for key heads of `dk`.
-    fn delta_fn(&self, dk: usize) -> Result<Func> {
+    /// The recurrence for key heads of `dk`: the forward's and the journal replay's.
+    fn delta_fns(&self, dk: usize) -> Result<(Func, Func)> {
         let k = &self.k;
         // The smallest compiled size that holds dk (the kernels pad the rest).
         match dk {
             0 => Err(bad("delta_net: key heads of 0")),
-            1..=16 => Ok(k.delta_recurrent_16),
-            17..=32 => Ok(k.delta_recurrent_32),
-            33..=64 => Ok(k.delta_recurrent_64),
-            65..=128 => Ok(k.delta_recurrent_128),
+            1..=16 => Ok((k.delta_recurrent_16, k.delta_replay_16)),
+            17..=32 => Ok((k.delta_recurrent_32, k.delta_replay_32)),
+            33..=64 => Ok((k.delta_recurrent_64, k.delta_replay_64)),
+            65..=128 => Ok((k.delta_recurrent_128, k.delta_replay_128)),
             _ => Err(EngineError::Unsupported {
                 backend: "cuda",
                 what: format!("delta-rule key heads of {dk} (at most 128 are compiled)"),
@@ -1451,7 +1452,7 @@ impl CudaBackend {
         if sh.kernel > 9 || sh.v_dim > 256 || sh.k_dim > 256 {
             return Err(bad("delta_net: conv kernel ≤ 9, heads ≤ 256"));
         }
-        let recurrent = self.delta_fn(sh.k_dim)?;
+        let (recurrent, _) = self.delta_fns(sh.k_dim)?;
         let (qk, vl, gl) = (sh.qk_len(), sh.v_len(), sh.g_len());
         let c = 2 * qk + vl;
         let end = rows.end;
@@ -1581,62 +1582,90 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The journal replays of several layers: their conv states and recurrences, up to
+    /// [`REPLAY_LAYERS`] layers a launch (the fold of GLM-5.3's 34 KDA layers was 68
+    /// launches in sequence, each too small to fill the device).
     pub(crate) fn delta_replay_op(
         &self,
-        j: &DeltaJournal<CudaBackend>,
+        layers: &mut [DeltaReplay<'_, CudaBackend>],
         range: Range<usize>,
         sh: &DeltaShape,
-        state: &mut DeltaState<'_, CudaBackend>,
     ) -> Result<()> {
         let n = range.len();
-        if n == 0 {
+        if n == 0 || layers.is_empty() {
             return Ok(());
         }
-        let recurrent = self.delta_fn(sh.k_dim)?;
+        let (dk, k) = (sh.k_dim, &self.k);
+        let (_, recurrent) = self.delta_fns(dk)?;
         let (qk, vl, gl) = (sh.qk_len(), sh.v_len(), sh.g_len());
         let c = 2 * qk + vl;
-        let prm = DeltaParams {
-            conv_state: self.buf_of(state.conv, sh.conv_len(), "delta_replay")?,
-            jpre: self.buf_of(&j.pre, j.cap * c, "journal")?,
-            kq: self.buf_of(&j.k, j.cap * qk, "journal")?,
-            kk: self.buf_of(&j.k, j.cap * qk, "journal")?,
-            kv: self.buf_of(&j.v, j.cap * vl, "journal")?,
-            kg: self.buf_of(&j.g, j.cap * gl, "journal")?,
-            kb: self.buf_of(&j.beta, j.cap * sh.v_heads, "journal")?,
-            s: self.buf_of(state.s, sh.state_len(), "delta_replay")?,
-            n: n as i32,
-            cap: j.cap as i32,
-            src_cap: j.cap as i32,
-            src_pos: range.start as i32,
-            ..Self::delta_common(sh, Prec::F32)
-        };
-        let keep = vec![
-            &j.pre.mem,
-            &j.k.mem,
-            &j.v.mem,
-            &j.g.mem,
-            &j.beta.mem,
-            &state.conv.mem,
-            &state.s.mem,
-        ];
-        self.launch_op(Launch {
-            f: self.k.delta_conv_state,
-            grid: (blocks(c as u64, 256), 1, 1),
-            block: 256,
-            smem: 0,
-            args: Self::args(prm),
-            label: "delta_conv_state",
-            keep: keep.clone(),
-        });
-        self.launch_op(Launch {
-            f: recurrent,
-            grid: (sh.v_heads as u32, rec_blocks(sh.v_dim), 1),
-            block: rec_threads(sh.v_dim),
-            smem: 0,
-            args: Self::args(prm),
-            label: "delta_recurrent",
-            keep,
-        });
+        for l in layers.iter() {
+            if n > l.journal.cap {
+                return Err(bad(format!(
+                    "delta_replay of {n} tokens from a journal of {}",
+                    l.journal.cap
+                )));
+            }
+        }
+        for group in layers.chunks_mut(REPLAY_LAYERS) {
+            let mut prm = ReplayParams {
+                n: n as i32,
+                hk: sh.k_heads as i32,
+                hv: sh.v_heads as i32,
+                dk: dk as i32,
+                dv: sh.v_dim as i32,
+                kc: sh.kernel as i32,
+                gc: sh.gate_channels as i32,
+                // Every journal of a group has the first one's slots.
+                cap: group[0].journal.cap as i32,
+                pos: range.start as i32,
+                ..ReplayParams::default()
+            };
+            let mut keep = Vec::with_capacity(7 * group.len());
+            for (slot, l) in prm.layer.iter_mut().zip(group.iter()) {
+                let (j, st) = (l.journal, &l.state);
+                if j.cap != group[0].journal.cap {
+                    return Err(bad("delta_replay: journals of different capacities"));
+                }
+                *slot = ReplayLayer {
+                    conv_state: self.buf_of(st.conv, sh.conv_len(), "delta_replay")?,
+                    pre: self.buf_of(&j.pre, j.cap * c, "journal")?,
+                    k: self.buf_of(&j.k, j.cap * qk, "journal")?,
+                    v: self.buf_of(&j.v, j.cap * vl, "journal")?,
+                    g: self.buf_of(&j.g, j.cap * gl, "journal")?,
+                    beta: self.buf_of(&j.beta, j.cap * sh.v_heads, "journal")?,
+                    s: self.buf_of(st.s, sh.state_len(), "delta_replay")?,
+                };
+                keep.extend([
+                    &j.pre.mem,
+                    &j.k.mem,
+                    &j.v.mem,
+                    &j.g.mem,
+                    &j.beta.mem,
+                    &st.conv.mem,
+                    &st.s.mem,
+                ]);
+            }
+            let z = group.len() as u32;
+            self.launch_op(Launch {
+                f: k.delta_replay_conv,
+                grid: (blocks(c as u64, 256), z, 1),
+                block: 256,
+                smem: 0,
+                args: Self::args(prm),
+                label: "delta_replay_conv",
+                keep: keep.clone(),
+            });
+            self.launch_op(Launch {
+                f: recurrent,
+                grid: (sh.v_heads as u32, rec_blocks(sh.v_dim), z),
+                block: rec_threads(sh.v_dim),
+                smem: 0,
+                args: Self::args(prm),
+                label: "delta_replay",
+                keep,
+            });
+        }
         Ok(())
     }
 

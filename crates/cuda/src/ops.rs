@@ -243,6 +243,42 @@ pub struct DeltaParams {
     pub gz_prod: FloatSeg,
 }
 
+/// Layers per journal replay launch (`REPLAY_LAYERS` of kernels/delta.cu): as many as
+/// [`KArgs`] holds beside the shape.
+pub const REPLAY_LAYERS: usize = 9;
+
+/// `ReplayLayer` of kernels/delta.cu: one layer's conv state, journal and state.
+#[repr(C)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, Default, PartialEq)]
+pub struct ReplayLayer {
+    pub conv_state: DPtr,
+    pub pre: DPtr,
+    pub k: DPtr,
+    pub v: DPtr,
+    pub g: DPtr,
+    pub beta: DPtr,
+    pub s: DPtr,
+}
+
+/// `ReplayParams` of kernels/delta.cu: the journal replays of up to [`REPLAY_LAYERS`]
+/// layers of one shape (see `CudaBackend::delta_replay_op`).
+#[repr(C)]
+#[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, Default, PartialEq)]
+pub struct ReplayParams {
+    pub layer: [ReplayLayer; REPLAY_LAYERS],
+    pub n: i32,
+    pub hk: i32,
+    pub hv: i32,
+    pub dk: i32,
+    pub dv: i32,
+    pub kc: i32,
+    pub gc: i32,
+    pub cap: i32,
+    pub pos: i32,
+    /// Padding, zero.
+    pub pad: i32,
+}
+
 /// The gated output norm per head (`gated_norm` of kernels/norm.cu): `out` from `o` and
 /// the gate `z`, `heads` heads of `dv` values.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -123,6 +123,13 @@ pub struct DeltaJournal<B: Buffers + ?Sized> {
     pub beta: B::Buf,
 }
 
+/// One layer of a journal replay ([`Backend::delta_replay`]): the journal and the state
+/// its tokens are re-applied to.
+pub struct DeltaReplay<'a, B: Buffers + ?Sized> {
+    pub journal: &'a DeltaJournal<B>,
+    pub state: DeltaState<'a, B>,
+}
+
 /// The buffer types of a backend (split from [`Backend`] so that helper structs can
 /// name them).
 pub trait Buffers {
@@ -547,14 +554,14 @@ pub trait Backend: Buffers + Send + Sync + 'static {
         p: Prec,
         out: &mut Self::Buf,
     ) -> Result<()>;
-    /// Re-applies the journal's tokens at positions `range` to `state` (conv rows
-    /// shifted in, one recurrent step per head), without outputs.
+    /// Re-applies each layer's journal tokens at positions `range` to its state (conv
+    /// rows shifted in, one recurrent step per head), without outputs. The layers are
+    /// independent of one another (a backend may replay them side by side).
     fn delta_replay(
         &self,
-        journal: &DeltaJournal<Self>,
+        layers: &mut [DeltaReplay<'_, Self>],
         range: Range<usize>,
         shape: &DeltaShape,
-        state: &mut DeltaState<'_, Self>,
     ) -> Result<()>;
     /// The gated output norm per value head: `round(w · o·rsqrt(mean(o²) + eps) ·
     /// act(z))` (KDA: sigmoid, rounded once; gated delta net: `silu`, the reference's

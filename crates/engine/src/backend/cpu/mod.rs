@@ -35,9 +35,9 @@ mod weight;
 pub use weight::CpuWeight;
 
 use super::{
-    AttnShape, Backend, Buffers, CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaShape,
-    DeltaState, DeltaWeights, Experts, HcShape, HcWeights, MlaShape, Prec, Rope, Routing,
-    SelectShape, SinkAttnShape,
+    AttnShape, Backend, Buffers, CompressShape, DeltaForm, DeltaIn, DeltaJournal, DeltaReplay,
+    DeltaShape, DeltaState, DeltaWeights, Experts, HcShape, HcWeights, MlaShape, Prec, Rope,
+    Routing, SelectShape, SinkAttnShape,
 };
 use crate::{EngineError, Result};
 
@@ -911,34 +911,35 @@ impl Backend for CpuBackend {
 
     fn delta_replay(
         &self,
-        journal: &DeltaJournal<Self>,
+        layers: &mut [DeltaReplay<'_, Self>],
         range: Range<usize>,
         shape: &DeltaShape,
-        state: &mut DeltaState<'_, Self>,
     ) -> Result<()> {
-        if range.len() > journal.cap {
+        if let Some(l) = layers.iter().find(|l| range.len() > l.journal.cap) {
             return Err(EngineError::Backend(format!(
                 "delta_replay of {} tokens from a journal of {}",
                 range.len(),
-                journal.cap
+                l.journal.cap
             )));
         }
-        delta::replay(
-            (
-                journal.cap,
-                [
-                    &journal.pre[..],
-                    &journal.k[..],
-                    &journal.v[..],
-                    &journal.g[..],
-                    &journal.beta[..],
-                ],
-            ),
-            range,
-            shape,
-            &mut state.conv[..],
-            &mut state.s[..],
-        );
+        for DeltaReplay { journal, state } in layers {
+            delta::replay(
+                (
+                    journal.cap,
+                    [
+                        &journal.pre[..],
+                        &journal.k[..],
+                        &journal.v[..],
+                        &journal.g[..],
+                        &journal.beta[..],
+                    ],
+                ),
+                range.clone(),
+                shape,
+                &mut state.conv[..],
+                &mut state.s[..],
+            );
+        }
         Ok(())
     }
 

@@ -37,7 +37,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use super::kda::CHUNK;
-use crate::backend::{Backend, DeltaJournal, DeltaShape, DeltaState};
+use crate::backend::{Backend, DeltaJournal, DeltaReplay, DeltaShape, DeltaState};
 use crate::model::Cache;
 use crate::{EngineError, Result};
 
@@ -423,11 +423,18 @@ impl<B: Backend> Glm5NextCache<B> {
             return Ok(());
         }
         let (b, d) = (&*self.backend, &self.shape.delta);
-        for l in &mut self.layers {
-            if let LayerState::Kda(kl) = l {
-                b.delta_replay(&kl.journal, self.base..pos, d, &mut kl.base.as_delta())?;
-            }
-        }
+        let mut layers: Vec<_> = self
+            .layers
+            .iter_mut()
+            .filter_map(|l| match l {
+                LayerState::Kda(kl) => Some(DeltaReplay {
+                    journal: &kl.journal,
+                    state: kl.base.as_delta(),
+                }),
+                LayerState::Mla(_) => None,
+            })
+            .collect();
+        b.delta_replay(&mut layers, self.base..pos, d)?;
         self.base = pos;
         Ok(())
     }
@@ -576,12 +583,17 @@ impl<B: Backend> Cache for Glm5NextCache<B> {
         for a in &mut self.anchors {
             a.end = a.end.min(n);
         }
+        let mut layers = Vec::new();
         for l in &mut self.layers {
             if let LayerState::Kda(kl) = l {
                 kl.live.copy_from(&*b, &kl.base, &d)?;
-                b.delta_replay(&kl.journal, self.base..n, &d, &mut kl.live.as_delta())?;
+                layers.push(DeltaReplay {
+                    journal: &kl.journal,
+                    state: kl.live.as_delta(),
+                });
             }
         }
+        b.delta_replay(&mut layers, self.base..n, &d)?;
         // MLA rows and pooled keys past `n` are overwritten as the sequence regrows.
         self.len = n;
         Ok(())
