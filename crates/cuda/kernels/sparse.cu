@@ -330,40 +330,83 @@ struct MlaParams {
 #define MLA_TT 32  // tokens per tile: four per warp in the scores
 #define MLA_VCH 4  // value channels per thread and head: vdim ≤ MLA_VCH · 256
 #define MLA_CHUNKS 16  // at most this many blocks share a (query, head group)'s tokens
-static_assert(MLA_HG * 32 == 256, "mla_attend's blocks are MLA_HG warps (block_rank<MLA_HG>)");
+#define MLA_MERGE 2    // chunks whose partial outputs the merge loads at once
+static_assert(MLA_CHUNKS <= 32, "the merge weighs a chunk per lane");
+static_assert(MLA_HG * 32 == 256, "mla_attend's blocks are MLA_HG warps (a warp per head in the softmax)");
+
+// Selection entries per thread of each pass of `mla_pools` (a multiple of 4: loaded as
+// int4 where aligned).
+#define MLA_PPT 8
 
 // The pools a query attends with a selection (pool ids `s[0..per_q)`, −1 where none):
 // each pool whose id differs from the last valid id before it (a repeated id counts
-// once), in order, written to `kept`. By the whole block (MLA_HG warps), blockDim.x
-// entries at a time; returns their count (on every thread).
+// once), in order, written to `kept`. By the whole block (MLA_HG warps), in passes of
+// blockDim.x · MLA_PPT entries: thread i takes MLA_PPT consecutive ones, all loaded at
+// once; a scan over the threads gives each the last valid id before its entries (the
+// previous pass's carried in) and where its kept pools go. Returns their count (on every
+// thread); `kept` is complete after it.
 __device__ int mla_pools(const MlaParams& P, const i32* s, int* kept) {
     __shared__ int wlast[MLA_HG], wkept[MLA_HG];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int carry_idx = -1, carry_n = 0;  // the last valid index and the pools kept so far
-    for (int c0 = 0; c0 < P.per_q; c0 += blockDim.x) {
-        const int j = c0 + threadIdx.x;
-        const int v = j < P.per_q ? s[j] : -1;
-        // The last valid index at or before j (a max-scan over the warp, then the block).
-        int idx = v >= 0 ? j : -1;
+    int carry_v = -1, carry_n = 0;  // the last valid id so far and the pools kept so far
+    for (int c0 = 0; c0 < P.per_q; c0 += blockDim.x * MLA_PPT) {
+        const int j0 = c0 + threadIdx.x * MLA_PPT;
+        int v[MLA_PPT];
+        if (j0 + MLA_PPT <= P.per_q && ((u64)(s + j0) & 15) == 0) {
+#pragma unroll
+            for (int k = 0; k < MLA_PPT; k += 4) *(int4*)(v + k) = *(const int4*)(s + j0 + k);
+        } else {
+#pragma unroll
+            for (int k = 0; k < MLA_PPT; ++k) v[k] = j0 + k < P.per_q ? s[j0 + k] : -1;
+        }
+        // The thread's last valid id, then the warp's inclusive scan of "the latest valid".
+        int last = -1;
+#pragma unroll
+        for (int k = 0; k < MLA_PPT; ++k) last = v[k] >= 0 ? v[k] : last;
+        int y = last;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
-            const int u = __shfl_up_sync(0xffffffffu, idx, o);
-            if (lane >= o) idx = max(idx, u);
+            const int u = __shfl_up_sync(0xffffffffu, y, o);
+            if (lane >= o && y < 0) y = u;
         }
-        if (lane == 31) wlast[warp] = idx;
+        const int up = __shfl_up_sync(0xffffffffu, y, 1);
+        if (lane == 31) wlast[warp] = y;
         __syncthreads();
-        int before = carry_idx;
+        int cur = carry_v;  // the last valid id before the thread's first entry
 #pragma unroll
         for (int w = 0; w < MLA_HG; ++w) {
-            if (w < warp) before = max(before, wlast[w]);
-            carry_idx = max(carry_idx, wlast[w]);
+            if (w < warp && wlast[w] >= 0) cur = wlast[w];
+            if (wlast[w] >= 0) carry_v = wlast[w];
         }
-        const int up = __shfl_up_sync(0xffffffffu, idx, 1);
-        const int prev = max(before, lane > 0 ? up : -1);
-        const bool keep = v >= 0 && (prev < 0 || s[prev] != v);
-        const int2 at = block_rank<MLA_HG>(keep, wkept);
-        if (keep) kept[carry_n + at.x] = v;
-        carry_n += at.y;
+        if (lane > 0 && up >= 0) cur = up;
+        bool keep[MLA_PPT];
+        int nk = 0;
+#pragma unroll
+        for (int k = 0; k < MLA_PPT; ++k) {
+            keep[k] = v[k] >= 0 && v[k] != cur;
+            cur = v[k] >= 0 ? v[k] : cur;
+            nk += keep[k];
+        }
+        // Where the thread's kept pools go: an exclusive sum over the block.
+        int at = nk;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int u = __shfl_up_sync(0xffffffffu, at, o);
+            if (lane >= o) at += u;
+        }
+        if (lane == 31) wkept[warp] = at;
+        at -= nk;
+        __syncthreads();
+        int total = 0;
+#pragma unroll
+        for (int w = 0; w < MLA_HG; ++w) {
+            at += w < warp ? wkept[w] : 0;
+            total += wkept[w];
+        }
+#pragma unroll
+        for (int k = 0; k < MLA_PPT; ++k)
+            if (keep[k]) kept[carry_n + at++] = v[k];
+        carry_n += total;
         __syncthreads();
     }
     return carry_n;
@@ -618,21 +661,44 @@ extern "C" __global__ void __launch_bounds__(256) mla_attend(const MlaParams P) 
         if (lane == 0) inv_s[warp] = M == -INFINITY ? 0.f : (float)(1.0 / lw);
     }
     __syncthreads();
-    // Every chunk's value of an output loaded before the sum (each chunk below nch has
-    // tokens, so its partials are written).
-#pragma unroll 2
-    for (int q = threadIdx.x; q < hn * P.vdim; q += blockDim.x) {
-        const int h = q / P.vdim, x = q % P.vdim;
-        const float* po = P.part_o + (rh + h) * pc + x;
-        float pv[MLA_CHUNKS];
+    // Each thread's channels of every head, summed over the chunks in order, the values
+    // of MLA_MERGE chunks loaded before their adds (each chunk below nch has tokens, so
+    // its partials are written).
+    float o[MLA_VCH][MLA_HG];
 #pragma unroll
-        for (int cc = 0; cc < MLA_CHUNKS; ++cc) pv[cc] = cc < nch ? __ldcg(po + (i64)cc * P.vdim) : 0.f;
-        float o = 0.f;
+    for (int v = 0; v < MLA_VCH; ++v)
 #pragma unroll
-        for (int cc = 0; cc < MLA_CHUNKS; ++cc)
-            if (cc < nch) o = __fadd_rn(o, __fmul_rn(wc[h][cc], pv[cc]));
-        P.out[(rh + h) * P.vdim + x] = rnd(__fmul_rn(o, inv_s[h]), P.rb);
+        for (int h = 0; h < MLA_HG; ++h) o[v][h] = 0.f;
+    const float* po = P.part_o + rh * pc + threadIdx.x;  // head 0, chunk 0, channel tid
+    for (int c0 = 0; c0 < nch; c0 += MLA_MERGE) {
+        float pv[MLA_MERGE][MLA_VCH][MLA_HG];
+#pragma unroll
+        for (int cc = 0; cc < MLA_MERGE; ++cc)
+#pragma unroll
+            for (int v = 0; v < MLA_VCH; ++v) {
+                if (v * 256 >= P.vdim) break;
+#pragma unroll
+                for (int h = 0; h < MLA_HG; ++h)
+                    pv[cc][v][h] = c0 + cc < nch && h < hn && threadIdx.x + v * 256 < P.vdim
+                                       ? __ldcg(po + h * pc + (i64)(c0 + cc) * P.vdim + v * 256)
+                                       : 0.f;
+            }
+#pragma unroll
+        for (int cc = 0; cc < MLA_MERGE; ++cc) {
+            if (c0 + cc >= nch) break;
+#pragma unroll
+            for (int v = 0; v < MLA_VCH; ++v) {
+                if (v * 256 >= P.vdim) break;
+#pragma unroll
+                for (int h = 0; h < MLA_HG; ++h) o[v][h] = __fadd_rn(o[v][h], __fmul_rn(wc[h][c0 + cc], pv[cc][v][h]));
+            }
+        }
     }
+    mla_channels(P.vdim, [&](int v, int x) {
+#pragma unroll
+        for (int h = 0; h < MLA_HG; ++h)
+            if (h < hn) P.out[(rh + h) * P.vdim + x] = rnd(__fmul_rn(o[v][h], inv_s[h]), P.rb);
+    });
 }
 
 // The bf16 reference's keys and values, expanded from the latents of every cached
