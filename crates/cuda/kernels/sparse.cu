@@ -351,7 +351,7 @@ __device__ int mla_pools(const MlaParams& P, const i32* s, int* kept) {
     int carry_v = -1, carry_n = 0;  // the last valid id so far and the pools kept so far
     for (int c0 = 0; c0 < P.per_q; c0 += blockDim.x * MLA_PPT) {
         const int j0 = c0 + threadIdx.x * MLA_PPT;
-        int v[MLA_PPT];
+        __align__(16) int v[MLA_PPT];
         if (j0 + MLA_PPT <= P.per_q && ((u64)(s + j0) & 15) == 0) {
 #pragma unroll
             for (int k = 0; k < MLA_PPT; k += 4) *(int4*)(v + k) = *(const int4*)(s + j0 + k);

@@ -2481,6 +2481,17 @@ mod tests {
     }
 
     #[test]
+    fn replay_params_match_the_kernel_layout_and_fit_the_arguments() {
+        // kernels/delta.cu: REPLAY_LAYERS layers of 7 pointers, then 9 4-byte fields
+        // padded to 8; one launch argument, within KArgs' 72 words.
+        assert_eq!(
+            std::mem::size_of::<crate::ops::ReplayParams>(),
+            crate::ops::REPLAY_LAYERS * 7 * 8 + 10 * 4
+        );
+        crate::ops::KArgs::default().push(crate::ops::ReplayParams::default());
+    }
+
+    #[test]
     fn float_rows_take_about_four_loads_per_thread() {
         // A 4096-value f32 router row: 1024 chunks of 16 bytes, a whole block per row.
         assert_eq!(float_lanes(4096, 4), 256);

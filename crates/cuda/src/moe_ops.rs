@@ -1582,9 +1582,10 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The journal replays of several layers: their conv states and recurrences, up to
-    /// [`REPLAY_LAYERS`] layers a launch (the fold of GLM-5.3's 34 KDA layers was 68
-    /// launches in sequence, each too small to fill the device).
+    /// The journal replays of several layers (journals of one capacity): their conv
+    /// states and recurrences, up to [`REPLAY_LAYERS`] layers a launch (the fold of
+    /// GLM-5.3's 34 KDA layers was 68 launches in sequence, each too small to fill the
+    /// device). Every layer is checked before the first launch.
     pub(crate) fn delta_replay_op(
         &self,
         layers: &mut [DeltaReplay<'_, CudaBackend>],
@@ -1592,22 +1593,27 @@ impl CudaBackend {
         sh: &DeltaShape,
     ) -> Result<()> {
         let n = range.len();
-        if n == 0 || layers.is_empty() {
+        let Some(first) = layers.first() else {
             return Ok(());
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let cap = first.journal.cap;
+        if n > cap {
+            return Err(bad(format!(
+                "delta_replay of {n} tokens from a journal of {cap}"
+            )));
+        }
+        if layers.iter().any(|l| l.journal.cap != cap) {
+            return Err(bad("delta_replay: journals of different capacities"));
         }
         let (dk, k) = (sh.k_dim, &self.k);
         let (_, recurrent) = self.delta_fns(dk)?;
         let (qk, vl, gl) = (sh.qk_len(), sh.v_len(), sh.g_len());
         let c = 2 * qk + vl;
-        for l in layers.iter() {
-            if n > l.journal.cap {
-                return Err(bad(format!(
-                    "delta_replay of {n} tokens from a journal of {}",
-                    l.journal.cap
-                )));
-            }
-        }
-        for group in layers.chunks_mut(REPLAY_LAYERS) {
+        let mut launches = Vec::with_capacity(layers.len().div_ceil(REPLAY_LAYERS));
+        for group in layers.chunks(REPLAY_LAYERS) {
             let mut prm = ReplayParams {
                 n: n as i32,
                 hk: sh.k_heads as i32,
@@ -1616,24 +1622,20 @@ impl CudaBackend {
                 dv: sh.v_dim as i32,
                 kc: sh.kernel as i32,
                 gc: sh.gate_channels as i32,
-                // Every journal of a group has the first one's slots.
-                cap: group[0].journal.cap as i32,
+                cap: cap as i32,
                 pos: range.start as i32,
                 ..ReplayParams::default()
             };
             let mut keep = Vec::with_capacity(7 * group.len());
-            for (slot, l) in prm.layer.iter_mut().zip(group.iter()) {
+            for (slot, l) in prm.layer.iter_mut().zip(group) {
                 let (j, st) = (l.journal, &l.state);
-                if j.cap != group[0].journal.cap {
-                    return Err(bad("delta_replay: journals of different capacities"));
-                }
                 *slot = ReplayLayer {
                     conv_state: self.buf_of(st.conv, sh.conv_len(), "delta_replay")?,
-                    pre: self.buf_of(&j.pre, j.cap * c, "journal")?,
-                    k: self.buf_of(&j.k, j.cap * qk, "journal")?,
-                    v: self.buf_of(&j.v, j.cap * vl, "journal")?,
-                    g: self.buf_of(&j.g, j.cap * gl, "journal")?,
-                    beta: self.buf_of(&j.beta, j.cap * sh.v_heads, "journal")?,
+                    pre: self.buf_of(&j.pre, cap * c, "journal")?,
+                    k: self.buf_of(&j.k, cap * qk, "journal")?,
+                    v: self.buf_of(&j.v, cap * vl, "journal")?,
+                    g: self.buf_of(&j.g, cap * gl, "journal")?,
+                    beta: self.buf_of(&j.beta, cap * sh.v_heads, "journal")?,
                     s: self.buf_of(st.s, sh.state_len(), "delta_replay")?,
                 };
                 keep.extend([
@@ -1646,7 +1648,9 @@ impl CudaBackend {
                     &st.s.mem,
                 ]);
             }
-            let z = group.len() as u32;
+            launches.push((prm, group.len() as u32, keep));
+        }
+        for (prm, z, keep) in launches {
             self.launch_op(Launch {
                 f: k.delta_replay_conv,
                 grid: (blocks(c as u64, 256), z, 1),

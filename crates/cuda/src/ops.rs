@@ -266,13 +266,17 @@ pub struct ReplayLayer {
 #[derive(bytemuck::Pod, bytemuck::Zeroable, Debug, Clone, Copy, Default, PartialEq)]
 pub struct ReplayParams {
     pub layer: [ReplayLayer; REPLAY_LAYERS],
+    /// Tokens replayed.
     pub n: i32,
+    /// Key and value heads and their widths.
     pub hk: i32,
     pub hv: i32,
     pub dk: i32,
     pub dv: i32,
+    /// Conv kernel, gate channels per value head.
     pub kc: i32,
     pub gc: i32,
+    /// The journals' slots: token t of the replay is at slot (pos + t) mod cap.
     pub cap: i32,
     pub pos: i32,
     /// Padding, zero.
