@@ -487,8 +487,10 @@ fn bench(args: &[String]) -> Res<()> {
     }
     let fig = DecodeFigures::new(median(&dec), info.decode_weight_bytes, bw.bytes_per_s);
     let replays = after.graph_replays - before.graph_replays;
+    let captures = after.graph_captures - before.graph_captures;
+    let eager = after.eager_steps - before.eager_steps;
     println!(
-        "decode {} tok: median {:.1} tok/s (min {:.1}, max {:.1}, runs {:?}) = {:.3} TB/s = {:.1}% of copy; {} kernels/token; graph replays {replays} of {} steps",
+        "decode {} tok: median {:.1} tok/s (min {:.1}, max {:.1}, runs {:?}) = {:.3} TB/s = {:.1}% of copy; {} kernels/token; graph replays {replays} of {} steps ({captures} graphs captured; {eager} steps eager, the prompts' included)",
         o.decode,
         fig.tokens_per_s,
         min(&dec),
