@@ -109,6 +109,22 @@ pub enum LayerState<B: Backend> {
     Mla(MlaLayer<B>),
 }
 
+/// The KDA layers among `layers`, in order.
+fn kdas<B: Backend>(layers: &[LayerState<B>]) -> impl Iterator<Item = &KdaLayer<B>> {
+    layers.iter().filter_map(|l| match l {
+        LayerState::Kda(k) => Some(k),
+        LayerState::Mla(_) => None,
+    })
+}
+
+/// The KDA layers among `layers`, in order, to change.
+fn kdas_mut<B: Backend>(layers: &mut [LayerState<B>]) -> impl Iterator<Item = &mut KdaLayer<B>> {
+    layers.iter_mut().filter_map(|l| match l {
+        LayerState::Kda(k) => Some(k),
+        LayerState::Mla(_) => None,
+    })
+}
+
 /// The KDA base states and journals of all KDA layers as they were at the end of a
 /// prefill call: positions `base..=end` stay reachable after the live journal has moved
 /// on (see the module header).
@@ -311,10 +327,8 @@ impl<B: Backend> Glm5NextCache<B> {
             ));
         }
         let cap = journal_cap(window);
-        for l in &mut self.layers {
-            if let LayerState::Kda(kl) = l {
-                kl.journal = journal(&*self.backend, &self.shape.delta, cap)?;
-            }
+        for kl in kdas_mut(&mut self.layers) {
+            kl.journal = journal(&*self.backend, &self.shape.delta, cap)?;
         }
         self.anchors.clear();
         self.window = window;
@@ -333,7 +347,7 @@ impl<B: Backend> Glm5NextCache<B> {
     }
 
     pub(crate) fn has_kda(&self) -> bool {
-        self.layers.iter().any(|l| matches!(l, LayerState::Kda(_)))
+        kdas(&self.layers).next().is_some()
     }
 
     /// Records the current KDA base and journal as an anchor (after a prefill call).
@@ -349,11 +363,7 @@ impl<B: Backend> Glm5NextCache<B> {
         let mut anchor = if self.anchors.len() >= DEFAULT_ANCHORS {
             self.anchors.remove(0)
         } else {
-            let n_kda = self
-                .layers
-                .iter()
-                .filter(|l| matches!(l, LayerState::Kda(_)))
-                .count();
+            let n_kda = kdas(&self.layers).count();
             let cap = journal_cap(self.window);
             Anchor {
                 base: 0,
@@ -364,15 +374,11 @@ impl<B: Backend> Glm5NextCache<B> {
                     .collect::<Result<_>>()?,
             }
         };
-        let kdas = self.layers.iter().filter_map(|l| match l {
-            LayerState::Kda(k) => Some(k),
-            LayerState::Mla(_) => None,
-        });
         for ((st, j), kl) in anchor
             .states
             .iter_mut()
             .zip(anchor.journals.iter_mut())
-            .zip(kdas)
+            .zip(kdas(&self.layers))
         {
             st.copy_from(b, &kl.base, d)?;
             copy_journal(b, &kl.journal, j, d)?;
@@ -423,15 +429,10 @@ impl<B: Backend> Glm5NextCache<B> {
             return Ok(());
         }
         let (b, d) = (&*self.backend, &self.shape.delta);
-        let mut layers: Vec<_> = self
-            .layers
-            .iter_mut()
-            .filter_map(|l| match l {
-                LayerState::Kda(kl) => Some(DeltaReplay {
-                    journal: &kl.journal,
-                    state: kl.base.as_delta(),
-                }),
-                LayerState::Mla(_) => None,
+        let mut layers: Vec<_> = kdas_mut(&mut self.layers)
+            .map(|KdaLayer { base, journal, .. }| DeltaReplay {
+                journal,
+                state: base.as_delta(),
             })
             .collect();
         b.delta_replay(&mut layers, self.base..pos, d)?;
@@ -441,11 +442,9 @@ impl<B: Backend> Glm5NextCache<B> {
 
     fn reset(&mut self) -> Result<()> {
         let (b, d) = (&*self.backend, &self.shape.delta);
-        for l in &mut self.layers {
-            if let LayerState::Kda(kl) = l {
-                kl.live.zero(b, d)?;
-                kl.base.zero(b, d)?;
-            }
+        for kl in kdas_mut(&mut self.layers) {
+            kl.live.zero(b, d)?;
+            kl.base.zero(b, d)?;
         }
         self.len = 0;
         self.base = 0;
@@ -569,11 +568,12 @@ impl<B: Backend> Cache for Glm5NextCache<B> {
                 });
             };
             let a = &self.anchors[i];
-            let kdas = self.layers.iter_mut().filter_map(|l| match l {
-                LayerState::Kda(k) => Some(k),
-                LayerState::Mla(_) => None,
-            });
-            for ((st, j), kl) in a.states.iter().zip(&a.journals).zip(kdas) {
+            for ((st, j), kl) in a
+                .states
+                .iter()
+                .zip(&a.journals)
+                .zip(kdas_mut(&mut self.layers))
+            {
                 kl.base.copy_from(&*b, st, &d)?;
                 copy_journal(&*b, j, &mut kl.journal, &d)?;
             }
@@ -584,14 +584,17 @@ impl<B: Backend> Cache for Glm5NextCache<B> {
             a.end = a.end.min(n);
         }
         let mut layers = Vec::new();
-        for l in &mut self.layers {
-            if let LayerState::Kda(kl) = l {
-                kl.live.copy_from(&*b, &kl.base, &d)?;
-                layers.push(DeltaReplay {
-                    journal: &kl.journal,
-                    state: kl.live.as_delta(),
-                });
-            }
+        for KdaLayer {
+            live,
+            base,
+            journal,
+        } in kdas_mut(&mut self.layers)
+        {
+            live.copy_from(&*b, base, &d)?;
+            layers.push(DeltaReplay {
+                journal,
+                state: live.as_delta(),
+            });
         }
         b.delta_replay(&mut layers, self.base..n, &d)?;
         // MLA rows and pooled keys past `n` are overwritten as the sequence regrows.
