@@ -52,15 +52,6 @@ pub enum Logits {
 }
 
 impl Logits {
-    /// What a piece of a call asks for: nothing but in the last piece when the call asks
-    /// for its last row (or its choice).
-    pub(crate) fn of_piece(self, last_piece: bool) -> Logits {
-        match self {
-            Logits::Last | Logits::Pick if !last_piece => Logits::None,
-            other => other,
-        }
-    }
-
     /// The first of a step's `rows` rows whose logits are asked for (`None`: none).
     pub(crate) fn first_row(self, rows: usize) -> Option<usize> {
         match self {

@@ -275,10 +275,7 @@ impl<B: Backend> Llama<B> {
         let cache = Self::downcast(cache)?;
         tokens.check(cache.len, cache.n_ctx, self.cfg.n_vocab)?;
         out.clear();
-        let pieces = tokens.pieces(CHUNK);
-        let n = pieces.len();
-        for (i, &chunk) in pieces.iter().enumerate() {
-            let want = logits.of_piece(i + 1 == n);
+        for (chunk, want) in tokens.pieces(CHUNK, logits) {
             self.backend
                 .run(|| self.forward_chunk(cache, chunk, want, out))?;
         }

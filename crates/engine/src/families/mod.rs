@@ -54,12 +54,22 @@ impl<'a> Tokens<'a> {
         }
     }
 
-    /// Consecutive pieces of at most `n` tokens.
-    pub(crate) fn pieces(self, n: usize) -> Vec<Tokens<'a>> {
-        match self {
+    /// Consecutive pieces of at most `n` tokens, each with what it asks of a call that
+    /// asks for `want`: the last row (or its choice) in the last piece alone.
+    pub(crate) fn pieces(self, n: usize, want: Logits) -> Vec<(Tokens<'a>, Logits)> {
+        let pieces: Vec<_> = match self {
             Tokens::Given(t) => t.chunks(n.max(1)).map(Tokens::Given).collect(),
             Tokens::Picked => vec![Tokens::Picked],
-        }
+        };
+        let last = pieces.len().saturating_sub(1);
+        pieces
+            .into_iter()
+            .enumerate()
+            .map(|(i, piece)| match want {
+                Logits::Last | Logits::Pick if i != last => (piece, Logits::None),
+                other => (piece, other),
+            })
+            .collect()
     }
 
     /// The backend's step for these tokens at `pos0`.

@@ -532,10 +532,7 @@ impl<B: Backend> DeepSeek4<B> {
         if cache.scratch.is_none() {
             cache.scratch = Some(Scratch::new(&*self.backend, &self.cfg, piece)?);
         }
-        let pieces = tokens.pieces(piece);
-        let n_pieces = pieces.len();
-        for (pi, &chunk) in pieces.iter().enumerate() {
-            let w = want.of_piece(pi + 1 == n_pieces);
+        for (chunk, w) in tokens.pieces(piece, want) {
             let mut sc = cache.scratch.take().expect("allocated above");
             let r = self.backend.run(|| {
                 self.forward_piece(

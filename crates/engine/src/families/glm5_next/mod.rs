@@ -505,10 +505,7 @@ impl<B: Backend> Glm5Next<B> {
         if cache.scratch.is_none() {
             cache.scratch = Some(Scratch::new(&*self.backend, &self.cfg)?);
         }
-        let pieces = tokens.pieces(piece(&*self.backend));
-        let n_pieces = pieces.len();
-        for (pi, &piece) in pieces.iter().enumerate() {
-            let w = want.of_piece(pi + 1 == n_pieces);
+        for (piece, w) in tokens.pieces(piece(&*self.backend), want) {
             let mut sc = cache.scratch.take().expect("allocated above");
             let r = self
                 .backend
