@@ -3,11 +3,13 @@
 //! prompt, each over several runs after a warm-up, reported as median, min and max
 //! (table or `--json`), optionally with a receipt of every run (`--receipt FILE`).
 //!
-//! Method, as llama.cpp's figures in the fixtures were taken: prefill is one fresh
-//! session evaluating the first N tokens of fixed prose (no template); decode is the
-//! time from the first to the (M+1)-th sampled token (M single-token decodes, each
-//! queued before the token before it is read, as greedy generation decodes;
-//! end-of-generation ignored).
+//! Method, as llama.cpp's figures in the fixtures were taken: every run goes on one
+//! session, emptied before it, as llama-bench keeps one context per test and the server
+//! one session per worker (a run's decode steps replay the CUDA graphs the warm-up
+//! captured, as a request's do); prefill evaluates the first N tokens of fixed prose (no
+//! template); decode is the time from the first to the (M+1)-th sampled token (M
+//! single-token decodes, each queued before the token before it is read, as greedy
+//! generation decodes; end-of-generation ignored).
 //!
 //! With `--backend cuda` (issue 5, item 4) it also reports the device's copy bandwidth
 //! measured at start (`ds4_cuda::bench::copy_bandwidth`: 1 GiB device-to-device, bytes
@@ -140,26 +142,25 @@ fn prefill_prompt(lm: &LoadedModel, n: usize) -> Vec<u32> {
     tokens
 }
 
-fn prefill_run(lm: &LoadedModel, n_ctx: usize, prompt: &[u32]) -> Result<Timed> {
-    let mut s = Session::new(lm.model.clone(), n_ctx)?;
+fn prefill_run(s: &mut Session, prompt: &[u32]) -> Result<Timed> {
+    s.reset()?;
     let t0 = Instant::now();
     s.prefill(prompt, &mut |_, _| {})?;
     Ok(Timed::of(prompt.len(), t0))
 }
 
 fn decode_run(
-    lm: &LoadedModel,
-    n_ctx: usize,
+    s: &mut Session,
     prompt: &[u32],
     n: usize,
     probe: &Option<ProbeHandle>,
 ) -> Result<Timed> {
-    let mut s = Session::new(lm.model.clone(), n_ctx)?;
+    s.reset()?;
     set_phase(probe, "prefill");
     s.prefill(prompt, &mut |_, _| {})?;
     set_phase(probe, "decode");
     let t0 = Instant::now();
-    greedy_steps(&mut s, n)?;
+    greedy_steps(s, n)?;
     Ok(Timed::of(n, t0))
 }
 
@@ -179,19 +180,14 @@ const PROFILED_STEPS: usize = 4;
 /// The device time per model part (the family's regions: KDA attention, MLA + DSA,
 /// MoE, dense FFN, …) of [`PROFILED_STEPS`] decode steps after `prompt`, run eagerly
 /// with an event around every kernel.
-fn profile_parts(
-    lm: &LoadedModel,
-    n_ctx: usize,
-    prompt: &[u32],
-    backend: &CudaBackend,
-) -> Result<Vec<PartTime>> {
-    let mut s = Session::new(lm.model.clone(), n_ctx)?;
+fn profile_parts(s: &mut Session, prompt: &[u32], backend: &CudaBackend) -> Result<Vec<PartTime>> {
+    s.reset()?;
     s.prefill(prompt, &mut |_, _| {})?;
     let graphs = backend.graphs();
     backend.set_graphs(false);
     backend.set_profile(true);
     backend.take_profile();
-    let run = greedy_steps(&mut s, PROFILED_STEPS);
+    let run = greedy_steps(s, PROFILED_STEPS);
     backend.set_profile(false);
     backend.set_graphs(graphs);
     let rows = backend.take_profile();
@@ -399,6 +395,8 @@ fn measure(
         .copied()
         .fold(args.model.n_ctx(lm), usize::max)
         .max(chat.len() + args.decode_tokens + 1);
+    let mut session = Session::new(lm.model.clone(), n_ctx)
+        .with_context(|| format!("a session of {n_ctx} tokens for the benchmark"))?;
     let mut progress = Progress::new(args.runs);
     let mut fail = |progress: &mut Progress, stage: &str, run: Option<usize>, e: anyhow::Error| {
         let message = error_text(&e);
@@ -416,12 +414,12 @@ fn measure(
         set_phase(probe, "prefill");
         let mut runs = Vec::new();
         progress.start(&format!("prefill {n} tokens"));
-        match prefill_run(lm, n_ctx, &prompt) {
+        match prefill_run(&mut session, &prompt) {
             Err(e) => fail(&mut progress, &format!("prefill {n} warm-up"), None, e),
             Ok(_) => {
                 progress.warmed_up();
                 for i in 0..args.runs {
-                    match prefill_run(lm, n_ctx, &prompt) {
+                    match prefill_run(&mut session, &prompt) {
                         Ok(t) => {
                             progress.run(t.tok_s);
                             runs.push(Some(t));
@@ -441,13 +439,13 @@ fn measure(
     let (mut decode, mut replays) = (Vec::new(), Vec::new());
     let replays_so_far = || cuda.map(|c| c.backend.stats().graph_replays);
     progress.start(&format!("decode {} tokens", args.decode_tokens));
-    match decode_run(lm, n_ctx, &chat, args.decode_tokens, probe) {
+    match decode_run(&mut session, &chat, args.decode_tokens, probe) {
         Err(e) => fail(&mut progress, "decode warm-up", None, e),
         Ok(_) => {
             progress.warmed_up();
             for i in 0..args.runs {
                 let before = replays_so_far();
-                let t = decode_run(lm, n_ctx, &chat, args.decode_tokens, probe);
+                let t = decode_run(&mut session, &chat, args.decode_tokens, probe);
                 replays.push(before.zip(replays_so_far()).map(|(b, a)| a - b));
                 match t {
                     Ok(t) => {
@@ -467,7 +465,7 @@ fn measure(
     let kernels_per_token = cuda.map(|c| c.backend.stats().decode_kernels);
     let parts = match cuda {
         None => Vec::new(),
-        Some(c) => match profile_parts(lm, n_ctx, &chat, &c.backend) {
+        Some(c) => match profile_parts(&mut session, &chat, &c.backend) {
             Ok(parts) => parts,
             Err(e) => {
                 fail(&mut progress, "profiled decode step", None, e);

@@ -40,6 +40,7 @@ mod host_profile;
 mod soak;
 mod trace;
 
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -457,11 +458,20 @@ fn bench(args: &[String]) -> Res<()> {
         bw.bytes_per_s / 1e12
     );
     let prompt = test_tokens(o.context.max(1), info.n_vocab, 1);
+    // Every decode run goes on one session, emptied first, as the server keeps one per
+    // worker (and llama-bench one context per test): its buffers stay where the first
+    // run's graphs were captured, so the runs after it replay them as a request does.
+    let longest = o.decode.max(16);
+    let session = RefCell::new(Session::new(model.clone(), prompt.len() + longest + 1)?);
     // n greedy decode steps after the prompt's prefill (`start` runs between the two),
     // each queued before the previous choice is read, as generation decodes greedily:
     // tokens per second.
     let greedy = |n: usize, start: &dyn Fn()| -> Res<f64> {
-        let mut s = Session::new(model.clone(), prompt.len() + n + 1)?;
+        if n > longest {
+            return Err(format!("{n} decode steps: the session holds {longest}").into());
+        }
+        let mut s = session.borrow_mut();
+        s.reset()?;
         let t = argmax(s.prefill(&prompt, &mut |_, _| {})?) as u32;
         start();
         let t0 = Instant::now();
@@ -472,7 +482,12 @@ fn bench(args: &[String]) -> Res<()> {
         Ok(n as f64 / t0.elapsed().as_secs_f64())
     };
     let decode_run = |n: usize| greedy(n, &|| {});
-    decode_run(o.decode)?;
+    let cold = backend.stats();
+    let first = decode_run(o.decode)?;
+    println!(
+        "first decode run on the new session: {first:.1} tok/s ({} graphs captured)",
+        backend.stats().graph_captures - cold.graph_captures
+    );
     let sampler = o
         .host_profile
         .then(host_profile::HostProfile::start)
