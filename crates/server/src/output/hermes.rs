@@ -31,6 +31,17 @@ enum Close {
     Fenced,
 }
 
+impl Close {
+    /// A call's body released as the text it came from (it was not a call).
+    fn as_text(self, body: &str) -> String {
+        match self {
+            Close::Tag => format!("{OPEN}{body}"),
+            Close::Bare => body.to_string(),
+            Close::Fenced => format!("```json\n{body}"),
+        }
+    }
+}
+
 /// The streaming parser.
 #[derive(Debug)]
 pub struct HermesParser {
@@ -282,7 +293,7 @@ impl HermesParser {
         if close == Close::Tag {
             return match scan(&self.buf, CLOSE) {
                 Scan::Found(pos) => {
-                    self.finish_call(pos, |b| format!("{OPEN}{b}{CLOSE}"), out);
+                    self.finish_call(pos, |b| format!("{}{CLOSE}", close.as_text(b)), out);
                     self.buf.drain(..pos + CLOSE.len());
                     true
                 }
@@ -306,12 +317,7 @@ impl HermesParser {
             return false;
         }
         let end = self.scan.pos();
-        let fence = if close == Close::Fenced {
-            "```json\n"
-        } else {
-            ""
-        };
-        self.finish_call(end, |b| format!("{fence}{b}"), out);
+        self.finish_call(end, |b| close.as_text(b), out);
         self.buf.drain(..end);
         self.skip_fence = close == Close::Fenced && self.calls > 0 && self.at_boundary;
         true
@@ -334,11 +340,7 @@ impl ToolCallParser for HermesParser {
 
     fn take_open_call(&mut self) -> Option<String> {
         let close = self.call.take()?;
-        let raw = match close {
-            Close::Tag => format!("{OPEN}{}", self.buf),
-            Close::Bare => self.buf.clone(),
-            Close::Fenced => format!("```json\n{}", self.buf),
-        };
+        let raw = close.as_text(&self.buf);
         if self.begun {
             self.calls += 1;
         }
@@ -351,20 +353,11 @@ impl ToolCallParser for HermesParser {
 
     fn finish(&mut self, out: &mut Vec<OutputEvent>) {
         match self.call.take() {
+            // The answer ended inside a call (a forced call ends without its closing
+            // tag): completed from what was generated, as at its close.
             Some(close) => {
-                if self.begun {
-                    let n = self.buf.len();
-                    self.stream_call(n, out);
-                    out.push(OutputEvent::ToolCallEnd { index: self.calls });
-                    self.calls += 1;
-                } else {
-                    let raw = match close {
-                        Close::Tag => format!("{OPEN}{}", self.buf),
-                        Close::Bare => self.buf.clone(),
-                        Close::Fenced => format!("```json\n{}", self.buf),
-                    };
-                    self.emit_text(&raw, out);
-                }
+                let n = self.buf.len();
+                self.finish_call(n, |b| close.as_text(b), out);
                 self.buf.clear();
             }
             None => {
@@ -458,6 +451,23 @@ mod tests {
         let (c, _) =
             parse(&["<tool_call>{\"name\": \"a\", \"parameters\": {\"q\": 2}}</tool_call>"]);
         assert_eq!(c.tool_calls[0].arguments, "{\"q\": 2}");
+    }
+
+    #[test]
+    fn a_call_the_answer_ends_in_is_completed() {
+        // A forced call: the prompt ends with the call's opening, the model writes the
+        // rest and stops without the closing tag.
+        let (c, _) = parse(&["<tool_call>\n{\"name\": \"f\", \"arguments\":", " \"{}\"}"]);
+        assert_eq!(
+            (
+                c.tool_calls[0].name.as_str(),
+                c.tool_calls[0].arguments.as_str()
+            ),
+            ("f", "{}")
+        );
+        let (c, _) = parse(&["<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": [1]}}\n"]);
+        assert_eq!(c.tool_calls[0].arguments, "{\"x\": [1]}");
+        assert_eq!(c.text, "");
     }
 
     #[test]
