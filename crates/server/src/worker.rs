@@ -556,6 +556,12 @@ impl WorkerState {
             decode_tokens: outcome.generated,
             decode_ms: outcome.decode_time.map(|t| t.as_secs_f64() * 1e3),
         };
+        if reason == FinishReason::Cancelled && !events.is_closed() {
+            // The server's drain time ran out while the client still waits: its answer
+            // was cut, which a finish reason would pass off as complete.
+            let _ = events.send(WorkerEvent::Failed(JobError::ShuttingDown));
+            return;
+        }
         let _ = events.send(WorkerEvent::Done(Finished { reason, usage }));
     }
 }

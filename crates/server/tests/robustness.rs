@@ -798,14 +798,40 @@ async fn shutdown_cancels_after_the_drain_timeout() {
         "shutdown took {:?}",
         t0.elapsed()
     );
+    // The cut answer is not passed off as complete (a finish reason of "stop").
     let (status, _, v) = running.await.unwrap();
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["message"], "the server is shutting down", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_by_shutdown_ends_with_an_error() {
+    let fake = FakeConfig {
+        token_delay: Duration::from_millis(5),
+        ..FakeConfig::replying(|_| "w".repeat(10_000))
+    };
+    let config = ServerConfig {
+        drain_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let s = fake_server(fake, config).await;
+    let base = s.base_url();
+    let mut body = chat("go");
+    body["stream"] = json!(true);
+    let url = format!("{base}/v1/chat/completions");
+    let running = tokio::spawn(async move { post_sse(&url, &body).await });
+    wait_busy(&base).await;
+    s.shutdown().await.unwrap();
+    let (status, events, _) = running.await.unwrap();
     assert_eq!(status, 200);
+    assert!(!streamed(&events, "/choices/0/delta/content").is_empty());
+    let n = events.len();
+    assert_eq!(events[n - 1].data, "[DONE]");
+    let last: Value = serde_json::from_str(&events[n - 2].data).unwrap();
+    assert_eq!(last["error"]["message"], "the server is shutting down", "{last}");
     assert!(
-        v["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .len()
-            < 10_000
+        events.iter().all(|e| !e.data.contains("finish_reason\":\"stop")),
+        "no chunk says the answer ended"
     );
 }
 
