@@ -52,7 +52,8 @@ pub struct ServeArgs {
     #[arg(long = "keepalive", value_name = "SECS", default_value_t = 10,
           allow_negative_numbers = true, value_parser = int::<u64>(1..))]
     pub keepalive_secs: u64,
-    /// On SIGINT/SIGTERM, seconds the running request may take before it is cancelled.
+    /// On SIGINT/SIGTERM, seconds the running request may take before it is cancelled
+    /// (a second signal cancels it at once).
     #[arg(long = "shutdown-timeout", value_name = "SECS", default_value_t = 30,
           allow_negative_numbers = true, value_parser = int::<u64>(0..))]
     pub shutdown_timeout_secs: u64,

@@ -14,7 +14,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tower_http::cors::CorsLayer;
 
 use crate::api::error::{ApiError, ErrorNote, Flavor};
@@ -92,10 +92,42 @@ impl ServerHandle {
         Ok(())
     }
 
-    /// Runs until SIGINT or SIGTERM, then shuts down gracefully.
+    /// Runs until SIGINT or SIGTERM, then shuts down gracefully; a second one cancels
+    /// the running request at once instead of waiting out the drain time (as a second
+    /// Ctrl-C stops llama-server).
     pub async fn run_until_signal(self) -> Result<(), ServeError> {
-        shutdown_signal().await;
-        self.shutdown().await
+        let (tx, rx) = mpsc::unbounded_channel();
+        let signals = tokio::spawn(async move {
+            loop {
+                shutdown_signal().await;
+                if tx.send(()).is_err() {
+                    return;
+                }
+            }
+        });
+        let served = self.run_until(rx).await;
+        signals.abort();
+        served
+    }
+
+    /// Runs until the first message on `signals` (or until its senders are gone), then
+    /// shuts down gracefully ([`ServerHandle::shutdown`]); a second message cancels the
+    /// running request at once.
+    pub async fn run_until(
+        self,
+        mut signals: mpsc::UnboundedReceiver<()>,
+    ) -> Result<(), ServeError> {
+        let _ = signals.recv().await;
+        let worker = self.state.worker.clone();
+        let again = tokio::spawn(async move {
+            if signals.recv().await.is_some() {
+                tracing::warn!("second signal: cancelling the running request now");
+                worker.cancel_all();
+            }
+        });
+        let served = self.shutdown().await;
+        again.abort();
+        served
     }
 }
 

@@ -805,6 +805,42 @@ async fn shutdown_cancels_after_the_drain_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_cancels_the_running_request_at_once() {
+    let fake = FakeConfig {
+        token_delay: Duration::from_millis(5),
+        ..FakeConfig::replying(|_| "w".repeat(10_000))
+    };
+    // A drain time the test would notice: the 10,000-token answer takes 50 s.
+    let config = ServerConfig {
+        drain_timeout: Duration::from_secs(120),
+        ..Default::default()
+    };
+    let s = fake_server(fake, config).await;
+    let base = s.base_url();
+    let url = format!("{base}/v1/chat/completions");
+    let running = tokio::spawn(async move { post(&url, &chat("go")).await });
+    wait_busy(&base).await;
+    let (signal, signals) = tokio::sync::mpsc::unbounded_channel();
+    let served = tokio::spawn(s.run_until(signals));
+    signal.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !served.is_finished(),
+        "the first signal waits for the running request"
+    );
+    let t0 = Instant::now();
+    signal.send(()).unwrap();
+    served.await.unwrap().unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "shutdown took {:?} after the second signal",
+        t0.elapsed()
+    );
+    let (status, _, v) = running.await.unwrap();
+    assert_eq!(status, 503, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_cut_by_shutdown_ends_with_an_error() {
     let fake = FakeConfig {
         token_delay: Duration::from_millis(5),
@@ -828,9 +864,14 @@ async fn a_stream_cut_by_shutdown_ends_with_an_error() {
     let n = events.len();
     assert_eq!(events[n - 1].data, "[DONE]");
     let last: Value = serde_json::from_str(&events[n - 2].data).unwrap();
-    assert_eq!(last["error"]["message"], "the server is shutting down", "{last}");
+    assert_eq!(
+        last["error"]["message"], "the server is shutting down",
+        "{last}"
+    );
     assert!(
-        events.iter().all(|e| !e.data.contains("finish_reason\":\"stop")),
+        events
+            .iter()
+            .all(|e| !e.data.contains("finish_reason\":\"stop")),
         "no chunk says the answer ended"
     );
 }
