@@ -123,7 +123,7 @@ fn render_messages(
             add_generation_prompt: true,
             vars,
         };
-        return vocab.render(&req).map_err(template_error);
+        return vocab.render(&req).map_err(|e| template_error(e, &messages));
     }
     let req = RenderRequest {
         messages,
@@ -147,9 +147,9 @@ fn render_messages(
                     messages: &filled,
                     ..req
                 })
-                .map_err(template_error)
+                .map_err(|e| template_error(e, messages))
         }
-        Err(e) => Err(template_error(e)),
+        Err(e) => Err(template_error(e, messages)),
     }
 }
 
@@ -175,6 +175,16 @@ fn tool_name(tool: &serde_json::Value) -> Option<&str> {
     tool["function"]["name"].as_str()
 }
 
-fn template_error(e: BackendError) -> ApiError {
+/// A failed render as a 400, naming the likely cause when the conversation has no user
+/// message (chat templates assume one; Qwen's fails on an undefined value without it).
+fn template_error(e: BackendError, messages: &[ChatTurn]) -> ApiError {
+    if !messages.iter().any(|m| m.role == "user") {
+        return ApiError::invalid_field(
+            "messages",
+            format!(
+                "the conversation has no user message, which this model's chat template needs ({e})"
+            ),
+        );
+    }
     ApiError::bad_request(e.to_string())
 }

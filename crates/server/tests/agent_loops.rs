@@ -67,6 +67,31 @@ async fn malformed_tool_call_arguments_in_history_are_accepted() {
     s.shutdown().await.unwrap();
 }
 
+/// A conversation without a user message, which Qwen's template cannot render: a 400
+/// on `messages` that says so (in each API's shape), not only the template's own error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_without_a_user_message_is_refused_with_the_reason() {
+    let Some(s) = serve(QWEN).await else { return };
+    let base = s.base_url();
+    let messages = json!([{"role": "assistant", "content": "hi"}]);
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"max_tokens": 4, "messages": messages}),
+        ),
+        (
+            "/v1/messages",
+            json!({"max_tokens": 4, "messages": messages}),
+        ),
+    ] {
+        let (status, _, v) = post(&format!("{base}{path}"), &body).await;
+        assert_eq!(status, 400, "{path}: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("no user message"), "{path}: {v}");
+    }
+    s.shutdown().await.unwrap();
+}
+
 /// `max_tokens` ending inside a (forced) tool call: the answer is cut, so the finish
 /// reason is `length` / `max_tokens`, no incomplete call is reported, and the text
 /// generated so far — the forced opening and every sampled token — is all there.
