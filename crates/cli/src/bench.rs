@@ -395,6 +395,11 @@ fn measure(
         .copied()
         .fold(args.model.n_ctx(lm), usize::max)
         .max(chat.len() + args.decode_tokens + 1);
+    if n_ctx != args.model.n_ctx(lm) {
+        Progress::say(&format!(
+            "bench: a session of {n_ctx} tokens, what the longest measurement needs\n"
+        ));
+    }
     let mut session = Session::new(lm.model.clone(), n_ctx)
         .with_context(|| format!("a session of {n_ctx} tokens for the benchmark"))?;
     let mut progress = Progress::new(args.runs);
@@ -484,7 +489,8 @@ fn measure(
 }
 
 /// Refuses measurements the model cannot hold: a prefill longer than its trained
-/// context, or a decode whose prompt plus tokens exceed it.
+/// context (or than `--ctx`, when given), or a decode whose prompt plus tokens exceed
+/// either.
 fn check_context(
     args: &BenchArgs,
     lm: &LoadedModel,
@@ -501,6 +507,20 @@ fn check_context(
         );
     }
     let need = chat_tokens + args.decode_tokens + 1;
+    if let Some(ctx) = args.model.ctx {
+        if let Some(n) = sizes.iter().find(|&&n| n > ctx) {
+            bail!(
+                "--prefill-tokens {n}: longer than --ctx {ctx} (raise --ctx, or leave it out: bench then sizes its session to the longest measurement)"
+            );
+        }
+        if need > ctx {
+            bail!(
+                "--decode-tokens {}: the decode prompt ({chat_tokens} tokens) plus {} tokens need a context of {need}, more than --ctx {ctx} (raise --ctx, or leave it out)",
+                args.decode_tokens,
+                args.decode_tokens
+            );
+        }
+    }
     if need > train {
         bail!(
             "--decode-tokens {}: the decode prompt ({chat_tokens} tokens) plus {} tokens exceed the {train} tokens this model was trained for (use at most {})",

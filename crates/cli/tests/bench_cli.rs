@@ -188,6 +188,37 @@ fn a_measurement_the_model_cannot_hold_is_refused_with_the_reason() {
         "{}",
         show(&out)
     );
+
+    // A --ctx the measurements do not fit is refused, not quietly enlarged.
+    let out = run(&["bench", "-m", m, "--ctx", "64", "--prefill-tokens", "100"]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert_eq!(
+        error_lines(&out),
+        [
+            "error: --prefill-tokens 100: longer than --ctx 64 (raise --ctx, or leave it out: bench then sizes its session to the longest measurement)"
+        ],
+        "{}",
+        show(&out)
+    );
+    let out = run(&[
+        "bench",
+        "-m",
+        m,
+        "--ctx",
+        "64",
+        "--prefill-tokens",
+        "16",
+        "--decode-tokens",
+        "60",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let errors = error_lines(&out);
+    assert!(
+        errors.len() == 1
+            && errors[0].ends_with("more than --ctx 64 (raise --ctx, or leave it out)"),
+        "{}",
+        show(&out)
+    );
 }
 
 #[test]
