@@ -144,8 +144,9 @@ pub fn main(args: ChatArgs) -> Result<()> {
                 continue;
             }
             ("/reset", _) => {
+                // The session keeps what the next prompt shares with it (the system
+                // message), as after `/system`.
                 history.clear();
-                session.reset()?;
                 eprintln!("{}", reset_message(system.as_deref()));
                 continue;
             }

@@ -22,7 +22,7 @@ pub struct RunArgs {
     /// The prompt: the user message, or raw text with --no-template.
     #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
     pub prompt: Option<String>,
-    /// Read the prompt from a file.
+    /// Read the prompt from a file (`-`: standard input).
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
     /// A system message (chat template only).
@@ -46,6 +46,9 @@ pub struct RunArgs {
 fn prompt_text(args: &RunArgs) -> Result<String> {
     match (&args.prompt, &args.file) {
         (Some(p), _) => Ok(p.clone()),
+        (None, Some(f)) if f.as_os_str() == "-" => {
+            std::io::read_to_string(std::io::stdin()).context("reading the prompt from stdin")
+        }
         (None, Some(f)) => {
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))
         }
