@@ -138,6 +138,16 @@ fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiEr
         let path = e.path().to_string();
         let inner = humanize(&e.into_inner().to_string());
         let inner = inner.replace("missing field", "missing required field");
+        let missing = inner
+            .strip_prefix("missing required field `")
+            .and_then(|r| r.split('`').next());
+        if let Some(field) = missing {
+            let param = match path.as_str() {
+                "." => field.to_string(),
+                _ => format!("{path}.{field}"),
+            };
+            return ApiError::invalid_field(&param, format!("missing required field `{param}`"));
+        }
         if path == "." {
             ApiError::bad_request(format!("invalid request: {inner}"))
         } else {
@@ -215,6 +225,12 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("messages[0].role"));
         let e = parse_json::<Req>(br#"{"messages": [], "temperature": "hot"}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = parse_json::<Req>(br#"{"temperature": 1}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert_eq!(e.message, "missing required field `messages`");
+        let e = parse_json::<Req>(br#"{"messages": [{}]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].role"));
+        assert_eq!(e.message, "missing required field `messages[0].role`");
         let e = parse_json::<Req>(b"{").unwrap_err();
         assert!(e.message.contains("not valid JSON"));
         let e = parse_json::<Req>(b"[]").unwrap_err();

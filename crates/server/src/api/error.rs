@@ -137,12 +137,15 @@ impl ApiError {
 
     /// 429 with Retry-After.
     pub fn queue_full(depth: usize, retry_after: u64) -> Self {
+        let waiting = match depth {
+            0 => "a request is running and --queue 0 lets none wait".to_string(),
+            1 => "1 request is waiting for the engine".to_string(),
+            n => format!("{n} requests are waiting for the engine"),
+        };
         let mut e = Self::new(
             StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::RateLimit,
-            format!(
-                "the server is busy: {depth} requests are waiting for the engine; retry after {retry_after} s"
-            ),
+            format!("the server is busy: {waiting}; retry after {retry_after} s"),
         );
         e.code = Some("rate_limit_exceeded");
         e.retry_after = Some(retry_after);
