@@ -352,6 +352,8 @@ async fn responses_answer_and_stream() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["object"], "response");
     assert_eq!(v["status"], "completed");
+    let (created, completed) = (v["created_at"].as_u64(), v["completed_at"].as_u64());
+    assert!(created.is_some() && completed >= created, "{v}");
     assert_eq!(v["output"][0]["type"], "message");
     assert_eq!(v["output"][0]["content"][0]["type"], "output_text");
     assert_eq!(v["output"][0]["content"][0]["text"], "You said ping");

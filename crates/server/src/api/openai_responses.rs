@@ -371,6 +371,7 @@ impl Meta {
             "id": self.id,
             "object": "response",
             "created_at": self.created,
+            "completed_at": if status == "completed" { json!(unix_now()) } else { Value::Null },
             "status": status,
             "error": null,
             "incomplete_details": if status == "incomplete" { json!({"reason": "max_output_tokens"}) } else { Value::Null },
