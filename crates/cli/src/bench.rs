@@ -61,7 +61,7 @@ pub struct BenchArgs {
     #[arg(long = "synthetic", value_name = "NAME", conflicts_with = "model")]
     pub synthetic: Option<String>,
     /// Prompt lengths for the prefill measurement, comma-separated
-    /// (default: 512; on CUDA 512,4096).
+    /// (default: 512; on CUDA 512,4096; those longer than --ctx left out).
     #[arg(long = "prefill-tokens", value_delimiter = ',', value_name = "N[,N…]",
           allow_negative_numbers = true, value_parser = int::<usize>(1..))]
     pub prefill_tokens: Vec<usize>,
@@ -83,12 +83,19 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// The prompt lengths asked for, else the defaults that fit `--ctx` (or `--ctx`
+    /// itself, when it is shorter than all of them).
     fn prefill_sizes(&self) -> Vec<usize> {
-        match (self.prefill_tokens.is_empty(), self.model.backend) {
-            (false, _) => self.prefill_tokens.clone(),
-            (true, BackendKind::Cpu) => vec![512],
-            (true, BackendKind::Cuda) => vec![512, 4096],
+        if !self.prefill_tokens.is_empty() {
+            return self.prefill_tokens.clone();
         }
+        let defaults: &[usize] = match self.model.backend {
+            BackendKind::Cpu => &[512],
+            BackendKind::Cuda => &[512, 4096],
+        };
+        let ctx = self.model.ctx.unwrap_or(usize::MAX);
+        let fit: Vec<usize> = defaults.iter().copied().filter(|&n| n <= ctx).collect();
+        if fit.is_empty() { vec![ctx] } else { fit }
     }
 
     fn settings(&self) -> Map<String, Value> {
@@ -497,15 +504,6 @@ fn check_context(
     sizes: &[usize],
     chat_tokens: usize,
 ) -> Result<()> {
-    let train = lm.model.info().n_ctx_train;
-    if train == 0 {
-        return Ok(());
-    }
-    if let Some(n) = sizes.iter().find(|&&n| n > train) {
-        bail!(
-            "--prefill-tokens {n}: longer than the {train} tokens this model was trained for (use 1 to {train})"
-        );
-    }
     let need = chat_tokens + args.decode_tokens + 1;
     if let Some(ctx) = args.model.ctx {
         if let Some(n) = sizes.iter().find(|&&n| n > ctx) {
@@ -520,6 +518,15 @@ fn check_context(
                 args.decode_tokens
             );
         }
+    }
+    let train = lm.model.info().n_ctx_train;
+    if train == 0 {
+        return Ok(());
+    }
+    if let Some(n) = sizes.iter().find(|&&n| n > train) {
+        bail!(
+            "--prefill-tokens {n}: longer than the {train} tokens this model was trained for (use 1 to {train})"
+        );
     }
     if need > train {
         bail!(

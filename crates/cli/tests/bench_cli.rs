@@ -189,7 +189,25 @@ fn a_measurement_the_model_cannot_hold_is_refused_with_the_reason() {
         show(&out)
     );
 
-    // A --ctx the measurements do not fit is refused, not quietly enlarged.
+    // The default prompt lengths that --ctx does not hold are left out (here all: the
+    // prefill takes --ctx's length).
+    let out = run(&[
+        "bench",
+        "-m",
+        m,
+        "--ctx",
+        "100",
+        "--decode-tokens",
+        "4",
+        "--runs",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", show(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["prefill"][0]["tokens"], 100, "{doc}");
+
+    // A --ctx the measurements asked for do not fit is refused, not quietly enlarged.
     let out = run(&["bench", "-m", m, "--ctx", "64", "--prefill-tokens", "100"]);
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     assert_eq!(

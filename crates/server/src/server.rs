@@ -93,8 +93,8 @@ impl ServerHandle {
     }
 
     /// Runs until SIGINT or SIGTERM, then shuts down gracefully; a second one cancels
-    /// the running request at once instead of waiting out the drain time (as a second
-    /// Ctrl-C stops llama-server).
+    /// the running request at once instead of waiting out the drain time (the shutdown
+    /// then ends as soon as the connections close and the parked states are written).
     pub async fn run_until_signal(self) -> Result<(), ServeError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let signals = tokio::spawn(async move {
@@ -132,8 +132,12 @@ impl ServerHandle {
 }
 
 async fn shutdown_signal() {
+    // A handler that cannot be installed waits forever (as SIGTERM's below), rather than
+    // reporting a signal that never came.
     let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     };
     #[cfg(unix)]
     let term = async {

@@ -83,7 +83,8 @@ pub enum FinishReason {
     ContextFull,
     /// This stop sequence matched.
     StopSequence(String),
-    /// The client went away or the server is shutting down.
+    /// The client went away (a server-side cancel while the client waits is
+    /// [`JobError::ShuttingDown`] instead).
     Cancelled,
 }
 
@@ -192,6 +193,8 @@ pub struct Worker {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     n_ctx: usize,
+    /// Jobs that may wait (`--queue`).
+    queue: usize,
 }
 
 impl Worker {
@@ -235,6 +238,7 @@ impl Worker {
             shared,
             thread: Mutex::new(Some(thread)),
             n_ctx,
+            queue,
         }
     }
 
@@ -258,9 +262,8 @@ impl Worker {
             Err(e) => {
                 self.shared.depth.fetch_sub(1, Ordering::SeqCst);
                 match e {
-                    TrySendError::Full(_) => Err(SubmitError::Full {
-                        depth: self.queue_depth(),
-                    }),
+                    // Full: as many jobs wait as the queue holds.
+                    TrySendError::Full(_) => Err(SubmitError::Full { depth: self.queue }),
                     TrySendError::Disconnected(_) => Err(SubmitError::ShuttingDown),
                 }
             }
@@ -557,8 +560,9 @@ impl WorkerState {
             decode_ms: outcome.decode_time.map(|t| t.as_secs_f64() * 1e3),
         };
         if reason == FinishReason::Cancelled && !events.is_closed() {
-            // The server's drain time ran out while the client still waits: its answer
-            // was cut, which a finish reason would pass off as complete.
+            // The server cancelled it (shutdown: the drain time ran out, or a second
+            // signal) while the client still waits: its answer was cut, which a finish
+            // reason would pass off as complete.
             let _ = events.send(WorkerEvent::Failed(JobError::ShuttingDown));
             return;
         }

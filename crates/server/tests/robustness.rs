@@ -660,6 +660,8 @@ async fn sixty_four_concurrent_clients() {
                         429 => {
                             assert_openai_error(&v);
                             assert!(retry.is_some_and(|s| s >= 1));
+                            let message = v["error"]["message"].as_str().unwrap_or_default();
+                            assert!(message.starts_with("the server is busy: 8 requests are waiting"), "{v}");
                         }
                         other => panic!("status {other}: {v}"),
                     }

@@ -461,14 +461,14 @@ fn bench(args: &[String]) -> Res<()> {
     // Every decode run goes on one session, emptied first, as the server keeps one per
     // worker (and llama-bench one context per test): its buffers stay where the first
     // run's graphs were captured, so the runs after it replay them as a request does.
-    let longest = o.decode.max(16);
+    let longest = o.decode.max(SHORT_RUN);
     let session = RefCell::new(Session::new(model.clone(), prompt.len() + longest + 1)?);
     // n greedy decode steps after the prompt's prefill (`start` runs between the two),
     // each queued before the previous choice is read, as generation decodes greedily:
     // tokens per second.
     let greedy = |n: usize, start: &dyn Fn()| -> Res<f64> {
         if n > longest {
-            return Err(format!("{n} decode steps: the session holds {longest}").into());
+            return Err(format!("{n} decode steps: at most {longest} fit the session").into());
         }
         let mut s = session.borrow_mut();
         s.reset()?;
@@ -582,7 +582,7 @@ fn bench(args: &[String]) -> Res<()> {
     for (label, cfg) in profile_configs(o.profile) {
         cfg.apply(&backend);
         backend.set_graphs(false);
-        let n = 16;
+        let n = SHORT_RUN;
         let rows = profile_run(n);
         backend.set_graphs(true);
         println!("profile configuration: {label}");
@@ -603,7 +603,7 @@ fn bench(args: &[String]) -> Res<()> {
         ] {
             backend.set_graphs(graphs);
             backend.set_pdl(pdl);
-            decode_run(16)?;
+            decode_run(SHORT_RUN)?;
             let v: Vec<f64> = (0..3).map(|_| decode_run(o.decode)).collect::<Res<_>>()?;
             println!(
                 "decode variant {label}: median {:.1} tok/s runs {:?} ({} kernels/token)",
@@ -819,6 +819,10 @@ fn timed_run(
 }
 
 /// `n` greedy decode steps after a prompt, `start` run between the two: tokens per second.
+/// Decode steps of the profiled runs and the variants' warm-ups (the bench's session
+/// holds at least this many).
+const SHORT_RUN: usize = 16;
+
 type Greedy<'a> = dyn Fn(usize, &dyn Fn()) -> Res<f64> + 'a;
 
 /// The launch labels of a decode step, from one eager profiled step.

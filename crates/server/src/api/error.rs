@@ -291,3 +291,25 @@ impl IntoResponse for AnthropicError {
         self.0.into_response_as(Flavor::Anthropic)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_says_how_many_wait() {
+        let said = |depth| ApiError::queue_full(depth, 2).message;
+        assert_eq!(
+            said(0),
+            "the server is busy: a request is running and --queue 0 lets none wait; retry after 2 s"
+        );
+        assert_eq!(
+            said(1),
+            "the server is busy: 1 request is waiting for the engine; retry after 2 s"
+        );
+        assert_eq!(
+            said(16),
+            "the server is busy: 16 requests are waiting for the engine; retry after 2 s"
+        );
+    }
+}

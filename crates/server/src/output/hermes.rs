@@ -32,7 +32,8 @@ enum Close {
 }
 
 impl Close {
-    /// A call's body released as the text it came from (it was not a call).
+    /// A call's body as the text it came from (released as text when it was not a
+    /// call, or kept whole when the answer was cut inside one).
     fn as_text(self, body: &str) -> String {
         match self {
             Close::Tag => format!("{OPEN}{body}"),
@@ -356,8 +357,13 @@ impl ToolCallParser for HermesParser {
             // The answer ended inside a call (a forced call ends without its closing
             // tag): completed from what was generated, as at its close.
             Some(close) => {
-                let n = self.buf.len();
-                self.finish_call(n, |b| close.as_text(b), out);
+                // Up to a closing tag the answer stopped inside of.
+                let n = match (close, scan(&self.buf, CLOSE)) {
+                    (Close::Tag, Scan::Safe(n)) => n,
+                    _ => self.buf.len(),
+                };
+                let tag = self.buf[n..].to_string();
+                self.finish_call(n, |b| close.as_text(b) + &tag, out);
                 self.buf.clear();
             }
             None => {
@@ -465,8 +471,8 @@ mod tests {
             ),
             ("f", "{}")
         );
-        let (c, _) = parse(&["<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": [1]}}\n"]);
-        assert_eq!(c.tool_calls[0].arguments, "{\"x\": [1]}");
+        let (c, _) = parse(&["<tool_call>{\"name\": \"f\", \"arguments\": \"{}\"}\n</tool_c"]);
+        assert_eq!(c.tool_calls[0].arguments, "{}");
         assert_eq!(c.text, "");
     }
 
@@ -475,6 +481,8 @@ mod tests {
         let (c, _) = parse(&["<tool_call>not json</tool_call> ok"]);
         assert_eq!(c.text, "<tool_call>not json</tool_call> ok");
         assert!(c.tool_calls.is_empty());
+        let (c, _) = parse(&["<tool_call>not json</tool_c"]);
+        assert_eq!(c.text, "<tool_call>not json</tool_c");
         let (c, _) = parse(&["<tool_call>{\"na"]);
         assert_eq!(c.text, "<tool_call>{\"na");
     }
