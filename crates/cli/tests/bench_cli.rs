@@ -144,12 +144,24 @@ fn error_lines(out: &std::process::Output) -> Vec<String> {
         .collect()
 }
 
+/// The one `error:` line of a run that exited with status 1.
+fn the_error(out: &std::process::Output) -> String {
+    let errors = error_lines(out);
+    assert!(
+        out.status.code() == Some(1) && errors.len() == 1,
+        "{}",
+        show(out)
+    );
+    errors[0].clone()
+}
+
 #[test]
 fn a_measurement_the_model_cannot_hold_is_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let m = tiny_model(dir.path());
     let receipt = dir.path().join("r.json");
     let m = m.to_str().unwrap();
+    let too_long = "--prefill-tokens 9000: longer than the 2048 tokens this model was trained for (use 1 to 2048)";
     let out = run(&[
         "bench",
         "-m",
@@ -161,32 +173,25 @@ fn a_measurement_the_model_cannot_hold_is_refused_with_the_reason() {
         "--receipt",
         receipt.to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
-    assert_eq!(
-        error_lines(&out),
-        [
-            "error: --prefill-tokens 9000: longer than the 2048 tokens this model was trained for (use 1 to 2048)"
-        ],
-        "{}",
-        show(&out)
-    );
+    assert_eq!(the_error(&out), format!("error: {too_long}"));
     // The receipt says the same.
     let r = json(&receipt);
     assert_eq!(r["status"], "failed");
-    assert_eq!(
-        r["failures"][0]["message"],
-        "--prefill-tokens 9000: longer than the 2048 tokens this model was trained for (use 1 to 2048)"
-    );
+    assert_eq!(r["failures"][0]["message"], too_long);
 
-    let out = run(&["bench", "-m", m, "--decode-tokens", "2040", "--runs", "1"]);
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
-    let errors = error_lines(&out);
-    assert_eq!(errors.len(), 1, "{}", show(&out));
+    let error = the_error(&run(&[
+        "bench",
+        "-m",
+        m,
+        "--decode-tokens",
+        "2040",
+        "--runs",
+        "1",
+    ]));
     assert!(
-        errors[0].starts_with("error: --decode-tokens 2040: the decode prompt (")
-            && errors[0].contains("exceed the 2048 tokens this model was trained for"),
-        "{}",
-        show(&out)
+        error.starts_with("error: --decode-tokens 2040: the decode prompt (")
+            && error.contains("exceed the 2048 tokens this model was trained for"),
+        "{error}"
     );
 
     // The default prompt lengths that --ctx does not hold are left out (here all: the
@@ -208,17 +213,20 @@ fn a_measurement_the_model_cannot_hold_is_refused_with_the_reason() {
     assert_eq!(doc["prefill"][0]["tokens"], 100, "{doc}");
 
     // A --ctx the measurements asked for do not fit is refused, not quietly enlarged.
-    let out = run(&["bench", "-m", m, "--ctx", "64", "--prefill-tokens", "100"]);
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let error = the_error(&run(&[
+        "bench",
+        "-m",
+        m,
+        "--ctx",
+        "64",
+        "--prefill-tokens",
+        "100",
+    ]));
     assert_eq!(
-        error_lines(&out),
-        [
-            "error: --prefill-tokens 100: longer than --ctx 64 (raise --ctx, or leave it out: bench then sizes its session to the longest measurement)"
-        ],
-        "{}",
-        show(&out)
+        error,
+        "error: --prefill-tokens 100: longer than --ctx 64 (raise --ctx, or leave it out: bench then sizes its session to the longest measurement)"
     );
-    let out = run(&[
+    let error = the_error(&run(&[
         "bench",
         "-m",
         m,
@@ -228,14 +236,10 @@ fn a_measurement_the_model_cannot_hold_is_refused_with_the_reason() {
         "16",
         "--decode-tokens",
         "60",
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
-    let errors = error_lines(&out);
+    ]));
     assert!(
-        errors.len() == 1
-            && errors[0].ends_with("more than --ctx 64 (raise --ctx, or leave it out)"),
-        "{}",
-        show(&out)
+        error.ends_with("more than --ctx 64 (raise --ctx, or leave it out)"),
+        "{error}"
     );
 }
 

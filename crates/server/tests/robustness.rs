@@ -12,8 +12,8 @@ use common::{
     assert_anthropic_error, assert_openai_error, client, fake_server, get_json, health, metric,
     parse_sse, post, post_raw, post_sse, post_text, status_of, streamed, user_chat as chat,
 };
-use ds4_http::ServerConfig;
 use ds4_http::fake::FakeConfig;
+use ds4_http::{ServerConfig, ServerHandle};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
@@ -774,20 +774,23 @@ async fn graceful_shutdown_finishes_running_work_and_refuses_queued() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_cancels_after_the_drain_timeout() {
+/// A server whose every answer is 10,000 tokens, 5 ms each (50 s), and whose shutdown
+/// lets the running request go on for `drain`.
+async fn long_answer_server(drain: Duration) -> ServerHandle {
     let fake = FakeConfig {
         token_delay: Duration::from_millis(5),
         ..FakeConfig::replying(|_| "w".repeat(10_000))
     };
-    let s = fake_server(
-        fake,
-        ServerConfig {
-            drain_timeout: Duration::from_millis(300),
-            ..Default::default()
-        },
-    )
-    .await;
+    let config = ServerConfig {
+        drain_timeout: drain,
+        ..Default::default()
+    };
+    fake_server(fake, config).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_after_the_drain_timeout() {
+    let s = long_answer_server(Duration::from_millis(300)).await;
     let base = s.base_url();
     let url = format!("{base}/v1/chat/completions");
     let running = tokio::spawn(async move { post(&url, &chat("go")).await });
@@ -808,16 +811,8 @@ async fn shutdown_cancels_after_the_drain_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_cancels_the_running_request_at_once() {
-    let fake = FakeConfig {
-        token_delay: Duration::from_millis(5),
-        ..FakeConfig::replying(|_| "w".repeat(10_000))
-    };
-    // A drain time the test would notice: the 10,000-token answer takes 50 s.
-    let config = ServerConfig {
-        drain_timeout: Duration::from_secs(120),
-        ..Default::default()
-    };
-    let s = fake_server(fake, config).await;
+    // A drain time the test would notice.
+    let s = long_answer_server(Duration::from_secs(120)).await;
     let base = s.base_url();
     let url = format!("{base}/v1/chat/completions");
     let running = tokio::spawn(async move { post(&url, &chat("go")).await });
@@ -844,15 +839,7 @@ async fn a_second_signal_cancels_the_running_request_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_cut_by_shutdown_ends_with_an_error() {
-    let fake = FakeConfig {
-        token_delay: Duration::from_millis(5),
-        ..FakeConfig::replying(|_| "w".repeat(10_000))
-    };
-    let config = ServerConfig {
-        drain_timeout: Duration::from_millis(300),
-        ..Default::default()
-    };
-    let s = fake_server(fake, config).await;
+    let s = long_answer_server(Duration::from_millis(300)).await;
     let base = s.base_url();
     let mut body = chat("go");
     body["stream"] = json!(true);
