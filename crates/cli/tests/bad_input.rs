@@ -198,6 +198,21 @@ fn error_lines_do_not_repeat_themselves() {
         dir.path().join("x.gguf").to_str().unwrap(),
     ]);
     fails_once_with(&out, &["config.json", &enoent]);
+    // A checkpoint and --synthetic: one or the other, not the second silently.
+    let out = run(&[
+        "convert",
+        missing.to_str().unwrap(),
+        "--synthetic",
+        "small",
+        "-o",
+        dir.path().join("x.gguf").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot be used with '--synthetic"),
+        "{}",
+        show(&out)
+    );
     // Receipts that cannot be read (compare) or written (bench).
     let receipt = dir.path().join("missing-dir").join("r.json");
     let receipt = receipt.to_str().unwrap();

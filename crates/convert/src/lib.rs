@@ -167,8 +167,9 @@ impl ConvertReport {
 /// `ds4-server convert`: checkpoint directory (or a synthetic model) to GGUF.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConvertArgs {
-    /// The checkpoint directory (`config.json` and `*.safetensors`); not needed with
+    /// The checkpoint directory (`config.json` and `*.safetensors`); not with
     /// `--synthetic`.
+    #[arg(conflicts_with = "synthetic")]
     pub input: Option<PathBuf>,
     /// The GGUF file to write.
     #[arg(short = 'o', long = "output")]
@@ -235,24 +236,37 @@ pub fn run(args: &ConvertArgs) -> Result<ConvertReport, ConvertError> {
             expert_type: args.expert_type,
             name,
         };
+        check_output_outside(dir, &args.output)?;
         let report = convert_family(dir, &opts, args.mtp, &mut w)?;
-        if vocab.is_none() {
-            let text = read_config(dir)?;
-            let (n_vocab, flavor) = match Family::detect(&text)? {
-                Family::Glm5Next => (
-                    w.metadata()
-                        .get(&format!("{}.vocab_size", glm5_next::ARCH))
-                        .and_then(|v| v.as_u64())
-                        .unwrap_or(0) as usize,
-                    vocab::Flavor::GLM,
-                ),
-                Family::DeepSeekV4 => (
-                    deepseek4::Config::parse(&text)?.vocab_size,
-                    vocab::Flavor::DEEPSEEK,
-                ),
-            };
-            for (k, v) in vocab::from_hf_with(dir, n_vocab, &flavor)?.unwrap_or_default() {
-                w.add_metadata(k, v)?;
+        let text = read_config(dir)?;
+        let (n_vocab, flavor) = match Family::detect(&text)? {
+            Family::Glm5Next => (
+                w.metadata()
+                    .get(&format!("{}.vocab_size", glm5_next::ARCH))
+                    .and_then(|v| v.as_u64())
+                    .unwrap_or(0) as usize,
+                vocab::Flavor::GLM,
+            ),
+            Family::DeepSeekV4 => (
+                deepseek4::Config::parse(&text)?.vocab_size,
+                vocab::Flavor::DEEPSEEK,
+            ),
+        };
+        match &vocab {
+            // The embedding's rows and the tokenizer's tokens must agree (llama.cpp
+            // refuses the file otherwise, and ids past either have no meaning).
+            Some(v) if vocab::token_count(v)? != n_vocab => {
+                return Err(ConvertError::Config(format!(
+                    "--vocab-from {}: {} tokens, but the checkpoint's vocabulary has {n_vocab} (vocab_size); give a GGUF of the same vocabulary",
+                    v.label(),
+                    vocab::token_count(v)?
+                )));
+            }
+            Some(_) => {}
+            None => {
+                for (k, v) in vocab::from_hf_with(dir, n_vocab, &flavor)?.unwrap_or_default() {
+                    w.add_metadata(k, v)?;
+                }
             }
         }
         report
@@ -264,6 +278,27 @@ pub fn run(args: &ConvertArgs) -> Result<ConvertReport, ConvertError> {
     let mut report = report;
     report.no_tokenizer = w.metadata().get("tokenizer.ggml.model").is_none();
     Ok(report)
+}
+
+/// Refuses an output path that names a file of the checkpoint itself (its config,
+/// tokenizer or weights): writing it would destroy the input.
+fn check_output_outside(dir: &Path, output: &Path) -> Result<(), ConvertError> {
+    let parent = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let (Ok(parent), Ok(dir)) = (parent.canonicalize(), dir.canonicalize()) else {
+        return Ok(());
+    };
+    let name = output.file_name().map(|n| n.to_string_lossy().into_owned());
+    let input_file = name.is_some_and(|n| n.ends_with(".safetensors") || n.ends_with(".json"));
+    if parent == dir && input_file {
+        return Err(ConvertError::Config(format!(
+            "-o {}: a file of the checkpoint being converted; write the GGUF elsewhere",
+            output.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The text of `dir/config.json`.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::*;
 use ds4_convert::glm5_next::ARCH;
 use ds4_convert::source::{MemorySource, SafetensorsDir, TensorSource};
-use ds4_convert::{Options, OutType, TextConfig};
+use ds4_convert::{ConvertArgs, Options, OutType, TextConfig};
 use ds4_engine::backend::cpu::CpuBackend;
 use ds4_engine::families::glm5_next::Glm5Next;
 use ds4_gguf::{GgufFile, GgufWriter, Value};
@@ -235,4 +235,46 @@ fn converter_names_missing_and_misshaped_checkpoint_tensors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains(missing) && e.contains("shape"), "{e}");
+}
+
+/// The converter's own arguments: a `--vocab-from` GGUF whose tokens do not match the
+/// checkpoint's vocabulary (288 against 256 embedding rows), and an output path that is
+/// a file of the checkpoint (writing it would destroy the input), are refused by name
+/// before anything is written.
+#[test]
+fn converter_refuses_a_foreign_vocabulary_and_writing_over_its_input() {
+    let dir = fixture("softplus_dense_f32");
+    let out = std::env::temp_dir().join(format!("glm5_vocab_{}.gguf", std::process::id()));
+    let args = |output: std::path::PathBuf, vocab_from: Option<std::path::PathBuf>| ConvertArgs {
+        input: Some(dir.clone()),
+        output,
+        outtype: OutType::F32,
+        expert_type: None,
+        vocab_from,
+        name: None,
+        synthetic: None,
+        seed: 1,
+        mtp: false,
+    };
+    let foreign = fixture("real_layout_f32").join("llamacpp.gguf");
+    let e = ds4_convert::run(&args(out.clone(), Some(foreign))).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("288 tokens, but the checkpoint's vocabulary has 256"),
+        "{e}"
+    );
+    assert!(!out.exists(), "nothing written");
+    let weights = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .unwrap();
+    let before = std::fs::metadata(&weights).unwrap().len();
+    let e = ds4_convert::run(&args(weights.clone(), None)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("a file of the checkpoint being converted"),
+        "{e}"
+    );
+    assert_eq!(std::fs::metadata(&weights).unwrap().len(), before);
 }
