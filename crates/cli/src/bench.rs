@@ -294,6 +294,10 @@ impl Measured {
 }
 
 pub fn main(args: BenchArgs) -> Result<()> {
+    // The receipt's folder first: the measurements are not lost to a typo in its path.
+    args.receipt
+        .check_writable()
+        .context("writing the receipt")?;
     let backend = match args.model.backend {
         BackendKind::Cpu => "cpu",
         BackendKind::Cuda => "cuda",

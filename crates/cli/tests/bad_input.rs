@@ -232,6 +232,25 @@ fn error_lines_do_not_repeat_themselves() {
         receipt,
     ]);
     fails_once_with(&out, &["writing the receipt", "r.json", &enoent]);
+    // eval checks the receipt's folder before it runs anything (the model path here does
+    // not exist either: the receipt is what it names), and a document that cannot be
+    // read is a failure its receipt records.
+    let out = run(&["eval", "-m", not_gguf, "--receipt", receipt]);
+    fails_once_with(&out, &["writing the receipt", "r.json", &enoent]);
+    let written = dir.path().join("eval.json");
+    let out = run(&[
+        "eval",
+        "-m",
+        tiny.to_str().unwrap(),
+        "--document",
+        missing.to_str().unwrap(),
+        "--receipt",
+        written.to_str().unwrap(),
+    ]);
+    fails_once_with(&out, &["reading the document", &enoent]);
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&written).unwrap()).unwrap();
+    assert_eq!(r["status"], "failed", "{r}");
 }
 
 #[test]

@@ -159,6 +159,16 @@ impl ReceiptArgs {
         }
     }
 
+    /// Fails now when `--receipt FILE` could not be written at the end (its folder is
+    /// missing or not writable), before a long run is spent; does nothing without
+    /// `--receipt`.
+    pub fn check_writable(&self) -> Result<(), ReceiptError> {
+        match &self.receipt {
+            Some(path) => crate::receipt::check_writable(path),
+            None => Ok(()),
+        }
+    }
+
     /// Writes `receipt` to `--receipt FILE`; does nothing without `--receipt`.
     pub fn write(&self, receipt: &Receipt) -> Result<(), ReceiptError> {
         match &self.receipt {

@@ -196,10 +196,14 @@ struct TurnText {
 }
 
 pub fn main(args: EvalArgs) -> Result<()> {
+    // The receipt's folder first: a run of hours is not lost to a typo in its path.
+    args.receipt
+        .check_writable()
+        .context("writing the receipt")?;
     let document = match &args.document {
         Some(p) => std::fs::read_to_string(p)
-            .with_context(|| format!("reading the document {}", p.display()))?,
-        None => DOCUMENT.to_string(),
+            .with_context(|| format!("reading the document {}", p.display())),
+        None => Ok(DOCUMENT.to_string()),
     };
     let backend = match args.model.backend {
         BackendKind::Cpu => "cpu",
@@ -209,12 +213,14 @@ pub fn main(args: EvalArgs) -> Result<()> {
     let ctx = args.receipt.context(
         backend,
         path.as_ref().ok().map(PathBuf::as_path),
-        args.settings(&document),
+        args.settings(document.as_deref().unwrap_or_default()),
         None,
     );
     let mut receipt = Receipt::start(ReceiptKind::Eval, &ctx);
     let mut texts = Vec::new();
-    let result = path.and_then(|_| run(&args, &document, &mut receipt, &mut texts));
+    let result = path
+        .and_then(|_| document)
+        .and_then(|d| run(&args, &d, &mut receipt, &mut texts));
     if let Err(e) = &result {
         receipt.record_failure("eval", &error_text(e));
     }
@@ -229,7 +235,8 @@ pub fn main(args: EvalArgs) -> Result<()> {
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&receipt)?);
-    } else if let Some(e) = &receipt.eval {
+    } else if let Some(e) = receipt.eval.as_ref().filter(|e| e.warmup.is_some()) {
+        // (A run that failed before its warm-up turn has no table to show.)
         print!("{}", table(e));
     }
     result?;

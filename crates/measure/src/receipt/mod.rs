@@ -305,9 +305,7 @@ impl Receipt {
             source,
         })?;
         text.push('\n');
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".tmp{}", std::process::id()));
-        let tmp = PathBuf::from(tmp);
+        let tmp = temporary(path);
         std::fs::write(&tmp, text).map_err(io)?;
         std::fs::rename(&tmp, path).map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
@@ -339,6 +337,25 @@ impl Receipt {
         }
         Ok(r)
     }
+}
+
+/// The temporary file a receipt at `path` is written to before its rename.
+fn temporary(path: &Path) -> PathBuf {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp{}", std::process::id()));
+    PathBuf::from(tmp)
+}
+
+/// Whether a receipt could be written at `path` now: its temporary file is created and
+/// removed (the error [`Receipt::write`] would give).
+pub fn check_writable(path: &Path) -> Result<(), ReceiptError> {
+    let tmp = temporary(path);
+    std::fs::write(&tmp, b"").map_err(|source| ReceiptError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let _ = std::fs::remove_file(&tmp);
+    Ok(())
 }
 
 #[cfg(test)]
