@@ -219,7 +219,7 @@ pub fn main(args: EvalArgs) -> Result<()> {
     let mut receipt = Receipt::start(ReceiptKind::Eval, &ctx);
     let mut texts = Vec::new();
     let result = path
-        .and_then(|_| document)
+        .and(document)
         .and_then(|d| run(&args, &d, &mut receipt, &mut texts));
     if let Err(e) = &result {
         receipt.record_failure("eval", &error_text(e));
