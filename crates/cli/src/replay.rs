@@ -56,8 +56,23 @@ pub fn main(args: ReplayArgs) -> Result<()> {
         bail!("{} holds no tokens", args.tokens.display());
     }
     let prefill = args.prefill.unwrap_or(tokens.len()).clamp(1, tokens.len());
+    if let Some(ctx) = args.model.ctx.filter(|&c| c < tokens.len()) {
+        bail!(
+            "--ctx {ctx}: {} holds {} tokens (raise --ctx, or leave it out: replay then sizes its session to them)",
+            args.tokens.display(),
+            tokens.len()
+        );
+    }
     let lm = load(&args.model)?;
     let n_vocab = lm.model.info().n_vocab;
+    let train = lm.model.info().n_ctx_train;
+    if train > 0 && tokens.len() > train {
+        bail!(
+            "{} holds {} tokens, more than the {train} this model was trained for",
+            args.tokens.display(),
+            tokens.len()
+        );
+    }
     let mut session = Session::new(lm.model.clone(), args.model.n_ctx(&lm).max(tokens.len()))?;
     let mut logits = session.forward_all(&tokens[..prefill])?;
     for &t in &tokens[prefill..] {

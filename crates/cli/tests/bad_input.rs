@@ -251,6 +251,38 @@ fn error_lines_do_not_repeat_themselves() {
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&written).unwrap()).unwrap();
     assert_eq!(r["status"], "failed", "{r}");
+    // Contexts the user did not ask for are not reported as --ctx: eval's workload does
+    // not fit the tiny model's 2,048 tokens; replay's tokens do not fit --ctx or the model.
+    let tiny = tiny.to_str().unwrap();
+    let out = run(&["eval", "-m", tiny, "--max-tokens", "8"]);
+    fails_once_with(
+        &out,
+        &[
+            "the workload needs a context of",
+            "2048 tokens this model was trained for",
+        ],
+    );
+    let ids = |n: usize| {
+        let p = dir.path().join(format!("ids{n}.json"));
+        std::fs::write(&p, serde_json::to_string(&vec![1u32; n]).unwrap()).unwrap();
+        p
+    };
+    let (eight, many) = (ids(8), ids(2100));
+    let dump = dir.path().join("logits.bin");
+    let replay = |tokens: &std::path::Path, ctx: &[&str]| {
+        let mut a = vec!["replay", "-m", tiny, "--tokens", tokens.to_str().unwrap()];
+        a.extend_from_slice(ctx);
+        a.extend_from_slice(&["--dump-logits", dump.to_str().unwrap()]);
+        run(&a)
+    };
+    fails_once_with(
+        &replay(&eight, &["--ctx", "4"]),
+        &["--ctx 4:", "holds 8 tokens"],
+    );
+    fails_once_with(
+        &replay(&many, &[]),
+        &["holds 2100 tokens, more than the 2048"],
+    );
 }
 
 #[test]

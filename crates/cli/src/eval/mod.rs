@@ -324,12 +324,22 @@ fn conversation(
         // Room for this prompt and every remaining turn at the cap, plus their messages.
         let s = match session.as_mut() {
             Some(s) => s,
-            None => session.insert(Session::new(
-                lm.model.clone(),
-                args.model
-                    .n_ctx(lm)
-                    .max(prompt.len() + TURNS.len() * (args.max_tokens + 128)),
-            )?),
+            None => {
+                let need = prompt.len() + TURNS.len() * (args.max_tokens + 128);
+                let train = lm.model.info().n_ctx_train;
+                if train > 0 && need > train {
+                    bail!(
+                        "the workload needs a context of {need} tokens (its first prompt of {} tokens, then {} turns of up to --max-tokens {} and their messages), more than the {train} tokens this model was trained for",
+                        prompt.len(),
+                        TURNS.len(),
+                        args.max_tokens
+                    );
+                }
+                session.insert(Session::new(
+                    lm.model.clone(),
+                    args.model.n_ctx(lm).max(need),
+                )?)
+            }
         };
         let params = GenerateParams {
             max_tokens: args.max_tokens,
