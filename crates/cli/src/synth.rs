@@ -41,7 +41,7 @@ pub fn main(args: SynthArgs) -> Result<()> {
         w.first + w.n_layer - 1,
         spec.tensors().len()
     );
-    for (kind, layers) in layer_runs(&spec.layer_kinds()) {
+    for (kind, layers) in layer_runs(&spec.layer_kinds(), w.first) {
         eprintln!("  {kind}: {layers}");
     }
     let (weights, decode) = (spec.weight_bytes(), spec.decode_bytes());
@@ -63,11 +63,12 @@ pub fn main(args: SynthArgs) -> Result<()> {
     Ok(())
 }
 
-/// The file layers of each kind, in order of first appearance (`layers 0..2`,
-/// `11 layers: 3, 7, .., 43`).
-fn layer_runs(kinds: &[&'static str]) -> Vec<(&'static str, String)> {
+/// The layers of each kind, in order of first appearance and numbered as the real
+/// model's (the file's first layer is real layer `first`): `layers 0..2`,
+/// `11 layers: 3, 7, .., 43`.
+fn layer_runs(kinds: &[&'static str], first: usize) -> Vec<(&'static str, String)> {
     let mut groups: Vec<(&'static str, Vec<usize>)> = Vec::new();
-    for (i, &k) in kinds.iter().enumerate() {
+    for (i, &k) in (first..).zip(kinds) {
         match groups.iter_mut().find(|g| g.0 == k) {
             Some(g) => g.1.push(i),
             None => groups.push((k, vec![i])),
@@ -95,7 +96,7 @@ mod tests {
     #[test]
     fn glm53_flash_layers_group_as_synth_gguf_py_prints_them() {
         let spec = Spec::parse("glm53-flash:q2").unwrap();
-        let runs = layer_runs(&spec.layer_kinds());
+        let runs = layer_runs(&spec.layer_kinds(), 0);
         assert_eq!(
             runs,
             [
@@ -110,13 +111,14 @@ mod tests {
     fn layer_runs_group_kinds() {
         let kinds = ["a", "a", "a", "b", "a", "c", "c", "b", "a", "a", "a", "b"];
         assert_eq!(
-            layer_runs(&kinds),
+            layer_runs(&kinds, 0),
             [
                 ("a", "7 layers: 0, 1, .., 10".to_string()),
                 ("b", "3 layers: 3, 7, .., 11".to_string()),
                 ("c", "layers 5..6".to_string()),
             ]
         );
-        assert_eq!(layer_runs(&["a", "b", "a"])[0].1, "layers 0, 2");
+        assert_eq!(layer_runs(&["a", "b", "a"], 0)[0].1, "layers 0, 2");
+        assert_eq!(layer_runs(&["a", "b", "a"], 2)[1].1, "layer 3");
     }
 }

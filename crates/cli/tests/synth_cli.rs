@@ -56,7 +56,7 @@ fn a_glm_layer_window_loads_and_generates() {
     assert!(out.status.success(), "{}", show(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("KDA, dense FFN: layer 0") && err.contains("MLA+indexer, MoE: layer 1"),
+        err.contains("KDA, dense FFN: layer 2") && err.contains("MLA+indexer, MoE: layer 3"),
         "{err}"
     );
     let file = ds4_gguf::GgufFile::open(&path).unwrap();
