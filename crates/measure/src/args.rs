@@ -25,15 +25,15 @@ use std::time::Duration;
 /// `supervise [--mem-mb N] [--start-timeout S] [--idle-timeout S] [--sample-ms MS] [--merge] -- CMD …`
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct SuperviseArgs {
-    /// Kill the process tree when its summed resident memory exceeds N MiB.
+    /// Kill the process tree when its summed resident memory exceeds N MiB (exit 121).
     #[arg(long = "mem-mb", value_name = "N", allow_negative_numbers = true,
           value_parser = ds4_args::int::<u64>(1..))]
     pub mem_mb: Option<u64>,
-    /// Kill it when nothing is printed within S seconds of the start.
+    /// Kill it when nothing is printed within S seconds of the start (exit 122).
     #[arg(long = "start-timeout", value_name = "S", allow_negative_numbers = true,
           value_parser = parse_seconds)]
     pub start_timeout: Option<Duration>,
-    /// Kill it when nothing is printed for S seconds.
+    /// Kill it when nothing is printed for S seconds (exit 123).
     #[arg(long = "idle-timeout", value_name = "S", allow_negative_numbers = true,
           value_parser = parse_seconds)]
     pub idle_timeout: Option<Duration>,
