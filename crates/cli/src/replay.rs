@@ -65,12 +65,12 @@ pub fn main(args: ReplayArgs) -> Result<()> {
     }
     let lm = load(&args.model)?;
     let n_vocab = lm.model.info().n_vocab;
-    let train = lm.model.info().n_ctx_train;
-    if train > 0 && tokens.len() > train {
+    if Session::check_ctx(lm.model.info(), tokens.len()).is_err() {
         bail!(
-            "{} holds {} tokens, more than the {train} this model was trained for",
+            "{} holds {} tokens, more than the {} this model was trained for",
             args.tokens.display(),
-            tokens.len()
+            tokens.len(),
+            lm.model.info().n_ctx_train
         );
     }
     let mut session = Session::new(lm.model.clone(), args.model.n_ctx(&lm).max(tokens.len()))?;

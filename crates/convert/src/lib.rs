@@ -255,14 +255,15 @@ pub fn run(args: &ConvertArgs) -> Result<ConvertReport, ConvertError> {
         match &vocab {
             // The embedding's rows and the tokenizer's tokens must agree (llama.cpp
             // refuses the file otherwise, and ids past either have no meaning).
-            Some(v) if vocab::token_count(v)? != n_vocab => {
-                return Err(ConvertError::Config(format!(
-                    "--vocab-from {}: {} tokens, but the checkpoint's vocabulary has {n_vocab} (vocab_size); give a GGUF of the same vocabulary",
-                    v.label(),
-                    vocab::token_count(v)?
-                )));
+            Some(v) => {
+                let tokens = vocab::token_count(v)?;
+                if tokens != n_vocab {
+                    return Err(ConvertError::Config(format!(
+                        "--vocab-from {}: {tokens} tokens, but the checkpoint's vocabulary has {n_vocab} (vocab_size); give a GGUF of the same vocabulary",
+                        v.label()
+                    )));
+                }
             }
-            Some(_) => {}
             None => {
                 for (k, v) in vocab::from_hf_with(dir, n_vocab, &flavor)?.unwrap_or_default() {
                     w.add_metadata(k, v)?;

@@ -326,13 +326,13 @@ fn conversation(
             Some(s) => s,
             None => {
                 let need = prompt.len() + TURNS.len() * (args.max_tokens + 128);
-                let train = lm.model.info().n_ctx_train;
-                if train > 0 && need > train {
+                if Session::check_ctx(lm.model.info(), need).is_err() {
                     bail!(
-                        "the workload needs a context of {need} tokens (its first prompt of {} tokens, then {} turns of up to --max-tokens {} and their messages), more than the {train} tokens this model was trained for",
+                        "the workload needs a context of {need} tokens (its first prompt of {} tokens, then {} turns of up to --max-tokens {} and their messages), more than the {} tokens this model was trained for",
                         prompt.len(),
                         TURNS.len(),
-                        args.max_tokens
+                        args.max_tokens,
+                        lm.model.info().n_ctx_train
                     );
                 }
                 session.insert(Session::new(

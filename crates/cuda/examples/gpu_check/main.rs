@@ -818,11 +818,11 @@ fn timed_run(
     Ok((tps, ms))
 }
 
-/// `n` greedy decode steps after a prompt, `start` run between the two: tokens per second.
 /// Decode steps of the profiled runs and the variants' warm-ups (the bench's session
 /// holds at least this many).
 const SHORT_RUN: usize = 16;
 
+/// `n` greedy decode steps after a prompt, `start` run between the two: tokens per second.
 type Greedy<'a> = dyn Fn(usize, &dyn Fn()) -> Res<f64> + 'a;
 
 /// The launch labels of a decode step, from one eager profiled step.
